@@ -1,0 +1,13 @@
+# Every dependency comes from Debian packages (scripts/setup.sh installs them).
+find_package(absl CONFIG REQUIRED)
+find_package(OpenSSL REQUIRED)
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+find_package(nlohmann_json 3 REQUIRED)
+find_package(Threads REQUIRED)
+if(OSCARKV_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(OSCARKV_BUILD_BENCHMARKS)
+  find_package(benchmark REQUIRED)
+endif()

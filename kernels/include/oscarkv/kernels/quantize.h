@@ -1,0 +1,42 @@
+// Row-level codec primitives: magnitude clipping at a quantile, asymmetric INT2 quantization
+// with fp16 (scale, min) per group, bit packing, and dequantization. These are the reference
+// semantics the CUDA write kernel reproduces bit for bit (codes and fp16 parameters).
+//
+// Quantization of one group x[0..G):
+//   min16   = fp16_round_down(min x)                 (so min16 <= every x)
+//   scale16 = fp16_round_up((max x - min16) / 3)     (so min16 + 3*scale16 >= every x)
+//   code    = clamp(floor((x - min16) * (1/scale16) + 0.5), 0, 3)   (0 when scale16 == 0)
+//   x_hat   = min16 + code * scale16
+// which gives |x - x_hat| <= scale16/2 (up to fp32 rounding) for every element.
+// Packing: code of channel j goes to byte j/4, bits 2*(j%4)..2*(j%4)+1.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace oscarkv {
+
+// Threshold = the c-quantile of |x| (linear interpolation between order statistics, as
+// numpy/torch `quantile` default). c >= 1 returns +inf (no clipping).
+float AbsQuantile(std::span<const float> x, float c);
+
+// Clamps x to [-t, t] with t = AbsQuantile(x, c). No-op when c >= 1.
+void ClipRowAtQuantile(std::span<float> x, float c);
+
+// Quantizes one row of `d` values with group size `group` (d % group == 0). Writes d/4 packed
+// bytes to `codes` and d/group (scale, min) fp16 pairs to `scale_min` (scale first).
+void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, uint8_t* codes,
+                     uint16_t* scale_min);
+
+// Inverse of QuantizeRowInt2 (the dequantized row, not the original).
+void DequantizeRowInt2(const uint8_t* codes, const uint16_t* scale_min, uint32_t d,
+                       uint32_t group, float* out);
+
+// Per-group quantization parameters of one group (exposed for tests and kernels).
+struct GroupParams {
+  uint16_t scale16;
+  uint16_t min16;
+};
+GroupParams ComputeGroupParams(const float* x, uint32_t n);
+
+}  // namespace oscarkv

@@ -1,0 +1,78 @@
+#include "oscarkv/kernels/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "oscarkv/kernels/numeric.h"
+
+namespace oscarkv {
+
+float AbsQuantile(std::span<const float> x, float c) {
+  if (c >= 1.0f || x.empty()) return std::numeric_limits<float>::infinity();
+  std::vector<float> a(x.size());
+  for (size_t i = 0; i < x.size(); ++i) a[i] = std::fabs(x[i]);
+  std::sort(a.begin(), a.end());
+  const double pos = static_cast<double>(std::max(0.0f, c)) * static_cast<double>(a.size() - 1);
+  const size_t lo = static_cast<size_t>(pos);
+  const size_t hi = std::min(lo + 1, a.size() - 1);
+  const float frac = static_cast<float>(pos - static_cast<double>(lo));
+  return a[lo] + frac * (a[hi] - a[lo]);
+}
+
+void ClipRowAtQuantile(std::span<float> x, float c) {
+  if (c >= 1.0f) return;
+  const float t = AbsQuantile(x, c);
+  for (float& v : x) v = std::clamp(v, -t, t);
+}
+
+GroupParams ComputeGroupParams(const float* x, uint32_t n) {
+  float mn = x[0], mx = x[0];
+  for (uint32_t i = 1; i < n; ++i) {
+    mn = std::min(mn, x[i]);
+    mx = std::max(mx, x[i]);
+  }
+  // Saturate to the finite fp16 range so stored parameters are never inf.
+  mn = std::clamp(mn, -65504.0f, 65504.0f);
+  mx = std::clamp(mx, -65504.0f, 65504.0f);
+  uint16_t min16 = FloatToHalf(mn, RoundMode::kDown);
+  if (min16 == 0xfc00) min16 = 0xfbff;  // -inf -> -65504
+  const float minf = HalfToFloat(min16);
+  uint16_t scale16 = FloatToHalf((mx - minf) / 3.0f, RoundMode::kUp);
+  if (scale16 == 0x7c00) scale16 = 0x7bff;
+  if (scale16 & 0x8000) scale16 = 0;  // -0
+  return {scale16, min16};
+}
+
+void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, uint8_t* codes,
+                     uint16_t* scale_min) {
+  std::fill(codes, codes + d / 4, uint8_t{0});
+  for (uint32_t g0 = 0, gi = 0; g0 < d; g0 += group, ++gi) {
+    const GroupParams p = ComputeGroupParams(x + g0, group);
+    scale_min[2 * gi] = p.scale16;
+    scale_min[2 * gi + 1] = p.min16;
+    const float minf = HalfToFloat(p.min16), sf = HalfToFloat(p.scale16);
+    const float inv = sf > 0 ? 1.0f / sf : 0.0f;
+    for (uint32_t j = g0; j < g0 + group; ++j) {
+      // Written as separate multiply and add (no FMA) to match the CUDA kernel bit for bit;
+      // this file is compiled with -ffp-contract=off.
+      const float t = (x[j] - minf) * inv + 0.5f;
+      const int c = std::clamp(static_cast<int>(std::floor(t)), 0, 3);
+      codes[j / 4] |= static_cast<uint8_t>(c << (2 * (j % 4)));
+    }
+  }
+}
+
+void DequantizeRowInt2(const uint8_t* codes, const uint16_t* scale_min, uint32_t d,
+                       uint32_t group, float* out) {
+  for (uint32_t g0 = 0, gi = 0; g0 < d; g0 += group, ++gi) {
+    const float sf = HalfToFloat(scale_min[2 * gi]), minf = HalfToFloat(scale_min[2 * gi + 1]);
+    for (uint32_t j = g0; j < g0 + group; ++j) {
+      const int c = (codes[j / 4] >> (2 * (j % 4))) & 3;
+      out[j] = minf + static_cast<float>(c) * sf;
+    }
+  }
+}
+
+}  // namespace oscarkv
