@@ -13,12 +13,15 @@ float AbsQuantile(std::span<const float> x, float c) {
   if (c >= 1.0f || x.empty()) return std::numeric_limits<float>::infinity();
   std::vector<float> a(x.size());
   for (size_t i = 0; i < x.size(); ++i) a[i] = std::fabs(x[i]);
-  std::sort(a.begin(), a.end());
   const double pos = static_cast<double>(std::max(0.0f, c)) * static_cast<double>(a.size() - 1);
   const size_t lo = static_cast<size_t>(pos);
-  const size_t hi = std::min(lo + 1, a.size() - 1);
   const float frac = static_cast<float>(pos - static_cast<double>(lo));
-  return a[lo] + frac * (a[hi] - a[lo]);
+  // Order statistics lo and lo+1 without a full sort: after nth_element, a[lo] is in place and
+  // the next order statistic is the minimum of the elements after it.
+  std::nth_element(a.begin(), a.begin() + lo, a.end());
+  const float a_lo = a[lo];
+  const float a_hi = lo + 1 < a.size() ? *std::min_element(a.begin() + lo + 1, a.end()) : a_lo;
+  return a_lo + frac * (a_hi - a_lo);
 }
 
 void ClipRowAtQuantile(std::span<float> x, float c) {
