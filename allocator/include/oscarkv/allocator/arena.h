@@ -1,0 +1,56 @@
+// Arena: one contiguous block of memory that a PagePool carves into page slots.
+//
+// Two implementations:
+//  * ShmArena  -- a POSIX shared-memory file (/dev/shm/<name>) mapped MAP_SHARED, so a client
+//                 on the same host can map the same bytes and load pages with a plain copy.
+//                 Huge pages are requested (madvise MADV_HUGEPAGE) and silently skipped when the
+//                 kernel refuses; when built with CUDA and a GPU is present the mapping is
+//                 registered with cudaHostRegister so GPU copies from it run at pinned speed.
+//                 The destructor unmaps, unregisters and unlinks the file.
+//  * HeapArena -- private anonymous memory, for unit tests and benchmarks.
+//
+// An Arena is owned by exactly one PagePool; base() and size() never change and are safe to call
+// from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace oscarkv {
+
+class Arena {
+ public:
+  virtual ~Arena() = default;
+  virtual uint8_t* base() const = 0;
+  virtual size_t size() const = 0;
+  // The file a client maps (e.g. "/dev/shm/oscarkvd-50051"), or "" when not shareable.
+  virtual std::string shm_path() const { return ""; }
+  virtual bool huge_pages() const { return false; }
+  virtual bool cuda_registered() const { return false; }
+};
+
+// Private memory (mmap anonymous). Bytes are zero.
+absl::StatusOr<std::unique_ptr<Arena>> CreateHeapArena(size_t bytes);
+
+struct ShmArenaOptions {
+  // Name under /dev/shm: letters, digits, '.', '_' and '-' only, at most 200 characters.
+  std::string name;
+  size_t bytes = 0;
+  bool try_huge_pages = true;
+  bool try_cuda_register = true;
+  // Fail when /dev/shm has less free space than `bytes` (touching pages past the tmpfs limit
+  // would otherwise kill the process with SIGBUS).
+  bool check_free_space = true;
+  // If the file already exists: replace it (true) or fail with ALREADY_EXISTS (false).
+  bool replace_existing = false;
+};
+
+// Creates /dev/shm/<name> (mode 0600), sizes and maps it. Errors: INVALID_ARGUMENT (bad name or
+// size), ALREADY_EXISTS, RESOURCE_EXHAUSTED (not enough space in /dev/shm), INTERNAL (syscalls).
+absl::StatusOr<std::unique_ptr<Arena>> CreateShmArena(const ShmArenaOptions& options);
+
+}  // namespace oscarkv

@@ -1,0 +1,171 @@
+#include "oscarkv/allocator/arena.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+#if defined(OSCARKV_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace oscarkv {
+namespace {
+
+std::string Errno(int err) { return std::strerror(err); }
+
+// Maps with MAP_HUGETLB when the caller asked for huge pages and the kernel has a pool of them;
+// otherwise plain pages plus an MADV_HUGEPAGE hint. Returns MAP_FAILED on failure.
+void* MapAdvised(size_t bytes, int prot, int flags, int fd, bool try_huge, bool* huge) {
+  *huge = false;
+  void* p = mmap(nullptr, bytes, prot, flags, fd, 0);
+  if (p == MAP_FAILED) return p;
+  if (try_huge && madvise(p, bytes, MADV_HUGEPAGE) == 0) *huge = true;
+  return p;
+}
+
+class HeapArena final : public Arena {
+ public:
+  HeapArena(uint8_t* base, size_t size) : base_(base), size_(size) {}
+  ~HeapArena() override { munmap(base_, size_); }
+  uint8_t* base() const override { return base_; }
+  size_t size() const override { return size_; }
+
+ private:
+  uint8_t* base_;
+  size_t size_;
+};
+
+bool TryCudaRegister(void* p, size_t bytes) {
+#if defined(OSCARKV_HAVE_CUDA)
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return false;
+  }
+  if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+#else
+  (void)p;
+  (void)bytes;
+  return false;
+#endif
+}
+
+void CudaUnregister(void* p) {
+#if defined(OSCARKV_HAVE_CUDA)
+  cudaHostUnregister(p);
+#else
+  (void)p;
+#endif
+}
+
+class ShmArena final : public Arena {
+ public:
+  ShmArena(std::string name, uint8_t* base, size_t size, bool huge, bool cuda)
+      : name_(std::move(name)), base_(base), size_(size), huge_(huge), cuda_(cuda) {}
+  ~ShmArena() override {
+    if (cuda_) CudaUnregister(base_);
+    munmap(base_, size_);
+    shm_unlink(name_.c_str());
+  }
+  uint8_t* base() const override { return base_; }
+  size_t size() const override { return size_; }
+  std::string shm_path() const override { return absl::StrCat("/dev/shm", name_); }
+  bool huge_pages() const override { return huge_; }
+  bool cuda_registered() const override { return cuda_; }
+
+ private:
+  std::string name_;  // "/<name>", as shm_open wants it
+  uint8_t* base_;
+  size_t size_;
+  bool huge_;
+  bool cuda_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Arena>> CreateHeapArena(size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("heap arena: size 0");
+  bool huge = false;
+  void* p = MapAdvised(bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, true, &huge);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("heap arena: mmap of ", bytes, " bytes failed: ", Errno(errno)));
+  }
+  return std::unique_ptr<Arena>(new HeapArena(static_cast<uint8_t*>(p), bytes));
+}
+
+absl::StatusOr<std::unique_ptr<Arena>> CreateShmArena(const ShmArenaOptions& o) {
+  if (o.name.empty() || o.name.size() > 200) {
+    return absl::InvalidArgumentError("shm arena: the name must have 1..200 characters");
+  }
+  for (char c : o.name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok || o.name == "." || o.name == "..") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shm arena: bad name '", o.name, "' (letters, digits, '.', '_' and '-' only)"));
+    }
+  }
+  if (o.bytes == 0) return absl::InvalidArgumentError("shm arena: size 0");
+  if (o.check_free_space) {
+    struct statvfs vfs;
+    if (statvfs("/dev/shm", &vfs) == 0) {
+      const unsigned long long avail =
+          static_cast<unsigned long long>(vfs.f_bavail) * vfs.f_frsize;
+      if (avail < o.bytes) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("shm arena: /dev/shm has ", avail >> 20, " MiB free, the pool needs ",
+                         o.bytes >> 20, " MiB (use a smaller pool or enlarge /dev/shm)"));
+      }
+    }
+  }
+  const std::string shm_name = absl::StrCat("/", o.name);
+  int flags = O_RDWR | O_CREAT | O_EXCL;
+  int fd = shm_open(shm_name.c_str(), flags, 0600);
+  if (fd < 0 && errno == EEXIST && o.replace_existing) {
+    shm_unlink(shm_name.c_str());
+    fd = shm_open(shm_name.c_str(), flags, 0600);
+  }
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EEXIST) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "shm arena: /dev/shm/", o.name,
+          " already exists (another oscarkvd uses it, or a stale file: remove it)"));
+    }
+    return absl::InternalError(
+        absl::StrCat("shm arena: shm_open /dev/shm/", o.name, ": ", Errno(err)));
+  }
+  if (ftruncate(fd, static_cast<off_t>(o.bytes)) != 0) {
+    const int err = errno;
+    close(fd);
+    shm_unlink(shm_name.c_str());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shm arena: ftruncate to ", o.bytes, " bytes: ", Errno(err)));
+  }
+  bool huge = false;
+  void* p = MapAdvised(o.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, o.try_huge_pages, &huge);
+  const int map_err = errno;
+  close(fd);  // the mapping keeps the file alive
+  if (p == MAP_FAILED) {
+    shm_unlink(shm_name.c_str());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shm arena: mmap of ", o.bytes, " bytes: ", Errno(map_err)));
+  }
+  const bool cuda = o.try_cuda_register && TryCudaRegister(p, o.bytes);
+  return std::unique_ptr<Arena>(
+      new ShmArena(shm_name, static_cast<uint8_t*>(p), o.bytes, huge, cuda));
+}
+
+}  // namespace oscarkv
