@@ -1,0 +1,204 @@
+// oscarkv client: the library an inference engine links to store and fetch OSCAR-compressed KV
+// pages in its node's cache daemon (oscarkvd).
+//
+// Contract
+// * Creation: Client::Connect() dials the daemon, performs the Handshake (wire version check) and,
+//   when the daemon's shared-memory pool segment is readable on this host, maps it read-write.
+//   The returned Client owns the gRPC channel, the mapping and a small worker pool for the *Async
+//   calls; destroying it waits for queued async work, then unmaps. Leases it still holds expire
+//   on the daemon by themselves (a dead client never loses the cache, only its leases).
+// * Thread-safety: every method may be called concurrently from any number of threads on one
+//   Client. No lock is held across an RPC.
+// * Data paths: kSharedMemory writes page bytes straight into reserved pool slots and copies
+//   leased pages straight out of the pool; kGrpc streams them (WritePages / ReadPages). kAuto
+//   picks shared memory when the segment could be mapped, else gRPC. Results are identical.
+// * Pages are the byte format of docs/FORMAT.md §1 and are opaque to this API except for the
+//   checks named below. Keys are the canonical chained block keys of §3 (BlockKeys()).
+// * Errors: absl::Status; codes are the daemon's gRPC codes passed through one-to-one
+//   (UNAVAILABLE when the daemon is down, NOT_FOUND for an unregistered codec, ...), plus
+//   INVALID_ARGUMENT for inputs the client rejects before sending and DATA_LOSS for a page whose
+//   checksum does not verify on Load.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "oscarkv/kernels/block_key.h"
+#include "oscarkv/kernels/codec_profile.h"
+#include "oscarkv/kernels/page_format.h"
+
+namespace oscarkv::client {
+
+enum class DataPath { kAuto, kSharedMemory, kGrpc };
+const char* DataPathName(DataPath path);
+
+struct ConnectOptions {
+  // "HOST:PORT" or "unix:/path".
+  std::string address = "127.0.0.1:50051";
+  std::string client_name = "oscarkv-client";
+  // kSharedMemory fails Connect when the segment cannot be mapped; kGrpc never maps it.
+  DataPath data_path = DataPath::kAuto;
+  // Verify every loaded page's header (codec id, shape) and XXH3 checksum. Header checks are
+  // always done; this switches the checksum over the whole page.
+  bool verify_checksums = true;
+  // Deadline of each RPC (a streaming call of a batch counts as one RPC), and of Connect.
+  int64_t rpc_timeout_ms = 10000;
+  // Threads running the *Async calls (at least 1).
+  int async_threads = 2;
+  // Bytes per WriteChunk / expected ReadChunk on the gRPC data path.
+  uint32_t stream_chunk_bytes = 1 << 20;
+};
+
+// What the daemon said in the handshake.
+struct ServerInfo {
+  std::string server_version;
+  std::string node_id;
+  std::string shm_path;  // empty when the daemon has no shared-memory segment
+  uint64_t shm_bytes = 0;
+  uint32_t max_batch = 0;
+  DataPath data_path = DataPath::kGrpc;  // the path this client actually uses
+};
+
+// A registered codec: its id and the exact page sizes the daemon expects.
+struct Codec {
+  CodecId id;
+  CodecProfile profile;
+  uint64_t int2_page_bytes = 0;
+  uint64_t bf16_page_bytes = 0;
+  uint64_t page_bytes(PageKind kind) const {
+    return kind == PageKind::kInt2 ? int2_page_bytes : bf16_page_bytes;
+  }
+};
+
+// One page of a daemon's pool (a lease's view of it).
+struct PageRef {
+  BlockKey key;
+  uint64_t offset = 0;  // inside the shared-memory segment
+  uint64_t bytes = 0;
+  PageKind kind = PageKind::kInt2;
+  uint32_t token_count = 0;
+};
+
+struct LookupOptions {
+  // Pin the matched pages under a lease (release it with Release()). false = a pure probe.
+  bool pin = false;
+  uint32_t lease_ms = 0;  // 0 = the daemon's default
+};
+
+struct LookupResult {
+  uint32_t matched = 0;              // longest cached prefix of the keys
+  std::vector<uint64_t> lease_ids;   // one per max_batch chunk pinned; empty when not pinned
+  uint64_t lease_deadline_unix_ms = 0;
+  std::vector<PageRef> pages;        // the first `matched` pages, when pinned
+};
+
+// A page to store: its key, its kind and its bytes (borrowed for the duration of the call).
+struct PageWrite {
+  BlockKey key;
+  PageKind kind = PageKind::kInt2;
+  std::span<const uint8_t> bytes;
+};
+
+struct StoreResult {
+  uint32_t stored = 0;        // newly committed
+  uint32_t deduplicated = 0;  // already stored (or being stored by someone else): skipped
+  uint32_t failed = 0;        // see item_status
+  std::vector<absl::Status> item_status;  // per input page: OK, ALREADY_EXISTS, or the error
+};
+
+struct LoadResult {
+  uint32_t matched = 0;  // pages loaded: the longest cached prefix of the keys
+  std::vector<std::vector<uint8_t>> pages;
+  std::vector<PageKind> kinds;
+  uint64_t bytes = 0;
+};
+
+struct Stats {
+  uint64_t pool_bytes = 0, pool_used_bytes = 0, pages = 0, pinned_pages = 0, leases = 0,
+           reservations = 0, lookups = 0, hits = 0, misses = 0, evictions = 0, bytes_written = 0,
+           bytes_read = 0;
+  uint32_t codecs = 0;
+  std::string node_id, server_version;
+};
+
+class Client {
+ public:
+  // Dials, handshakes and maps the pool segment (see the contract above). UNAVAILABLE or
+  // DEADLINE_EXCEEDED when no daemon answers within rpc_timeout_ms.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& options);
+  virtual ~Client() = default;
+
+  virtual const ServerInfo& server() const = 0;
+  virtual const ConnectOptions& options() const = 0;
+
+  // Registers (idempotently) a codec profile with the daemon; pages and keys of other codecs
+  // are never mixed with this one's.
+  virtual absl::StatusOr<Codec> RegisterCodec(const CodecProfile& profile) = 0;
+
+  // Canonical chained keys of every full page_tokens block of `tokens` (FORMAT.md §3).
+  static std::vector<BlockKey> BlockKeys(const Codec& codec, std::span<const uint32_t> tokens,
+                                         std::string_view tenant_salt = "");
+
+  // The longest cached prefix of `keys` (a chained prefix, in order). Batches above the
+  // daemon's max_batch are split; a chunk is only asked when the previous one fully matched.
+  virtual absl::StatusOr<LookupResult> Lookup(const Codec& codec,
+                                              std::span<const BlockKey> keys,
+                                              const LookupOptions& options = {}) = 0;
+  // Releases every lease of a pinned lookup (idempotent; unknown leases are OK).
+  virtual absl::Status Release(const LookupResult& lookup) = 0;
+  virtual absl::Status Release(uint64_t lease_id) = 0;
+
+  // Reserve + write + commit. Keys already cached are skipped (deduplicated). Each page is
+  // checked before anything is sent: size must equal the codec's page size of its kind, and its
+  // header must carry this codec's id and shape. Pages that fail are reported in item_status;
+  // the call itself fails only when the daemon cannot be reached or rejects the whole batch.
+  virtual absl::StatusOr<StoreResult> Store(const Codec& codec,
+                                            std::span<const PageWrite> pages) = 0;
+
+  // Lookup with a lease, copy the matched prefix out, verify it, release the lease.
+  virtual absl::StatusOr<LoadResult> Load(const Codec& codec, std::span<const BlockKey> keys) = 0;
+  // The same into caller buffers: dst[i] receives page i and must be at least its size.
+  // Returns the number of pages loaded (the matched prefix). `bytes_out`, if given, receives
+  // each loaded page's size.
+  virtual absl::StatusOr<uint32_t> LoadInto(const Codec& codec, std::span<const BlockKey> keys,
+                                            std::span<const std::span<uint8_t>> dst,
+                                            std::vector<uint64_t>* bytes_out = nullptr) = 0;
+
+  // Operator calls.
+  virtual absl::StatusOr<Stats> GetStats() = 0;
+  // Per key: OK, NOT_FOUND, or FAILED_PRECONDITION (pinned; deleted when released).
+  virtual absl::StatusOr<std::vector<absl::Status>> Delete(const Codec& codec,
+                                                           std::span<const BlockKey> keys) = 0;
+  // Drops cached pages of `codec_id` (nullptr: every codec). Returns pages removed.
+  virtual absl::StatusOr<uint64_t> Clear(const CodecId* codec_id, bool include_pinned) = 0;
+
+  // Asynchronous variants: run on the client's worker pool. The spans' memory (keys, page
+  // bytes, destination buffers) must stay valid until the future is ready / the callback ran.
+  std::future<absl::StatusOr<LookupResult>> LookupAsync(const Codec& codec,
+                                                        std::span<const BlockKey> keys,
+                                                        const LookupOptions& options = {});
+  std::future<absl::StatusOr<StoreResult>> StoreAsync(const Codec& codec,
+                                                      std::span<const PageWrite> pages);
+  std::future<absl::StatusOr<LoadResult>> LoadAsync(const Codec& codec,
+                                                    std::span<const BlockKey> keys);
+  void LoadIntoAsync(const Codec& codec, std::span<const BlockKey> keys,
+                     std::span<const std::span<uint8_t>> dst,
+                     std::function<void(absl::StatusOr<uint32_t>)> done);
+  void StoreAsync(const Codec& codec, std::span<const PageWrite> pages,
+                  std::function<void(absl::StatusOr<StoreResult>)> done);
+
+ protected:
+  Client() = default;
+  // Runs `task` on the worker pool.
+  virtual void Submit(std::function<void()> task) = 0;
+};
+
+}  // namespace oscarkv::client

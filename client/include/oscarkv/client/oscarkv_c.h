@@ -1,0 +1,141 @@
+/* oscarkv C ABI: the client library for engines written in C, Rust, Go, Python (ctypes/cffi)...
+ *
+ * Contract
+ * - Handles are opaque. oscarkv_connect() creates an oscarkv_client that the caller owns and
+ *   frees with oscarkv_close(); a handle may be used from many threads at once.
+ * - Every function returning int returns OSCARKV_OK (0) or an error code, which is a gRPC /
+ *   absl status code number (OSCARKV_E_*). The message of the last error on the CALLING THREAD
+ *   is returned by oscarkv_last_error() (valid until the next call on that thread).
+ * - All buffers are caller-owned; the library never keeps a pointer past the call, except the
+ *   async calls, whose buffers must stay valid until their callback has run.
+ * - Keys and codec ids are 16 raw bytes (docs/FORMAT.md §2-§3); pages are the page format
+ *   bytes of §1. Page kinds: 1 = INT2, 2 = BF16.
+ * - No C++ types cross this boundary; the header compiles as C99.
+ */
+#ifndef OSCARKV_CLIENT_OSCARKV_C_H_
+#define OSCARKV_CLIENT_OSCARKV_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+  OSCARKV_OK = 0,
+  OSCARKV_E_CANCELLED = 1,
+  OSCARKV_E_UNKNOWN = 2,
+  OSCARKV_E_INVALID_ARGUMENT = 3,
+  OSCARKV_E_DEADLINE_EXCEEDED = 4,
+  OSCARKV_E_NOT_FOUND = 5,
+  OSCARKV_E_ALREADY_EXISTS = 6,
+  OSCARKV_E_PERMISSION_DENIED = 7,
+  OSCARKV_E_RESOURCE_EXHAUSTED = 8,
+  OSCARKV_E_FAILED_PRECONDITION = 9,
+  OSCARKV_E_ABORTED = 10,
+  OSCARKV_E_OUT_OF_RANGE = 11,
+  OSCARKV_E_UNIMPLEMENTED = 12,
+  OSCARKV_E_INTERNAL = 13,
+  OSCARKV_E_UNAVAILABLE = 14,
+  OSCARKV_E_DATA_LOSS = 15
+};
+
+enum { OSCARKV_PAGE_INT2 = 1, OSCARKV_PAGE_BF16 = 2 };
+enum { OSCARKV_PATH_AUTO = 0, OSCARKV_PATH_SHM = 1, OSCARKV_PATH_GRPC = 2 };
+
+typedef struct oscarkv_client oscarkv_client;
+
+typedef struct {
+  const char* address;      /* "HOST:PORT" or "unix:/path"; NULL = "127.0.0.1:50051" */
+  const char* client_name;  /* NULL = "oscarkv-c" */
+  int data_path;            /* OSCARKV_PATH_* */
+  int verify_checksums;     /* nonzero: verify every loaded page's checksum */
+  int64_t rpc_timeout_ms;   /* <= 0: 10000 */
+} oscarkv_connect_options;
+
+/* Fills `opts` with the defaults above (verify_checksums = 1). */
+void oscarkv_connect_options_init(oscarkv_connect_options* opts);
+
+/* Codec profile (docs/FORMAT.md §2). Strings are NUL-terminated UTF-8. */
+typedef struct {
+  const char* model_id;
+  const char* model_revision;
+  uint32_t num_layers, num_kv_heads, tp_rank, tp_size, head_dim, page_tokens, group_size,
+      scale_dtype, sink_tokens, recent_tokens;
+  uint8_t rotation_digest[32]; /* all zero: no rotation artifact */
+} oscarkv_codec_profile;
+
+/* A registered codec. Pass it back to the calls below. */
+typedef struct {
+  uint8_t codec_id[16];
+  uint32_t page_tokens;
+  uint64_t int2_page_bytes;
+  uint64_t bf16_page_bytes;
+} oscarkv_codec;
+
+typedef struct {
+  const uint8_t* key; /* 16 bytes */
+  int kind;           /* OSCARKV_PAGE_* */
+  const void* data;
+  size_t bytes;
+} oscarkv_page;
+
+typedef struct {
+  uint32_t stored, deduplicated, failed;
+  int first_error;  /* code of the first failed page, OSCARKV_OK if none */
+} oscarkv_store_result;
+
+typedef struct {
+  uint64_t pool_bytes, pool_used_bytes, pages, pinned_pages, leases, lookups, hits, misses,
+      evictions;
+} oscarkv_stats;
+
+/* Message of the last error on this thread ("" after a success). */
+const char* oscarkv_last_error(void);
+
+int oscarkv_connect(const oscarkv_connect_options* opts, oscarkv_client** out);
+void oscarkv_close(oscarkv_client* client); /* NULL is fine */
+/* 1 when this client uses the shared-memory data path, 0 when gRPC streaming. */
+int oscarkv_uses_shm(const oscarkv_client* client);
+
+int oscarkv_register_codec(oscarkv_client* client, const oscarkv_codec_profile* profile,
+                           oscarkv_codec* out);
+/* Built-in shapes: "qwen3-8b", "refmodel". Registers that profile. */
+int oscarkv_register_builtin_codec(oscarkv_client* client, const char* shape, oscarkv_codec* out);
+
+/* Canonical block keys of every full block of `tokens` (no daemon needed). Writes
+ * min(n_tokens / page_tokens, max_keys) keys of 16 bytes to keys_out and the number of full
+ * blocks to *num_keys. */
+int oscarkv_block_keys(const oscarkv_codec* codec, const char* tenant_salt, size_t salt_len,
+                       const uint32_t* tokens, size_t n_tokens, uint8_t* keys_out,
+                       size_t max_keys, size_t* num_keys);
+
+/* Longest cached prefix of `keys` (n_keys x 16 bytes), without pinning. */
+int oscarkv_lookup(oscarkv_client* client, const oscarkv_codec* codec, const uint8_t* keys,
+                   size_t n_keys, uint32_t* matched);
+
+/* Reserve + write + commit. Already-cached keys are skipped (counted as deduplicated). */
+int oscarkv_store(oscarkv_client* client, const oscarkv_codec* codec, const oscarkv_page* pages,
+                  size_t n_pages, oscarkv_store_result* result);
+
+/* Loads the longest cached prefix of `keys` into dst[i] (capacity dst_bytes[i]); *matched
+ * receives the number of pages loaded, page_bytes[i] (optional, may be NULL) their sizes. */
+int oscarkv_load(oscarkv_client* client, const oscarkv_codec* codec, const uint8_t* keys,
+                 size_t n_keys, void* const* dst, const size_t* dst_bytes, uint32_t* matched,
+                 uint64_t* page_bytes);
+
+/* Asynchronous load: returns at once; `done(user, code, matched)` runs on a library thread.
+ * On code != OSCARKV_OK the message is in oscarkv_last_error() inside the callback. */
+typedef void (*oscarkv_load_done)(void* user, int code, uint32_t matched);
+int oscarkv_load_async(oscarkv_client* client, const oscarkv_codec* codec, const uint8_t* keys,
+                       size_t n_keys, void* const* dst, const size_t* dst_bytes,
+                       oscarkv_load_done done, void* user);
+
+int oscarkv_stats_get(oscarkv_client* client, oscarkv_stats* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OSCARKV_CLIENT_OSCARKV_C_H_ */

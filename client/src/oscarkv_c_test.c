@@ -1,0 +1,121 @@
+/* The C ABI compiled as C99. Without arguments: the daemon-free parts (block keys against the
+ * golden vectors of docs/FORMAT.md §3.1, argument checks, connecting to nothing). With a daemon
+ * address as argv[1] (tests/ runs it so): register, lookup, load of a miss, stats. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oscarkv/client/oscarkv_c.h"
+
+static int failures = 0;
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, \
+              __LINE__, #cond, oscarkv_last_error());                          \
+      ++failures;                                                              \
+    }                                                                          \
+  } while (0)
+
+static void hex(const uint8_t* b, char* out) {
+  int i;
+  for (i = 0; i < 16; ++i) sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+static void from_hex(const char* s, uint8_t* out) {
+  int i;
+  for (i = 0; i < 16; ++i) {
+    unsigned v;
+    sscanf(s + 2 * i, "%2x", &v);
+    out[i] = (uint8_t)v;
+  }
+}
+
+static int daemon_free_checks(void) {
+  oscarkv_codec codec;
+  uint32_t tokens[150];
+  uint8_t keys[16 * 4];
+  size_t n = 0;
+  char h[33];
+  oscarkv_client* c = NULL;
+  oscarkv_connect_options opts;
+  unsigned i;
+
+  memset(&codec, 0, sizeof codec);
+  from_hex("4be25704bf3761cb7196d7029b0c67ed", codec.codec_id); /* qwen3-8b */
+  codec.page_tokens = 64;
+  for (i = 0; i < 150; ++i) tokens[i] = i;
+  CHECK(oscarkv_block_keys(&codec, "", 0, tokens, 150, keys, 4, &n) == OSCARKV_OK);
+  CHECK(n == 2);
+  hex(keys, h);
+  CHECK(strcmp(h, "5d55a8bf9ffbceec922d5a1b7acc1d7f") == 0);
+  hex(keys + 16, h);
+  CHECK(strcmp(h, "10cb911c588a67c541fd440aa76e9779") == 0);
+  CHECK(oscarkv_block_keys(&codec, "tenant-a", 8, tokens, 128, keys, 1, &n) == OSCARKV_OK);
+  CHECK(n == 2); /* two full blocks, only max_keys = 1 written */
+  hex(keys, h);
+  CHECK(strcmp(h, "db9f58cfc2462c86ab995409005f7b67") == 0);
+  CHECK(oscarkv_block_keys(NULL, "", 0, tokens, 150, keys, 4, &n) == OSCARKV_E_INVALID_ARGUMENT);
+  CHECK(strlen(oscarkv_last_error()) > 0);
+
+  oscarkv_connect_options_init(&opts);
+  CHECK(opts.verify_checksums == 1);
+  opts.address = "127.0.0.1:1";
+  opts.rpc_timeout_ms = 3000;
+  {
+    int rc = oscarkv_connect(&opts, &c);
+    CHECK(rc == OSCARKV_E_UNAVAILABLE || rc == OSCARKV_E_DEADLINE_EXCEEDED);
+  }
+  CHECK(c == NULL);
+  CHECK(strstr(oscarkv_last_error(), "127.0.0.1:1") != NULL);
+  opts.data_path = 7;
+  CHECK(oscarkv_connect(&opts, &c) == OSCARKV_E_INVALID_ARGUMENT);
+  oscarkv_close(NULL);
+  return 0;
+}
+
+static int with_daemon(const char* addr) {
+  oscarkv_connect_options opts;
+  oscarkv_client* c = NULL;
+  oscarkv_codec codec;
+  oscarkv_stats st;
+  uint32_t tokens[256];
+  uint8_t keys[16 * 4];
+  size_t n = 0;
+  uint32_t matched = 99;
+  unsigned i;
+  void* dst[4];
+  size_t cap[4];
+
+  oscarkv_connect_options_init(&opts);
+  opts.address = addr;
+  CHECK(oscarkv_connect(&opts, &c) == OSCARKV_OK);
+  if (c == NULL) return 1;
+  CHECK(oscarkv_register_builtin_codec(c, "refmodel", &codec) == OSCARKV_OK);
+  CHECK(codec.int2_page_bytes == 64 + 8 * 2 * 2 * 2304);
+  CHECK(oscarkv_register_builtin_codec(c, "no-such-shape", &codec) == OSCARKV_E_INVALID_ARGUMENT);
+  for (i = 0; i < 256; ++i) tokens[i] = 1000003u * i;
+  CHECK(oscarkv_block_keys(&codec, "", 0, tokens, 256, keys, 4, &n) == OSCARKV_OK && n == 4);
+  CHECK(oscarkv_lookup(c, &codec, keys, 4, &matched) == OSCARKV_OK);
+  CHECK(matched == 0);
+  for (i = 0; i < 4; ++i) {
+    cap[i] = (size_t)codec.int2_page_bytes;
+    dst[i] = malloc(cap[i]);
+  }
+  matched = 99;
+  CHECK(oscarkv_load(c, &codec, keys, 4, dst, cap, &matched, NULL) == OSCARKV_OK);
+  CHECK(matched == 0);
+  for (i = 0; i < 4; ++i) free(dst[i]);
+  CHECK(oscarkv_stats_get(c, &st) == OSCARKV_OK);
+  CHECK(st.pool_bytes > 0);
+  CHECK(st.lookups >= 1);
+  oscarkv_close(c);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  daemon_free_checks();
+  if (argc > 1) with_daemon(argv[1]);
+  if (failures == 0) printf("oscarkv C ABI: all checks passed\n");
+  return failures == 0 ? 0 : 1;
+}
