@@ -1,0 +1,73 @@
+// LocalDaemon: runs an oscarkvd as a child process of this one (single-node setups, demos,
+// benchmarks, integration tests).
+//
+// Contract
+// * Start() spawns the binary with the given flags plus `--listen 127.0.0.1:0` (unless a
+//   --listen flag is given), waits for its one ready line on stdout
+//   (`oscarkvd ready listen=HOST:PORT metrics=HOST:PORT shm=/dev/shm/NAME pool_bytes=N`) and
+//   parses it. Everything the daemon prints afterwards on stdout is drained and dropped.
+// * The LocalDaemon owns the child: the destructor stops it (SIGTERM, then SIGKILL after the
+//   grace period). The child also gets SIGTERM if the thread that started it dies.
+// * Not thread-safe: one owner calls Stop()/Kill().
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace oscarkv::client {
+
+struct LocalDaemonOptions {
+  std::string binary;              // path of oscarkvd; empty = FindDaemonBinary()
+  std::vector<std::string> flags;  // e.g. {"--pool-mb", "64", "--default-lease-ms", "500"}
+  int64_t ready_timeout_ms = 30000;
+  // Where the daemon's stderr (its log) goes: empty = inherited from this process.
+  std::string log_path;
+};
+
+class LocalDaemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalDaemon>> Start(const LocalDaemonOptions& options);
+  ~LocalDaemon();
+  LocalDaemon(const LocalDaemon&) = delete;
+  LocalDaemon& operator=(const LocalDaemon&) = delete;
+
+  // oscarkvd next to the running executable (<build>/cli/../service/oscarkvd, or the same
+  // directory for an installed layout), else from $OSCARKVD; NOT_FOUND naming where it looked.
+  static absl::StatusOr<std::string> FindDaemonBinary();
+
+  const std::string& address() const { return address_; }          // listen=
+  const std::string& metrics_address() const { return metrics_; }  // metrics=
+  const std::string& shm_path() const { return shm_path_; }         // shm=
+  uint64_t pool_bytes() const { return pool_bytes_; }
+  pid_t pid() const { return pid_; }
+  const std::string& ready_line() const { return ready_line_; }
+
+  // SIGTERM, then waits up to `grace_ms` (SIGKILL after that). Returns the exit code (128+sig
+  // when killed by a signal). Stopping twice returns the first result.
+  absl::StatusOr<int> Stop(int64_t grace_ms = 10000);
+  // Sends `sig` (e.g. SIGKILL) and reaps the child.
+  void Kill(int sig);
+  // True while the child process has not exited.
+  bool Running();
+
+ private:
+  LocalDaemon() = default;
+  absl::StatusOr<int> Reap(int64_t timeout_ms);
+
+  pid_t pid_ = -1;
+  int stdout_fd_ = -1;
+  std::thread drain_;
+  std::string address_, metrics_, shm_path_, ready_line_;
+  uint64_t pool_bytes_ = 0;
+  bool exited_ = false;
+  int exit_code_ = 0;
+};
+
+}  // namespace oscarkv::client
