@@ -1,0 +1,213 @@
+// PageCache: the daemon's state and the semantics of every KvCache RPC, independent of gRPC.
+//
+// * Index: (codec, 16-byte block key) -> page entry, split over lock shards (a key's shard is a
+//   function of its hash). An entry is RESERVED (a slot handed to one reservation, invisible to
+//   Lookup) or COMMITTED (verified and visible). Dedup: a key has at most one entry, so
+//   concurrent stores of one key converge on one page -- the first Reserve wins, the others get
+//   ALREADY_EXISTS for that item.
+// * Leases: a pinning Lookup pins the matched pages (entry pin count + a pool reference) until
+//   Release, or until the lease deadline passes and Reap() expires it. Reservations expire the
+//   same way, so a client that dies frees its pins and slots.
+// * Eviction: when the pool has no free slot, CLOCK over COMMITTED pages with no pins (per-shard
+//   clock hands, shards visited round-robin). Pinned and reserved pages are never evicted.
+// * Pages stay readable while referenced: Delete/Clear/eviction drop the index entry's pool
+//   reference; a lease or an in-flight ReadPages keeps its own until it ends.
+//
+// Methods fill the response and return a Status whose code is the gRPC code of the call; per-
+// item results carry their own codes. Every method is thread-safe and never crashes on any
+// input. Lookup takes one shard lock per key and allocates nothing beyond the response.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "oscarkv/allocator/page_pool.h"
+#include "oscarkv/kernels/block_key.h"
+#include "oscarkv/kernels/codec_profile.h"
+#include "oscarkv/kernels/page_format.h"
+#include "oscarkv/service/clock.h"
+#include "oscarkv/v1/oscarkv.pb.h"
+
+namespace oscarkv::service {
+
+namespace pb = ::oscarkv::v1;
+
+inline constexpr uint32_t kWireVersion = pb::WIRE_VERSION_1;
+inline constexpr const char* kServerVersion = "oscarkvd 0.1.0";
+
+struct CacheOptions {
+  uint32_t max_batch = 4096;
+  uint32_t default_lease_ms = 30000;
+  uint32_t max_lease_ms = 600000;
+  uint32_t reservation_ttl_ms = 30000;
+  uint32_t max_reservation_ttl_ms = 600000;
+  uint32_t index_shards = 64;
+  uint32_t max_codecs = 32;
+  std::string node_id = "oscarkvd";
+};
+
+// Monotonic counters (exported as Prometheus counters) and live gauges.
+struct CacheCounters {
+  std::atomic<uint64_t> lookups{0}, hits{0}, misses{0}, evictions{0};
+  std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
+  std::atomic<uint64_t> reserved{0}, dedup_rejects{0}, reserve_failures{0};
+  std::atomic<uint64_t> commits{0}, commit_failures{0}, aborted_pages{0};
+  std::atomic<uint64_t> leases_expired{0}, reservations_expired{0}, deletes{0};
+  // gauges
+  std::atomic<int64_t> pages{0}, reserved_pages{0}, pinned_pages{0}, leases{0};
+};
+
+// Page bytes of a pinned lease (or an in-flight ReadPages): pool references are dropped when the
+// plan is destroyed.
+class ReadPlan {
+ public:
+  struct Page {
+    BlockKey key;
+    const uint8_t* data;
+    uint64_t bytes;
+  };
+  ReadPlan(PagePool* pool, std::vector<Page> pages, std::vector<uint64_t> offsets)
+      : pool_(pool), pages_(std::move(pages)), offsets_(std::move(offsets)) {}
+  ~ReadPlan();
+  ReadPlan(const ReadPlan&) = delete;
+  ReadPlan& operator=(const ReadPlan&) = delete;
+  const std::vector<Page>& pages() const { return pages_; }
+
+ private:
+  PagePool* pool_;
+  std::vector<Page> pages_;
+  std::vector<uint64_t> offsets_;
+};
+
+class PageCache {
+ public:
+  // `pool` and `clock` must outlive the cache.
+  PageCache(PagePool* pool, const Clock* clock, CacheOptions options);
+  ~PageCache();
+  PageCache(const PageCache&) = delete;
+  PageCache& operator=(const PageCache&) = delete;
+
+  absl::Status Handshake(const pb::HandshakeRequest& req, pb::HandshakeResponse* resp);
+  absl::Status RegisterCodec(const pb::RegisterCodecRequest& req, pb::RegisterCodecResponse* resp);
+  absl::Status Lookup(const pb::LookupRequest& req, pb::LookupResponse* resp);
+  absl::Status Reserve(const pb::ReserveRequest& req, pb::ReserveResponse* resp);
+  absl::Status Commit(const pb::CommitRequest& req, pb::CommitResponse* resp);
+  absl::Status Abort(const pb::AbortRequest& req, pb::AbortResponse* resp);
+  // One chunk of WritePages; *written = bytes copied.
+  absl::Status WriteChunk(const pb::WriteChunk& chunk, uint64_t* written);
+  absl::StatusOr<std::unique_ptr<ReadPlan>> PrepareRead(const pb::ReadRequest& req);
+  absl::Status Release(const pb::ReleaseRequest& req, pb::ReleaseResponse* resp);
+  absl::Status RenewLease(const pb::RenewLeaseRequest& req, pb::RenewLeaseResponse* resp);
+  absl::Status Delete(const pb::DeleteRequest& req, pb::DeleteResponse* resp);
+  absl::Status Clear(const pb::ClearRequest& req, pb::ClearResponse* resp);
+  absl::Status Stats(const pb::StatsRequest& req, pb::StatsResponse* resp);
+
+  // Expires leases and reservations whose deadline has passed (the reaper thread calls this).
+  void Reap();
+
+  const CacheCounters& counters() const { return counters_; }
+  CacheCounters& mutable_counters() { return counters_; }
+  const PagePool& pool() const { return *pool_; }
+  const CacheOptions& options() const { return options_; }
+  size_t codecs() const { return num_codecs_.load(std::memory_order_acquire); }
+  // Reservations that still have uncommitted slots.
+  size_t OpenReservations() const;
+
+ private:
+  struct Codec;
+  struct IndexKey {
+    uint32_t codec;
+    BlockKey key;
+    friend bool operator==(const IndexKey&, const IndexKey&) = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const IndexKey& k) {
+      uint64_t lo, hi;
+      __builtin_memcpy(&lo, k.key.bytes.data(), 8);
+      __builtin_memcpy(&hi, k.key.bytes.data() + 8, 8);
+      return H::combine(std::move(h), lo, hi, k.codec);
+    }
+  };
+  struct Entry {
+    uint64_t offset = 0;
+    uint64_t page_bytes = 0;
+    uint64_t gen = 0;
+    uint64_t reservation_id = 0;  // owner while reserved
+    uint32_t pins = 0;
+    uint16_t token_count = 0;
+    PageKind kind = PageKind::kInt2;
+    bool committed = false;
+    bool has_slot = false;
+    bool referenced = false;  // CLOCK bit
+  };
+  struct alignas(64) Shard {
+    absl::Mutex mu;
+    absl::flat_hash_map<IndexKey, Entry> map ABSL_GUARDED_BY(mu);
+    std::vector<std::pair<IndexKey, uint64_t>> ring ABSL_GUARDED_BY(mu);  // (key, gen) committed
+    size_t hand ABSL_GUARDED_BY(mu) = 0;
+  };
+  struct PinnedPage {
+    IndexKey key;
+    uint64_t gen;
+    uint64_t offset;
+    uint64_t page_bytes;
+  };
+  struct Lease {
+    int64_t deadline_ms = 0;
+    std::vector<PinnedPage> pages;
+  };
+  struct alignas(64) LeaseShard {
+    absl::Mutex mu;
+    absl::flat_hash_map<uint64_t, Lease> map ABSL_GUARDED_BY(mu);
+  };
+  struct Reservation;
+  struct alignas(64) ReservationShard {
+    absl::Mutex mu;
+    absl::flat_hash_map<uint64_t, std::shared_ptr<Reservation>> map ABSL_GUARDED_BY(mu);
+  };
+
+  absl::StatusOr<const Codec*> FindCodec(const std::string& codec_id) const;
+  absl::Status CheckBatch(size_t n, const char* what) const;
+  Shard& ShardFor(const IndexKey& k);
+  LeaseShard& LeaseShardFor(uint64_t id) { return lease_shards_[id % kLeaseShards]; }
+  ReservationShard& ResShardFor(uint64_t id) { return res_shards_[id % kLeaseShards]; }
+  uint64_t NewId();
+  absl::StatusOr<uint64_t> AllocateSlot(SizeClassId cls);
+  bool EvictOne();
+  void ReleaseLease(Lease& lease);
+  void AbortReservation(Reservation& res, bool expired);
+  void UnpinPage(const PinnedPage& p);
+  // Removes a committed entry (caller holds the shard lock); returns the offset to Unref.
+  void EraseCommittedLocked(Shard& shard, absl::flat_hash_map<IndexKey, Entry>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+
+  static constexpr size_t kLeaseShards = 16;
+  static constexpr size_t kMaxCodecs = 256;
+
+  PagePool* const pool_;
+  const Clock* const clock_;
+  const CacheOptions options_;
+  CacheCounters counters_;
+
+  absl::Mutex codec_mu_;  // serializes RegisterCodec; readers scan codecs_ lock-free
+  std::unique_ptr<Codec> codecs_[kMaxCodecs];
+  std::atomic<size_t> num_codecs_{0};
+
+  std::unique_ptr<Shard[]> shards_;
+  LeaseShard lease_shards_[kLeaseShards];
+  ReservationShard res_shards_[kLeaseShards];
+  std::atomic<uint64_t> next_id_;
+  std::atomic<uint64_t> next_gen_{1};
+
+  absl::Mutex evict_mu_;
+  size_t evict_shard_ ABSL_GUARDED_BY(evict_mu_) = 0;
+};
+
+}  // namespace oscarkv::service
