@@ -28,6 +28,9 @@ struct Transfer::State {
   absl::Time last_progress;
 
   void OpDone(Op& op, ucs_status_t status) {
+    --outstanding;
+    if (finished) return;  // abandoned after the batch failed: its result stays "failed"
+    ++outstanding;
     op.done = true;
     op.status = FromUcs(status, absl::StrCat("RMA ", DirectionName(direction)));
     --outstanding;
@@ -39,6 +42,10 @@ struct Transfer::State {
   }
   static void OnFlush(void* /*request*/, ucs_status_t status, void* user_data) {
     auto* st = static_cast<State*>(user_data);
+    if (st->finished) {
+      --st->outstanding;
+      return;
+    }
     st->flush_status = FromUcs(status, "flush after puts");
     --st->outstanding;
     st->last_progress = absl::Now();
@@ -137,11 +144,15 @@ void Transfer::Progressed() {
           absl::FormatDuration(ep_->options().peer_timeout), " (", st.outstanding,
           " requests outstanding); declared gone")));
     }
-    if (ep_->failed()) {
-      ep_->Close(/*force=*/true);
-      DrainAfterAbort();
+    if (!ep_->failed()) return;
+    // Force-close: with peer error handling UCX completes every request with an error. Without
+    // it (ErrorHandling::kNone) requests to a dead peer may never return; they are abandoned
+    // (their state is kept alive, see ~Transfer) and reported failed.
+    ep_->Close(/*force=*/true);
+    DrainAfterAbort();
+    for (State::Op& op : st.ops) {
+      if (!op.done) op.status = absl::UnavailableError("abandoned: the peer is gone");
     }
-    if (st.outstanding > 0) return;
   }
   bool any_failed = false;
   for (const State::Op& op : st.ops) any_failed |= !op.status.ok();
@@ -195,7 +206,7 @@ void Transfer::Progressed() {
 
 void Transfer::DrainAfterAbort() {
   // Force-closing completes outstanding requests with an error on the next progress passes.
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(250);
   while (state_->outstanding > 0 && absl::Now() < deadline) {
     ep_->worker().WaitForEvents(absl::Milliseconds(5));
   }

@@ -1,0 +1,293 @@
+// Two processes on one host: this test (the client) and transport_test_peer (a daemon-like peer
+// holding a registered pool of real pages), over UCX with UCX_TLS=tcp (loopback only) and shm.
+// Pages are verified end to end: header checksum (ParsePageHeaderStandalone) and exact bytes.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "oscarkv/kernels/page_codec.h"
+#include "oscarkv/transport/bootstrap.h"
+#include "oscarkv/transport/transport.h"
+#include "test_pages.h"
+
+namespace oscarkv::transport {
+namespace {
+
+std::string PeerBinary() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  std::string self(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  return self.substr(0, self.rfind('/') + 1) + "transport_test_peer";
+}
+
+// A connected peer: the child process, our endpoint to it and its pool.
+struct Peer {
+  PeerProcess process;
+  std::unique_ptr<Endpoint> ep;
+  std::unique_ptr<RemoteMemory> pool;
+  // Sends a control command and returns the reply.
+  std::string Ask(const std::string& cmd) {
+    EXPECT_TRUE(SendBlob(process.control_fd(), cmd).ok());
+    auto r = RecvBlob(process.control_fd(), absl::Seconds(10));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : "";
+  }
+  // Endpoint-side objects go first, then the process (closing the control fd ends it).
+  void Release() {
+    pool.reset();
+    ep.reset();
+  }
+};
+
+struct Mode {
+  std::string name;  // test-name suffix
+  std::string tls;   // UCX_TLS of both processes
+  EndpointOptions::ErrorHandling error_handling;
+};
+
+class PeerTest : public ::testing::TestWithParam<Mode> {
+ protected:
+  void SetUp() override {
+    ContextOptions o;
+    o.tls = GetParam().tls;
+    o.net_devices = "lo";
+    auto ctx = Context::Create(o);
+    ASSERT_TRUE(ctx.ok()) << ctx.status();
+    ctx_ = std::move(*ctx);
+    auto w = Worker::Create(*ctx_);
+    ASSERT_TRUE(w.ok()) << w.status();
+    worker_ = std::move(*w);
+  }
+
+  // Starts a peer with `pages` pages of `shape`/`kind` seeded `seed` and connects to it.
+  absl::StatusOr<Peer> StartPeer(const std::string& shape, PageKind kind, uint32_t pages,
+                                 uint32_t seed,
+                                 absl::Duration peer_timeout = EndpointOptions().peer_timeout) {
+    Peer p;
+    auto proc = PeerProcess::Spawn(
+        {PeerBinary(), absl::StrCat("--tls=", GetParam().tls), absl::StrCat("--shape=", shape),
+         absl::StrCat("--kind=", kind == PageKind::kBf16 ? "bf16" : "int2"),
+         absl::StrCat("--pages=", pages), absl::StrCat("--seed=", seed), "--max-seconds=60"},
+        {});
+    if (!proc.ok()) return proc.status();
+    p.process = std::move(*proc);
+    auto address = RecvBlob(p.process.control_fd(), absl::Seconds(20));
+    if (!address.ok()) return address.status();
+    auto memory = RecvBlob(p.process.control_fd(), absl::Seconds(5));
+    if (!memory.ok()) return memory.status();
+    EndpointOptions eo;
+    eo.name = absl::StrCat("peer-", p.process.pid());
+    eo.error_handling = GetParam().error_handling;
+    eo.peer_timeout = peer_timeout;
+    auto ep = worker_->Connect(*address, eo);
+    if (!ep.ok()) return ep.status();
+    p.ep = std::move(*ep);
+    auto pool = p.ep->ImportRemote(*memory);
+    if (!pool.ok()) return pool.status();
+    p.pool = std::move(*pool);
+    return p;
+  }
+
+  std::unique_ptr<Context> ctx_;
+  std::vector<std::unique_ptr<Worker>> stale_workers_;  // destroyed after worker_
+  std::unique_ptr<Worker> worker_;
+};
+
+// Checks slot `slot` of `buf` holds exactly page `index` of the pool seeded `seed`.
+void ExpectPage(const CodecProfile& profile, PageKind kind, const uint8_t* page, uint32_t seed,
+                uint32_t index) {
+  const size_t bytes = GeometryFor(profile, kind).page_bytes();
+  ASSERT_TRUE(ParsePageHeaderStandalone({page, bytes}).ok()) << "page " << index;
+  std::vector<uint8_t> want(bytes);
+  ASSERT_TRUE(testing::FillPage(profile, kind, seed, index, want).ok());
+  EXPECT_EQ(std::memcmp(page, want.data(), bytes), 0) << "page " << index << " bytes differ";
+}
+
+void GetAndVerify(PeerTest* t, Peer& peer, const std::string& shape, PageKind kind,
+                  uint32_t pages, uint32_t seed, Worker& worker, Context& ctx) {
+  auto profile = BuiltinProfile(shape);
+  ASSERT_TRUE(profile.ok());
+  const size_t bytes = GeometryFor(*profile, kind).page_bytes();
+  std::vector<uint8_t> local(bytes * pages, 0);
+  auto region = ctx.Register(local.data(), local.size());
+  ASSERT_TRUE(region.ok()) << region.status();
+  // Local slot j receives remote page perm[j]: a shuffled gather, as a lookup hit would do.
+  std::vector<uint32_t> perm(pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(seed));
+  std::vector<TransferDesc> descs;
+  for (uint32_t j = 0; j < pages; ++j) {
+    descs.push_back({local.data() + j * bytes, peer.pool->base() + perm[j] * bytes, bytes});
+  }
+  absl::Status s = peer.ep->Run(Direction::kGet, **region, *peer.pool, descs, absl::Seconds(30));
+  ASSERT_TRUE(s.ok()) << s;
+  for (uint32_t j = 0; j < pages; ++j) ExpectPage(*profile, kind, &local[j * bytes], seed, perm[j]);
+}
+
+TEST_P(PeerTest, GetsRealPagesVerifiedEndToEnd) {
+  auto peer = StartPeer("refmodel", PageKind::kInt2, 64, 7);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  GetAndVerify(this, *peer, "refmodel", PageKind::kInt2, 64, 7, *worker_, *ctx_);
+  std::vector<std::string> tls = peer->ep->Transports();
+  EXPECT_FALSE(tls.empty());
+  std::printf("[ %s ] endpoint lanes: %s\n", GetParam().name.c_str(),
+              absl::StrJoin(tls, " ").c_str());
+  for (const std::string& t : tls) {
+    if (GetParam().tls == "tcp") EXPECT_THAT(t, ::testing::StartsWith("tcp/lo")) << t;
+    if (GetParam().tls == "shm") EXPECT_THAT(t, ::testing::Not(::testing::StartsWith("tcp"))) << t;
+  }
+  peer->Release();
+  auto exit_code = peer->process.CloseAndWait(absl::Seconds(10));
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0);
+}
+
+TEST_P(PeerTest, GetsQwen3PagesVerifiedEndToEnd) {
+  // Qwen3-8B shape: 1.33 MB INT2 pages and 9.44 MB BF16 pages.
+  auto int2 = StartPeer("qwen3-8b", PageKind::kInt2, 12, 11);
+  ASSERT_TRUE(int2.ok()) << int2.status();
+  GetAndVerify(this, *int2, "qwen3-8b", PageKind::kInt2, 12, 11, *worker_, *ctx_);
+  auto bf16 = StartPeer("qwen3-8b", PageKind::kBf16, 3, 12);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  GetAndVerify(this, *bf16, "qwen3-8b", PageKind::kBf16, 3, 12, *worker_, *ctx_);
+}
+
+TEST_P(PeerTest, PutsRealPagesVerifiedAtThePeer) {
+  const uint32_t pages = 48;
+  auto peer = StartPeer("refmodel", PageKind::kInt2, pages, 3);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto profile = BuiltinProfile("refmodel");
+  const size_t bytes = GeometryFor(*profile, PageKind::kInt2).page_bytes();
+  // Our pages (seed 99) go into the peer's slots in reverse order.
+  std::vector<uint8_t> mine(bytes * pages);
+  for (uint32_t i = 0; i < pages; ++i) {
+    ASSERT_TRUE(testing::FillPage(*profile, PageKind::kInt2, 99, i, {&mine[i * bytes], bytes}).ok());
+  }
+  auto region = ctx_->Register(mine.data(), mine.size());
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::vector<TransferDesc> descs;
+  for (uint32_t i = 0; i < pages; ++i) {
+    descs.push_back({&mine[i * bytes], peer->pool->base() + (pages - 1 - i) * bytes, bytes});
+  }
+  auto t = peer->ep->Post(Direction::kPut, **region, *peer->pool, descs);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE((*t)->Wait(absl::Seconds(30)).ok());
+  EXPECT_EQ((*t)->num_ok(), pages);
+  t->reset();
+  // The peer checks every slot's checksum itself...
+  EXPECT_EQ(peer->Ask("count-valid"), absl::StrCat(pages));
+  // ...and reading the slots back gives exactly our pages.
+  std::vector<uint8_t> back(bytes * pages, 0);
+  auto back_region = ctx_->Register(back.data(), back.size());
+  ASSERT_TRUE(back_region.ok());
+  std::vector<TransferDesc> read;
+  for (uint32_t i = 0; i < pages; ++i) {
+    read.push_back({&back[i * bytes], peer->pool->base() + i * bytes, bytes});
+  }
+  ASSERT_TRUE(peer->ep->Run(Direction::kGet, **back_region, *peer->pool, read, absl::Seconds(30)).ok());
+  for (uint32_t i = 0; i < pages; ++i) {
+    ExpectPage(*profile, PageKind::kInt2, &back[i * bytes], 99, pages - 1 - i);
+  }
+}
+
+TEST_P(PeerTest, PeerKilledMidBatchFailsInBoundAndNeverReportsBadPages) {
+  const uint32_t pages = 64, seed = 21;
+  const absl::Duration bound = absl::Seconds(1);
+  auto peer = StartPeer("refmodel", PageKind::kInt2, pages, seed, bound);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto profile = BuiltinProfile("refmodel");
+  const size_t bytes = GeometryFor(*profile, PageKind::kInt2).page_bytes();
+  // Each op has its own destination slot, so an op reported OK owns its bytes.
+  const uint32_t ops = 512;
+  std::vector<uint8_t> local(bytes * ops);
+  auto region = ctx_->Register(local.data(), local.size());
+  ASSERT_TRUE(region.ok());
+  std::vector<TransferDesc> descs;
+  for (uint32_t j = 0; j < ops; ++j) {
+    descs.push_back({&local[j * bytes], peer->pool->base() + (j % pages) * bytes, bytes});
+  }
+
+  std::atomic<int64_t> killed_at_ns{0};
+  const pid_t pid = peer->process.pid();
+  std::jthread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ::kill(pid, SIGKILL);
+    killed_at_ns = absl::ToUnixNanos(absl::Now());
+  });
+  absl::Status failure;
+  int batches = 0, batches_after_kill = 0;
+  const absl::Time give_up = absl::Now() + absl::Seconds(15);
+  while (absl::Now() < give_up) {
+    const int64_t k = killed_at_ns.load();
+    if (k != 0 && absl::Now() - absl::FromUnixNanos(k) > absl::Seconds(3)) break;
+    if (k != 0) ++batches_after_kill;
+    std::fill(local.begin(), local.end(), 0);
+    auto t = peer->ep->Post(Direction::kGet, **region, *peer->pool, descs);
+    if (!t.ok()) {
+      failure = t.status();
+      break;
+    }
+    absl::Status s = (*t)->Wait(absl::Seconds(10));
+    ++batches;
+    ASSERT_NE(s.code(), absl::StatusCode::kDeadlineExceeded) << "batch hung: " << s;
+    for (uint32_t j = 0; j < ops; ++j) {
+      if (!(*t)->op_status(j).ok()) continue;
+      ExpectPage(*profile, PageKind::kInt2, &local[j * bytes], seed, j % pages);
+    }
+    if (!s.ok()) {
+      failure = s;
+      break;
+    }
+  }
+  killer.join();
+  const absl::Time killed = absl::FromUnixNanos(killed_at_ns.load());
+  const absl::Duration detect = absl::Now() - killed;
+  std::printf("[ %s ] peer SIGKILLed during batch %d; %d batches after; then after %s: %s\n",
+              GetParam().name.c_str(), batches - batches_after_kill, batches_after_kill,
+              absl::FormatDuration(detect).c_str(), failure.ToString().c_str());
+  if (GetParam().error_handling == EndpointOptions::ErrorHandling::kNone && failure.ok()) {
+    // Without peer failure detection, RMA on the dead peer's still-mapped shared segment keeps
+    // returning its (verified, uncorrupted) pages; the control plane notices the death.
+    GTEST_SKIP() << "kNone over mapped shared memory: gets kept succeeding with verified pages";
+  }
+  ASSERT_FALSE(failure.ok()) << "no error within 3 s of SIGKILL (" << batches << " batches)";
+  EXPECT_EQ(failure.code(), absl::StatusCode::kUnavailable) << failure;
+  // peer_timeout, then at most ~0.35 s of forced close and drain, plus scheduling slack.
+  EXPECT_LT(detect, bound + absl::Seconds(1)) << failure;
+  EXPECT_TRUE(peer->ep->failed());
+  peer->Release();
+  peer->process.Kill(SIGKILL);  // reap
+
+  // The process recovers: a new peer, a new endpoint, verified pages. With peer error handling
+  // the same worker is reused; without it (shm), requests abandoned to the dead peer can stay
+  // queued on the worker's shared-memory interfaces, so a fresh worker is the documented path.
+  if (GetParam().error_handling == EndpointOptions::ErrorHandling::kNone) {
+    auto w = Worker::Create(*ctx_);
+    ASSERT_TRUE(w.ok()) << w.status();
+    stale_workers_.push_back(std::move(worker_));
+    worker_ = std::move(*w);
+  }
+  auto again = StartPeer("refmodel", PageKind::kInt2, 16, 5);
+  ASSERT_TRUE(again.ok()) << again.status();
+  GetAndVerify(this, *again, "refmodel", PageKind::kInt2, 16, 5, *worker_, *ctx_);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Transports, PeerTest,
+    ::testing::Values(Mode{"tcp", "tcp", EndpointOptions::ErrorHandling::kPeer},
+                      Mode{"shm", "shm", EndpointOptions::ErrorHandling::kNone}),
+    [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace oscarkv::transport

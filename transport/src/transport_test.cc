@@ -27,7 +27,7 @@ TEST(UcsStatusTest, MapsConnectionErrorsToUnavailable) {
   EXPECT_EQ(FromUcs(UCS_ERR_ENDPOINT_TIMEOUT, "get").code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(FromUcs(UCS_ERR_INVALID_PARAM, "get").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(FromUcs(UCS_ERR_NO_MEMORY, "map").message()),
-              testing::HasSubstr("map"));
+              ::testing::HasSubstr("map"));
 }
 
 TEST(ContextTest, ReportsTheTransportsItGot) {

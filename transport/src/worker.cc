@@ -99,14 +99,20 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Worker::Connect(absl::string_view peer
                       UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_NAME;
   params.address = reinterpret_cast<const ucp_address_t*>(peer_address.data() +
                                                            blob::kAddressHeader);
-  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  const bool peer_mode = options.error_handling == EndpointOptions::ErrorHandling::kPeer;
+  params.err_mode = peer_mode ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   params.err_handler.cb = &Endpoint::OnError;
   params.err_handler.arg = ep.get();
   params.name = options.name.c_str();
   ucp_ep_h raw = nullptr;
-  if (absl::Status s = FromUcs(ucp_ep_create(worker_.get(), &params, &raw), "ucp_ep_create");
-      !s.ok()) {
-    return s;
+  if (const ucs_status_t st = ucp_ep_create(worker_.get(), &params, &raw); st != UCS_OK) {
+    if (st == UCS_ERR_UNREACHABLE && peer_mode) {
+      return FromUcs(st, absl::StrCat("ucp_ep_create (UCX_TLS=",
+                                      context_->capabilities().tls_requested,
+                                      "): no transport that can detect peer failure reaches the "
+                                      "peer; add tcp to UCX_TLS or use ErrorHandling::kNone"));
+    }
+    return FromUcs(st, "ucp_ep_create");
   }
   ep->ep_ = raw;
   return ep;
@@ -135,7 +141,8 @@ void Endpoint::Close(bool force) {
   if (req == nullptr || UCS_PTR_IS_ERR(req)) return;
   UcpRequestPtr owned(req);
   // A graceful close waits for the peer to confirm; never longer than peer_timeout.
-  const absl::Time deadline = absl::Now() + options_.peer_timeout;
+  const absl::Time deadline =
+      absl::Now() + (force ? absl::Milliseconds(100) : options_.peer_timeout);
   while (ucp_request_check_status(req) == UCS_INPROGRESS && absl::Now() < deadline) {
     worker_->WaitForEvents(absl::Milliseconds(10));
   }
@@ -174,17 +181,24 @@ absl::StatusOr<std::unique_ptr<RemoteMemory>> Endpoint::ImportRemote(absl::strin
   return std::unique_ptr<RemoteMemory>(new RemoteMemory(base, length, UcpRkeyPtr(rkey)));
 }
 
-std::vector<std::string> Endpoint::Transports() const {
-  std::vector<std::string> out;
-  if (ep_ == nullptr) return out;
+std::string Endpoint::Describe() const {
+  if (ep_ == nullptr) return "";
   char* buf = nullptr;
   size_t size = 0;
   FILE* f = open_memstream(&buf, &size);
-  if (f == nullptr) return out;
+  if (f == nullptr) return "";
   ucp_ep_print_info(ep_, f);
   std::fclose(f);
+  std::string out(buf, size);
+  std::free(buf);
+  return out;
+}
+
+std::vector<std::string> Endpoint::Transports() const {
+  std::vector<std::string> out;
+  const std::string info = Describe();
   // Lane lines look like "#   lane[0]:  3:tcp/lo.0 md[1] ..."; keep the "<tl>/<dev>" words.
-  for (absl::string_view line : absl::StrSplit(absl::string_view(buf, size), '\n')) {
+  for (absl::string_view line : absl::StrSplit(info, '\n')) {
     if (!absl::StrContains(line, "lane[")) continue;
     for (absl::string_view w : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
       const size_t slash = w.find('/');
@@ -200,7 +214,6 @@ std::vector<std::string> Endpoint::Transports() const {
       break;
     }
   }
-  std::free(buf);
   return out;
 }
 

@@ -16,7 +16,7 @@
 //      Everything is RAII; destroying an object releases its UCX handles.
 //
 // Error model: absl::Status everywhere. A peer that dies or stops progressing makes its endpoint
-// fail with UNAVAILABLE within EndpointOptions::peer_timeout (default 2 s): UCX's error callback
+// fail with UNAVAILABLE within EndpointOptions::peer_timeout (default 1.5 s): UCX's error callback
 // (tcp reset, keepalive), or this library's no-progress watchdog, whichever is first. Outstanding
 // requests are then cancelled (the endpoint is force-closed), Wait() returns UNAVAILABLE only
 // after every request has returned, and each op's own status says which ops really completed --
@@ -134,7 +134,15 @@ class MemoryRegion {
 
 struct EndpointOptions {
   // A peer that completes nothing for this long while ops are outstanding is declared gone.
-  absl::Duration peer_timeout = absl::Seconds(2);
+  absl::Duration peer_timeout = absl::Milliseconds(1500);
+  // kPeer: UCX itself reports a dead peer (tcp reset, keepalive, cma ESRCH) and then only uses
+  // transports able to do so -- tcp, cma, ib, but not posix/sysv shared memory in UCX 1.13, so
+  // UCX_TLS=shm alone cannot connect (UCX_TLS=shm,tcp can: tcp for wireup/AM, cma for RMA).
+  // kNone: any transport (posix/sysv mapped segments included); a dead peer is then found only
+  // by the peer_timeout watchdog when requests stop completing, and RMA on a dead peer's
+  // still-mapped segment may keep succeeding (with the bytes it held).
+  enum class ErrorHandling { kPeer, kNone };
+  ErrorHandling error_handling = ErrorHandling::kPeer;
   std::string name = "oscarkv-ep";
 };
 
@@ -234,6 +242,8 @@ class Endpoint {
   const EndpointOptions& options() const { return options_; }
   // Transports of this endpoint's lanes, from UCX's own description (e.g. "tcp/lo", "cma/memory").
   std::vector<std::string> Transports() const;
+  // UCX's full description of the endpoint's configuration (lanes, protocols, thresholds).
+  std::string Describe() const;
 
  private:
   friend class Worker;
