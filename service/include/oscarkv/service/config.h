@@ -1,0 +1,69 @@
+// DaemonConfig: oscarkvd's settings. Sources, later ones winning: the embedded default YAML
+// (DefaultConfigYaml, printed by `oscarkvd --print-default-config`), a YAML file (--config),
+// then command-line flags. Unknown YAML keys and out-of-range values are errors that name the
+// key, so a typo never silently falls back to a default.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace oscarkv::service {
+
+struct DaemonConfig {
+  std::string listen = "127.0.0.1:50051";       // HOST:PORT (port 0 = any free port) or unix:/path
+  std::string metrics_listen = "127.0.0.1:9464";  // HOST:PORT, port 0 = any free port, or "off"
+  std::string node_id;                           // "" = host name
+  std::string log_level = "info";                // debug | info | warn | error
+  uint64_t pool_mb = 0;                          // 0 = 25% of RAM, at most 64 GiB
+  std::string shm_name;                          // "" = oscarkvd-<port>-<pid>
+  bool huge_pages = true;
+  bool cuda_register = true;
+  uint32_t default_lease_ms = 30000;
+  uint32_t max_lease_ms = 600000;
+  uint32_t reservation_ttl_ms = 30000;
+  uint32_t reaper_interval_ms = 200;
+  uint32_t max_batch = 4096;
+  uint32_t max_message_mb = 64;
+  uint32_t max_codecs = 32;
+  uint32_t drain_timeout_ms = 5000;
+  uint32_t index_shards = 64;
+  uint32_t grpc_threads = 0;  // 0 = gRPC's default
+
+  // Range and format checks across fields (listen addresses, log level, lease bounds).
+  absl::Status Validate() const;
+};
+
+// The embedded default configuration (YAML, with comments).
+const std::string& DefaultConfigYaml();
+
+// Applies the keys present in `yaml` on top of *config. `source` names the text in errors
+// (e.g. the file path). INVALID_ARGUMENT for malformed YAML, unknown keys or bad values.
+absl::Status ApplyConfigYaml(const std::string& yaml, const std::string& source,
+                             DaemonConfig* config);
+absl::Status ApplyConfigFile(const std::string& path, DaemonConfig* config);
+
+// Parsed listen address. For "unix:/path", unix_path is set and port is 0.
+struct ListenAddress {
+  std::string host;
+  int port = 0;
+  std::string unix_path;
+  bool off = false;
+  // The address gRPC or httplib binds ("unix:/p", "127.0.0.1:50051", "[::1]:5").
+  std::string ToGrpc() const;
+};
+absl::StatusOr<ListenAddress> ParseListenAddress(const std::string& text, bool allow_off,
+                                                 bool allow_unix);
+
+// Parses oscarkvd's command line into *config (after defaults and --config). Returns
+// kHelp / kPrintDefault actions, or an error naming the bad flag.
+enum class CommandLineAction { kRun, kHelp, kPrintDefaultConfig };
+absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, DaemonConfig* config);
+std::string CommandLineHelp();
+
+// 25% of physical memory, at most 64 GiB, in MiB.
+uint64_t DefaultPoolMb();
+
+}  // namespace oscarkv::service

@@ -1,0 +1,326 @@
+#include "oscarkv/service/config.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "oscarkv/util/args.h"
+#include "yaml-cpp/yaml.h"
+
+namespace oscarkv::service {
+
+const std::string& DefaultConfigYaml() {
+  static const std::string* yaml = new std::string(R"(# oscarkvd configuration (defaults). Flags override these keys: --listen, --metrics-listen,
+# --node-id, --log-level, --pool-mb, --shm-name, --default-lease-ms, --max-lease-ms,
+# --reservation-ttl-ms, --reaper-interval-ms, --max-batch, --drain-timeout-ms.
+listen: 127.0.0.1:50051         # gRPC: HOST:PORT (port 0 = any free port) or unix:/path
+metrics_listen: 127.0.0.1:9464  # Prometheus GET /metrics: HOST:PORT (0 = any free port) or off
+node_id: ""                     # reported in Handshake/Stats; "" = the host name
+log_level: info                 # debug | info | warn | error (structured lines on stderr)
+pool:
+  mb: 0                         # page pool size in MiB; 0 = 25% of RAM, at most 64 GiB
+  shm_name: ""                  # pool file /dev/shm/<name>; "" = oscarkvd-<port>-<pid>
+  huge_pages: true              # ask for transparent huge pages (ignored when unavailable)
+  cuda_register: true           # cudaHostRegister the pool when a GPU is present
+leases:
+  default_ms: 30000             # lease of a pinning Lookup when the client asks for 0
+  max_ms: 600000                # longest lease a client may ask for
+  reservation_ttl_ms: 30000     # uncommitted reservations are reclaimed after this
+  reaper_interval_ms: 200       # how often expired leases/reservations are reclaimed
+limits:
+  max_batch: 4096               # most keys/items in one call (larger: INVALID_ARGUMENT)
+  max_message_mb: 64            # gRPC message size limit, both directions
+  max_codecs: 32                # distinct codec profiles this daemon accepts
+server:
+  drain_timeout_ms: 5000        # on SIGTERM, in-flight RPCs get this long to finish
+  index_shards: 64              # lock shards of the page index
+  grpc_threads: 0               # max gRPC server threads; 0 = gRPC's default
+)");
+  return *yaml;
+}
+
+namespace {
+
+template <typename T>
+absl::Status ReadUint(const YAML::Node& n, const std::string& key, T* out, uint64_t lo,
+                      uint64_t hi) {
+  uint64_t v = 0;
+  const std::string s = n.Scalar();
+  if (!n.IsScalar() || !absl::SimpleAtoi(s, &v) || v < lo || v > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, ": expected an integer in [", lo, ", ", hi, "], got '", s, "'"));
+  }
+  *out = static_cast<T>(v);
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const YAML::Node& n, const std::string& key, bool* out) {
+  const std::string s = n.Scalar();
+  if (s == "true" || s == "yes" || s == "on") {
+    *out = true;
+  } else if (s == "false" || s == "no" || s == "off") {
+    *out = false;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(key, ": expected true or false, got '", s, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadString(const YAML::Node& n, const std::string& key, std::string* out) {
+  if (!n.IsScalar() && !n.IsNull()) {
+    return absl::InvalidArgumentError(absl::StrCat(key, ": expected a string"));
+  }
+  *out = n.IsNull() ? "" : n.Scalar();
+  return absl::OkStatus();
+}
+
+constexpr uint64_t kU32 = std::numeric_limits<uint32_t>::max();
+
+// One table drives both YAML keys and their validation.
+absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig* c) {
+  if (key == "listen") return ReadString(v, key, &c->listen);
+  if (key == "metrics_listen") return ReadString(v, key, &c->metrics_listen);
+  if (key == "node_id") return ReadString(v, key, &c->node_id);
+  if (key == "log_level") return ReadString(v, key, &c->log_level);
+  if (key == "pool.mb") return ReadUint(v, key, &c->pool_mb, 0, uint64_t{1} << 30);
+  if (key == "pool.shm_name") return ReadString(v, key, &c->shm_name);
+  if (key == "pool.huge_pages") return ReadBool(v, key, &c->huge_pages);
+  if (key == "pool.cuda_register") return ReadBool(v, key, &c->cuda_register);
+  if (key == "leases.default_ms") return ReadUint(v, key, &c->default_lease_ms, 1, kU32);
+  if (key == "leases.max_ms") return ReadUint(v, key, &c->max_lease_ms, 1, kU32);
+  if (key == "leases.reservation_ttl_ms") return ReadUint(v, key, &c->reservation_ttl_ms, 1, kU32);
+  if (key == "leases.reaper_interval_ms") {
+    return ReadUint(v, key, &c->reaper_interval_ms, 1, 3600000);
+  }
+  if (key == "limits.max_batch") return ReadUint(v, key, &c->max_batch, 1, 1000000);
+  if (key == "limits.max_message_mb") return ReadUint(v, key, &c->max_message_mb, 1, 2047);
+  if (key == "limits.max_codecs") return ReadUint(v, key, &c->max_codecs, 1, 256);
+  if (key == "server.drain_timeout_ms") return ReadUint(v, key, &c->drain_timeout_ms, 0, 3600000);
+  if (key == "server.index_shards") return ReadUint(v, key, &c->index_shards, 1, 4096);
+  if (key == "server.grpc_threads") return ReadUint(v, key, &c->grpc_threads, 0, 4096);
+  return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "'"));
+}
+
+absl::Status ApplyMap(const YAML::Node& map, const std::string& prefix, DaemonConfig* c) {
+  for (const auto& kv : map) {
+    const std::string key = prefix + kv.first.as<std::string>();
+    if (kv.second.IsMap()) {
+      if (!prefix.empty()) return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "'"));
+      if (key != "pool" && key != "leases" && key != "limits" && key != "server") {
+        return absl::InvalidArgumentError(absl::StrCat("unknown section '", key, "'"));
+      }
+      if (absl::Status s = ApplyMap(kv.second, key + ".", c); !s.ok()) return s;
+      continue;
+    }
+    if (kv.second.IsSequence()) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": lists are not accepted here"));
+    }
+    if (absl::Status s = ApplyKey(key, kv.second, c); !s.ok()) {
+      const YAML::Mark m = kv.first.Mark();
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", m.line + 1, ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ApplyConfigYaml(const std::string& yaml, const std::string& source,
+                             DaemonConfig* config) {
+  DaemonConfig c = *config;
+  try {
+    YAML::Node root = YAML::Load(yaml);
+    if (root.IsNull()) return absl::OkStatus();  // empty file: nothing to change
+    if (!root.IsMap()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": the configuration must be a YAML mapping of keys to values"));
+    }
+    if (absl::Status s = ApplyMap(root, "", &c); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
+    }
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": invalid YAML at line ",
+                                                   e.mark.line + 1, ", column ",
+                                                   e.mark.column + 1, ": ", e.msg));
+  }
+  *config = c;
+  return absl::OkStatus();
+}
+
+absl::Status ApplyConfigFile(const std::string& path, DaemonConfig* config) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ApplyConfigYaml(ss.str(), path, config);
+}
+
+std::string ListenAddress::ToGrpc() const {
+  if (!unix_path.empty()) return absl::StrCat("unix:", unix_path);
+  if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
+  return absl::StrCat(host, ":", port);
+}
+
+absl::StatusOr<ListenAddress> ParseListenAddress(const std::string& text, bool allow_off,
+                                                 bool allow_unix) {
+  ListenAddress a;
+  if (allow_off && text == "off") {
+    a.off = true;
+    return a;
+  }
+  if (text.rfind("unix:", 0) == 0) {
+    if (!allow_unix) {
+      return absl::InvalidArgumentError(absl::StrCat("'", text, "': unix sockets are not supported here"));
+    }
+    a.unix_path = text.substr(5);
+    if (a.unix_path.empty() || a.unix_path.size() > 100) {
+      return absl::InvalidArgumentError(absl::StrCat("'", text, "': bad unix socket path"));
+    }
+    return a;
+  }
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "': expected HOST:PORT", allow_unix ? " or unix:/path" : "",
+                     allow_off ? " or off" : ""));
+  }
+  a.host = text.substr(0, colon);
+  if (a.host.size() >= 2 && a.host.front() == '[' && a.host.back() == ']') {
+    a.host = a.host.substr(1, a.host.size() - 2);
+  }
+  int port = -1;
+  if (!absl::SimpleAtoi(text.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "': port must be 0..65535"));
+  }
+  a.port = port;
+  return a;
+}
+
+absl::Status DaemonConfig::Validate() const {
+  if (auto a = ParseListenAddress(listen, false, true); !a.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("listen: ", a.status().message()));
+  }
+  if (auto a = ParseListenAddress(metrics_listen, true, false); !a.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("metrics_listen: ", a.status().message()));
+  }
+  if (log_level != "debug" && log_level != "info" && log_level != "warn" && log_level != "error") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log_level: '", log_level, "' is not debug, info, warn or error"));
+  }
+  if (default_lease_ms > max_lease_ms) {
+    return absl::InvalidArgumentError(absl::StrCat("default lease (", default_lease_ms,
+                                                   " ms) exceeds the max lease (", max_lease_ms,
+                                                   " ms)"));
+  }
+  if (default_lease_ms == 0 || reservation_ttl_ms == 0 || reaper_interval_ms == 0 ||
+      max_batch == 0) {
+    return absl::InvalidArgumentError(
+        "lease, reservation ttl, reaper interval and max batch must be positive");
+  }
+  return absl::OkStatus();
+}
+
+uint64_t DefaultPoolMb() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  uint64_t mb = pages > 0 && page > 0 ? (uint64_t(pages) * uint64_t(page) / 4) >> 20 : 1024;
+  return std::min<uint64_t>(std::max<uint64_t>(mb, 64), 64 * 1024);
+}
+
+namespace {
+
+Args MakeArgs() {
+  Args a("oscarkvd",
+         "The oscarkv node cache daemon: stores OSCAR-compressed KV-cache pages for inference\n"
+         "engines on this host (gRPC API oscarkv.v1, shared-memory fast path).");
+  a.Option("config", "", "YAML config file (see --print-default-config); flags override it")
+      .Option("listen", "", "gRPC address HOST:PORT (port 0 = any free port) or unix:/path "
+                            "(default 127.0.0.1:50051)")
+      .Option("metrics-listen", "", "Prometheus /metrics HOST:PORT (0 = free port) or off "
+                                    "(default 127.0.0.1:9464)")
+      .Option("pool-mb", "", "page pool size in MiB (default 25% of RAM, at most 64 GiB)")
+      .Option("shm-name", "", "pool file name under /dev/shm (default oscarkvd-<port>-<pid>)")
+      .Option("default-lease-ms", "", "lease of a pinning Lookup that asks for 0 (default 30000)")
+      .Option("max-lease-ms", "", "longest lease a client may ask for (default 600000)")
+      .Option("reservation-ttl-ms", "", "uncommitted reservations expire after (default 30000)")
+      .Option("reaper-interval-ms", "", "expiry check period (default 200)")
+      .Option("max-batch", "", "most keys/items per call (default 4096)")
+      .Option("drain-timeout-ms", "", "SIGTERM grace period for in-flight RPCs (default 5000)")
+      .Option("grpc-threads", "", "max gRPC server threads (default: gRPC's)")
+      .Option("node-id", "", "node name in Handshake/Stats (default: host name)")
+      .Option("log-level", "", "debug|info|warn|error (default info)")
+      .Flag("print-default-config", "print the embedded default YAML config and exit")
+      .Epilog(
+          "When ready, prints one line to stdout:\n"
+          "  oscarkvd ready listen=HOST:PORT metrics=HOST:PORT|off shm=/dev/shm/NAME pool_bytes=N\n"
+          "SIGTERM/SIGINT: stop accepting, drain in-flight RPCs, remove the pool file, exit 0.\n"
+          "Logs are key=value lines on stderr. See service/README.md.");
+  return a;
+}
+
+}  // namespace
+
+std::string CommandLineHelp() {
+  std::string h = MakeArgs().Help();
+  const std::string prefix = "usage: oscarkv oscarkvd";
+  if (h.rfind(prefix, 0) == 0) h = "usage: oscarkvd" + h.substr(prefix.size());
+  return h;
+}
+
+absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, DaemonConfig* config) {
+  Args args = MakeArgs();
+  if (absl::Status s = args.Parse(argc, argv); !s.ok()) {
+    std::string msg(s.message());
+    const std::string prefix = "usage: oscarkv oscarkvd";
+    if (auto p = msg.find(prefix); p != std::string::npos) msg.replace(p, prefix.size(), "usage: oscarkvd");
+    return absl::InvalidArgumentError(msg);
+  }
+  if (args.help_requested()) return CommandLineAction::kHelp;
+  if (args.flag("print-default-config")) return CommandLineAction::kPrintDefaultConfig;
+  if (!args.positional().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", args.positional()[0], "' (see --help)"));
+  }
+  DaemonConfig c = *config;
+  if (args.given("config")) {
+    if (absl::Status s = ApplyConfigFile(args.str("config"), &c); !s.ok()) return s;
+  }
+  auto str = [&](const char* flag, std::string* out) {
+    if (args.given(flag)) *out = args.str(flag);
+  };
+  auto num = [&](const char* flag, auto* out, uint64_t lo, uint64_t hi) -> absl::Status {
+    if (!args.given(flag)) return absl::OkStatus();
+    uint64_t v = 0;
+    if (!absl::SimpleAtoi(args.str(flag), &v) || v < lo || v > hi) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": expected an integer in [", lo,
+                                                     ", ", hi, "], got '", args.str(flag), "'"));
+    }
+    *out = static_cast<std::remove_pointer_t<decltype(out)>>(v);
+    return absl::OkStatus();
+  };
+  str("listen", &c.listen);
+  str("metrics-listen", &c.metrics_listen);
+  str("shm-name", &c.shm_name);
+  str("node-id", &c.node_id);
+  str("log-level", &c.log_level);
+  for (absl::Status s : {num("pool-mb", &c.pool_mb, 1, uint64_t{1} << 30),
+                         num("default-lease-ms", &c.default_lease_ms, 1, kU32),
+                         num("max-lease-ms", &c.max_lease_ms, 1, kU32),
+                         num("reservation-ttl-ms", &c.reservation_ttl_ms, 1, kU32),
+                         num("reaper-interval-ms", &c.reaper_interval_ms, 1, 3600000),
+                         num("max-batch", &c.max_batch, 1, 1000000),
+                         num("drain-timeout-ms", &c.drain_timeout_ms, 0, 3600000),
+                         num("grpc-threads", &c.grpc_threads, 0, 4096)}) {
+    if (!s.ok()) return s;
+  }
+  if (absl::Status s = c.Validate(); !s.ok()) return s;
+  *config = c;
+  return CommandLineAction::kRun;
+}
+
+}  // namespace oscarkv::service

@@ -1,0 +1,112 @@
+#include "oscarkv/service/config.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "gtest/gtest.h"
+
+namespace oscarkv::service {
+namespace {
+
+absl::StatusOr<CommandLineAction> Parse(std::vector<std::string> args, DaemonConfig* c) {
+  args.insert(args.begin(), "oscarkvd");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return ParseCommandLine(static_cast<int>(argv.size()), argv.data(), c);
+}
+
+TEST(Config, EmbeddedDefaultMatchesTheStructDefaults) {
+  DaemonConfig parsed;
+  parsed.max_batch = 1;  // overwritten by the YAML
+  parsed.listen = "x";
+  ASSERT_TRUE(ApplyConfigYaml(DefaultConfigYaml(), "default", &parsed).ok());
+  DaemonConfig d;
+  EXPECT_EQ(parsed.listen, d.listen);
+  EXPECT_EQ(parsed.metrics_listen, d.metrics_listen);
+  EXPECT_EQ(parsed.max_batch, d.max_batch);
+  EXPECT_EQ(parsed.default_lease_ms, d.default_lease_ms);
+  EXPECT_EQ(parsed.reservation_ttl_ms, d.reservation_ttl_ms);
+  EXPECT_EQ(parsed.reaper_interval_ms, d.reaper_interval_ms);
+  EXPECT_EQ(parsed.pool_mb, 0u);
+  EXPECT_TRUE(parsed.Validate().ok());
+}
+
+TEST(Config, YamlOverridesAndErrorsNameTheProblem) {
+  DaemonConfig c;
+  ASSERT_TRUE(ApplyConfigYaml("listen: 0.0.0.0:7000\npool:\n  mb: 128\nlimits:\n  max_batch: 10\n",
+                              "t.yaml", &c)
+                  .ok());
+  EXPECT_EQ(c.listen, "0.0.0.0:7000");
+  EXPECT_EQ(c.pool_mb, 128u);
+  EXPECT_EQ(c.max_batch, 10u);
+  EXPECT_EQ(c.metrics_listen, "127.0.0.1:9464");  // untouched
+
+  absl::Status s = ApplyConfigYaml("listen: [unclosed\n", "bad.yaml", &c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("bad.yaml"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("line"), absl::string_view::npos) << s;
+
+  s = ApplyConfigYaml("pool:\n  megabytes: 5\n", "t.yaml", &c);
+  EXPECT_NE(s.message().find("pool.megabytes"), absl::string_view::npos) << s;
+  s = ApplyConfigYaml("limits:\n  max_batch: -3\n", "t.yaml", &c);
+  EXPECT_NE(s.message().find("limits.max_batch"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("line 2"), absl::string_view::npos) << s;
+  EXPECT_FALSE(ApplyConfigYaml("- a\n- b\n", "t.yaml", &c).ok());
+  EXPECT_FALSE(ApplyConfigYaml("pool:\n  huge_pages: maybe\n", "t.yaml", &c).ok());
+  EXPECT_EQ(c.max_batch, 10u);  // failed applies change nothing
+  EXPECT_TRUE(ApplyConfigYaml("", "empty.yaml", &c).ok());
+}
+
+TEST(Config, FlagsOverrideTheFileAndAreValidated) {
+  const std::string path = ::testing::TempDir() + "/oscarkvd_test.yaml";
+  {
+    std::ofstream f(path);
+    f << "listen: 127.0.0.1:6000\nleases:\n  default_ms: 1000\n";
+  }
+  DaemonConfig c;
+  auto a = Parse({"--config", path, "--listen", "127.0.0.1:0", "--pool-mb=64",
+                  "--metrics-listen", "off", "--log-level", "debug"},
+                 &c);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(*a, CommandLineAction::kRun);
+  EXPECT_EQ(c.listen, "127.0.0.1:0");
+  EXPECT_EQ(c.default_lease_ms, 1000u);
+  EXPECT_EQ(c.pool_mb, 64u);
+  EXPECT_EQ(c.metrics_listen, "off");
+
+  DaemonConfig d;
+  EXPECT_EQ(Parse({"--listen", "nonsense"}, &d).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Parse({"--listen", "1.2.3.4:70000"}, &d).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Parse({"--pool-mb", "lots"}, &d).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Parse({"--log-level", "loud"}, &d).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Parse({"--bogus"}, &d).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Parse({"--default-lease-ms", "9", "--max-lease-ms", "5"}, &d).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Parse({"--config", "/nonexistent/x.yaml"}, &d).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(d.listen, "127.0.0.1:50051");  // untouched by failed parses
+  EXPECT_EQ(*Parse({"--help"}, &d), CommandLineAction::kHelp);
+  EXPECT_EQ(*Parse({"--print-default-config"}, &d), CommandLineAction::kPrintDefaultConfig);
+  EXPECT_TRUE(Parse({"--listen", "unix:/tmp/oscarkvd.sock"}, &d).ok());
+  EXPECT_NE(CommandLineHelp().find("--pool-mb"), std::string::npos);
+  EXPECT_EQ(CommandLineHelp().rfind("usage: oscarkvd", 0), 0u);
+}
+
+TEST(Config, ListenAddresses) {
+  auto a = ParseListenAddress("[::1]:0", false, true);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->host, "::1");
+  EXPECT_EQ(a->ToGrpc(), "[::1]:0");
+  auto u = ParseListenAddress("unix:/run/x.sock", false, true);
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ(u->ToGrpc(), "unix:/run/x.sock");
+  EXPECT_FALSE(ParseListenAddress("unix:/x", false, false).ok());
+  EXPECT_TRUE(ParseListenAddress("off", true, false)->off);
+  EXPECT_FALSE(ParseListenAddress("off", false, false).ok());
+}
+
+}  // namespace
+}  // namespace oscarkv::service

@@ -1,0 +1,224 @@
+#include "oscarkv/service/daemon.h"
+
+#include <signal.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "grpc_service.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "httplib.h"
+#include "oscarkv/service/log.h"
+#include "oscarkv/service/metrics.h"
+
+namespace oscarkv::service {
+
+void BlockTerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+namespace {
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "oscarkvd";
+  return buf;
+}
+
+uint64_t ShmFreeBytes() {
+  struct statvfs vfs;
+  if (statvfs("/dev/shm", &vfs) != 0) return 0;
+  return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
+class MetricsServer {
+ public:
+  absl::StatusOr<int> Start(const ListenAddress& addr, const Metrics* metrics,
+                            const PageCache* cache) {
+    server_.Get("/metrics", [metrics, cache](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics->Render(*cache), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    server_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok\n", "text/plain");
+    });
+    int port = addr.port;
+    if (port == 0) {
+      port = server_.bind_to_any_port(addr.host);
+      if (port <= 0) {
+        return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", addr.host));
+      }
+    } else if (!server_.bind_to_port(addr.host, port)) {
+      return absl::UnavailableError(
+          absl::StrCat("metrics: cannot bind ", addr.ToGrpc(), " (in use? try --metrics-listen)"));
+    }
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    return port;
+  }
+  void Stop() {
+    if (thread_.joinable()) {
+      server_.stop();
+      thread_.join();
+    }
+  }
+  ~MetricsServer() { Stop(); }
+
+ private:
+  httplib::Server server_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+absl::Status RunDaemon(const DaemonConfig& config) {
+  if (absl::Status s = config.Validate(); !s.ok()) return s;
+  if (absl::Status s = SetLogLevel(config.log_level); !s.ok()) return s;
+  auto listen = ParseListenAddress(config.listen, false, true);
+  if (!listen.ok()) return listen.status();
+  auto metrics_addr = ParseListenAddress(config.metrics_listen, true, false);
+  if (!metrics_addr.ok()) return metrics_addr.status();
+
+  // Pool size: explicit, or 25% of RAM but no more than /dev/shm can hold.
+  uint64_t pool_mb = config.pool_mb;
+  if (pool_mb == 0) {
+    pool_mb = DefaultPoolMb();
+    const uint64_t shm_mb = ShmFreeBytes() / 10 * 9 >> 20;
+    if (shm_mb > 0 && shm_mb < pool_mb) {
+      LogEvent(LogLevel::kWarn, "pool_capped_by_dev_shm",
+               {{"wanted_mb", absl::StrCat(pool_mb)}, {"dev_shm_free_mb", absl::StrCat(shm_mb)}});
+      pool_mb = shm_mb;
+    }
+  }
+  ShmArenaOptions ao;
+  ao.bytes = pool_mb << 20;
+  ao.try_huge_pages = config.huge_pages;
+  ao.try_cuda_register = config.cuda_register;
+  ao.name = config.shm_name;
+  if (ao.name.empty()) {
+    ao.name = absl::StrCat("oscarkvd-", listen->unix_path.empty() ? absl::StrCat(listen->port)
+                                                                   : std::string("unix"),
+                           "-", getpid());
+    ao.replace_existing = true;  // a stale file of a dead process with our pid
+  }
+  auto arena = CreateShmArena(ao);
+  if (!arena.ok()) return arena.status();
+  const bool huge = (*arena)->huge_pages(), cuda = (*arena)->cuda_registered();
+  auto pool = PagePool::Create(std::move(*arena));
+  if (!pool.ok()) return pool.status();
+
+  CacheOptions co;
+  co.max_batch = config.max_batch;
+  co.default_lease_ms = config.default_lease_ms;
+  co.max_lease_ms = config.max_lease_ms;
+  co.reservation_ttl_ms = config.reservation_ttl_ms;
+  co.max_reservation_ttl_ms = std::max(config.max_lease_ms, config.reservation_ttl_ms);
+  co.index_shards = config.index_shards;
+  co.max_codecs = config.max_codecs;
+  co.node_id = config.node_id.empty() ? HostName() : config.node_id;
+  PageCache cache(pool->get(), SystemClock::Default(), co);
+  Metrics metrics;
+  KvCacheService service(&cache, &metrics);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(listen->ToGrpc(), grpc::InsecureServerCredentials(),
+                           listen->unix_path.empty() ? &bound_port : nullptr);
+  builder.RegisterService(&service);
+  const int max_msg = static_cast<int>(std::min<uint64_t>(uint64_t{config.max_message_mb} << 20,
+                                                          INT32_MAX));
+  builder.SetMaxReceiveMessageSize(max_msg);
+  builder.SetMaxSendMessageSize(max_msg);
+  if (config.grpc_threads > 0) {
+    grpc::ResourceQuota quota("oscarkvd");
+    quota.SetMaxThreads(static_cast<int>(config.grpc_threads));
+    builder.SetResourceQuota(quota);
+  }
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || (listen->unix_path.empty() && bound_port == 0)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", config.listen,
+                                               " (address in use or not local?)"));
+  }
+  std::string listen_str = listen->unix_path.empty()
+                               ? ListenAddress{listen->host, bound_port, "", false}.ToGrpc()
+                               : listen->ToGrpc();
+
+  MetricsServer metrics_server;
+  std::string metrics_str = "off";
+  if (!metrics_addr->off) {
+    auto port = metrics_server.Start(*metrics_addr, &metrics, &cache);
+    if (!port.ok()) {
+      server->Shutdown();
+      return port.status();
+    }
+    metrics_str = ListenAddress{metrics_addr->host, *port, "", false}.ToGrpc();
+  }
+
+  absl::Notification stop_reaper;
+  std::thread reaper([&] {
+    while (!stop_reaper.WaitForNotificationWithTimeout(
+        absl::Milliseconds(config.reaper_interval_ms))) {
+      cache.Reap();
+    }
+  });
+
+  const std::string shm_path = pool->get()->arena().shm_path();
+  std::printf("oscarkvd ready listen=%s metrics=%s shm=%s pool_bytes=%zu\n", listen_str.c_str(),
+              metrics_str.c_str(), shm_path.c_str(), pool->get()->capacity_bytes());
+  std::fflush(stdout);
+  LogEvent(LogLevel::kInfo, "ready",
+           {{"listen", listen_str},
+            {"metrics", metrics_str},
+            {"shm", shm_path},
+            {"pool_bytes", absl::StrCat(pool->get()->capacity_bytes())},
+            {"huge_pages", huge ? "advised" : "no"},
+            {"cuda_registered", cuda ? "yes" : "no"},
+            {"node_id", co.node_id},
+            {"max_batch", absl::StrCat(co.max_batch)},
+            {"pid", absl::StrCat(getpid())}});
+
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  int sig = 0;
+  sigwait(&set, &sig);
+  LogEvent(LogLevel::kInfo, "draining",
+           {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
+            {"timeout_ms", absl::StrCat(config.drain_timeout_ms)}});
+  if (auto* health = server->GetHealthCheckService()) health->SetServingStatus(false);
+  const auto t0 = std::chrono::steady_clock::now();
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(config.drain_timeout_ms));
+  server->Wait();
+  metrics_server.Stop();
+  stop_reaper.Notify();
+  reaper.join();
+  const auto drain_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count();
+  pb::StatsResponse st;
+  (void)cache.Stats({}, &st);
+  LogEvent(LogLevel::kInfo, "stopped",
+           {{"drain_ms", absl::StrCat(drain_ms)},
+            {"pages", absl::StrCat(st.pages())},
+            {"lookups", absl::StrCat(st.lookups())},
+            {"hits", absl::StrCat(st.hits())},
+            {"evictions", absl::StrCat(st.evictions())},
+            {"shm_removed", shm_path}});
+  return absl::OkStatus();  // the pool (and its /dev/shm file) goes with `pool`
+}
+
+}  // namespace oscarkv::service

@@ -1,0 +1,100 @@
+#include "grpc_service.h"
+
+#include <chrono>
+
+#include "oscarkv/service/log.h"
+
+namespace oscarkv::service {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+namespace {
+
+class CallTimer {
+ public:
+  CallTimer(Metrics* m, Rpc rpc) : m_(m), rpc_(rpc), start_(std::chrono::steady_clock::now()) {}
+  grpc::Status Done(const absl::Status& s) {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - start_)
+                        .count();
+    m_->Record(rpc_, static_cast<int>(s.code()), ns);
+    if (!s.ok() && LogEnabled(LogLevel::kDebug)) {
+      LogEvent(LogLevel::kDebug, "rpc_error",
+               {{"method", RpcName(rpc_)},
+                {"code", absl::StatusCodeToString(s.code())},
+                {"message", std::string(s.message())}});
+    }
+    return ToGrpc(s);
+  }
+
+ private:
+  Metrics* m_;
+  Rpc rpc_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
+#define OSCARKV_UNARY(Name, Req, Resp)                                                       \
+  grpc::Status KvCacheService::Name(grpc::ServerContext*, const pb::Req* req, pb::Resp* resp) { \
+    CallTimer t(metrics_, Rpc::k##Name);                                                     \
+    return t.Done(cache_->Name(*req, resp));                                                 \
+  }
+
+OSCARKV_UNARY(Handshake, HandshakeRequest, HandshakeResponse)
+OSCARKV_UNARY(RegisterCodec, RegisterCodecRequest, RegisterCodecResponse)
+OSCARKV_UNARY(Lookup, LookupRequest, LookupResponse)
+OSCARKV_UNARY(Reserve, ReserveRequest, ReserveResponse)
+OSCARKV_UNARY(Commit, CommitRequest, CommitResponse)
+OSCARKV_UNARY(Abort, AbortRequest, AbortResponse)
+OSCARKV_UNARY(Release, ReleaseRequest, ReleaseResponse)
+OSCARKV_UNARY(RenewLease, RenewLeaseRequest, RenewLeaseResponse)
+OSCARKV_UNARY(Delete, DeleteRequest, DeleteResponse)
+OSCARKV_UNARY(Clear, ClearRequest, ClearResponse)
+OSCARKV_UNARY(Stats, StatsRequest, StatsResponse)
+#undef OSCARKV_UNARY
+
+grpc::Status KvCacheService::WritePages(grpc::ServerContext* ctx,
+                                        grpc::ServerReader<pb::WriteChunk>* reader,
+                                        pb::WriteResponse* resp) {
+  CallTimer t(metrics_, Rpc::kWritePages);
+  pb::WriteChunk chunk;
+  uint64_t total = 0;
+  while (reader->Read(&chunk)) {
+    uint64_t n = 0;
+    absl::Status s = cache_->WriteChunk(chunk, &n);
+    total += n;
+    if (!s.ok()) return t.Done(s);
+  }
+  if (ctx->IsCancelled()) return t.Done(absl::CancelledError("client cancelled the stream"));
+  resp->set_bytes_written(total);
+  return t.Done(absl::OkStatus());
+}
+
+grpc::Status KvCacheService::ReadPages(grpc::ServerContext* ctx, const pb::ReadRequest* req,
+                                       grpc::ServerWriter<pb::ReadChunk>* writer) {
+  CallTimer t(metrics_, Rpc::kReadPages);
+  auto plan = cache_->PrepareRead(*req);
+  if (!plan.ok()) return t.Done(plan.status());
+  pb::ReadChunk chunk;
+  for (const ReadPlan::Page& page : (*plan)->pages()) {
+    chunk.set_key(std::string(reinterpret_cast<const char*>(page.key.bytes.data()), 16));
+    chunk.set_page_bytes(page.bytes);
+    for (uint64_t off = 0; off < page.bytes; off += kReadChunkBytes) {
+      const uint64_t n = std::min<uint64_t>(kReadChunkBytes, page.bytes - off);
+      chunk.set_offset(off);
+      chunk.set_data(reinterpret_cast<const char*>(page.data) + off, n);
+      if (!writer->Write(chunk)) {
+        return t.Done(absl::CancelledError("client went away during ReadPages"));
+      }
+      cache_->mutable_counters().bytes_read.fetch_add(n, std::memory_order_relaxed);
+    }
+  }
+  (void)ctx;
+  return t.Done(absl::OkStatus());
+}
+
+}  // namespace oscarkv::service

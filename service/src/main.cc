@@ -1,0 +1,38 @@
+// oscarkvd: the oscarkv node cache daemon. `oscarkvd --help` for options.
+#include <cstdio>
+
+#include "oscarkv/service/config.h"
+#include "oscarkv/service/daemon.h"
+#include "oscarkv/service/log.h"
+
+int main(int argc, char** argv) {
+  using namespace oscarkv::service;
+  BlockTerminationSignals();
+  DaemonConfig config;
+  if (absl::Status s = ApplyConfigYaml(DefaultConfigYaml(), "<embedded default>", &config);
+      !s.ok()) {
+    std::fprintf(stderr, "oscarkvd: internal error in the default config: %s\n",
+                 std::string(s.message()).c_str());
+    return 1;
+  }
+  auto action = ParseCommandLine(argc, argv, &config);
+  if (!action.ok()) {
+    std::fprintf(stderr, "oscarkvd: %s\n", std::string(action.status().message()).c_str());
+    return 2;
+  }
+  if (*action == CommandLineAction::kHelp) {
+    std::fputs(CommandLineHelp().c_str(), stdout);
+    return 0;
+  }
+  if (*action == CommandLineAction::kPrintDefaultConfig) {
+    std::fputs(DefaultConfigYaml().c_str(), stdout);
+    return 0;
+  }
+  absl::Status s = RunDaemon(config);
+  if (!s.ok()) {
+    LogEvent(LogLevel::kError, "startup_failed", {{"error", std::string(s.message())}});
+    std::fprintf(stderr, "oscarkvd: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,151 @@
+#include "oscarkv/service/metrics.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace oscarkv::service {
+
+const char* RpcName(Rpc rpc) {
+  static const char* kNames[] = {"Handshake", "RegisterCodec", "Lookup",     "Reserve",
+                                 "Commit",    "Abort",         "WritePages", "ReadPages",
+                                 "Release",   "RenewLease",    "Delete",     "Clear",
+                                 "Stats"};
+  const int i = static_cast<int>(rpc);
+  return i >= 0 && i < static_cast<int>(Rpc::kCount) ? kNames[i] : "unknown";
+}
+
+namespace {
+const char* CodeName(int code) {
+  static const char* kNames[] = {"OK",
+                                 "CANCELLED",
+                                 "UNKNOWN",
+                                 "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND",
+                                 "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED",
+                                 "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION",
+                                 "ABORTED",
+                                 "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED",
+                                 "INTERNAL",
+                                 "UNAVAILABLE",
+                                 "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
+  return code >= 0 && code < 17 ? kNames[code] : "UNKNOWN";
+}
+
+void Counter(std::string* out, const char* name, const char* help, uint64_t v) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name, " ", v,
+                  "\n");
+}
+void Gauge(std::string* out, const char* name, const char* help, int64_t v) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name, " ",
+                  v < 0 ? 0 : v, "\n");
+}
+}  // namespace
+
+void Histogram::Observe(int64_t nanos) {
+  if (nanos < 0) nanos = 0;
+  const double s = static_cast<double>(nanos) * 1e-9;
+  size_t i = 0;
+  while (i < kBounds.size() && s > kBounds[i]) ++i;
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  sum_nanos_.fetch_add(static_cast<uint64_t>(nanos), std::memory_order_relaxed);
+}
+
+void Histogram::Render(const std::string& name, const std::string& labels,
+                       std::string* out) const {
+  uint64_t cumulative = 0;
+  const std::string sep = labels.empty() ? "" : ",";
+  for (size_t i = 0; i < kBounds.size(); ++i) {
+    cumulative += buckets_[i].load(std::memory_order_relaxed);
+    absl::StrAppend(out, name, "_bucket{", labels, sep, "le=\"", kBounds[i], "\"} ", cumulative,
+                    "\n");
+  }
+  cumulative += buckets_[kBounds.size()].load(std::memory_order_relaxed);
+  absl::StrAppend(out, name, "_bucket{", labels, sep, "le=\"+Inf\"} ", cumulative, "\n");
+  absl::StrAppend(out, name, "_sum{", labels, "} ",
+                  static_cast<double>(sum_nanos_.load(std::memory_order_relaxed)) * 1e-9, "\n");
+  absl::StrAppend(out, name, "_count{", labels, "} ", cumulative, "\n");
+}
+
+void Metrics::Record(Rpc rpc, int code, int64_t nanos) {
+  const int r = static_cast<int>(rpc);
+  if (r < 0 || r >= static_cast<int>(Rpc::kCount)) return;
+  latency_[r].Observe(nanos);
+  codes_[r][code >= 0 && code < kCodes ? code : 2].fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t Metrics::calls(Rpc rpc, int code) const {
+  return codes_[static_cast<int>(rpc)][code].load(std::memory_order_relaxed);
+}
+
+std::string Metrics::Render(const PageCache& cache) const {
+  std::string out;
+  out.reserve(16384);
+  const CacheCounters& c = cache.counters();
+  Counter(&out, "oscarkv_lookups_total", "Lookup calls.", c.lookups.load());
+  Counter(&out, "oscarkv_lookup_hits_total", "Keys found by Lookup (the matched prefix).",
+          c.hits.load());
+  Counter(&out, "oscarkv_lookup_misses_total", "Keys of Lookup calls past the matched prefix.",
+          c.misses.load());
+  Counter(&out, "oscarkv_evictions_total", "Committed pages evicted to make room.",
+          c.evictions.load());
+  Counter(&out, "oscarkv_bytes_written_total", "Page bytes received through WritePages.",
+          c.bytes_written.load());
+  Counter(&out, "oscarkv_bytes_read_total", "Page bytes sent through ReadPages.",
+          c.bytes_read.load());
+  Counter(&out, "oscarkv_pages_reserved_total", "Slots handed out by Reserve.", c.reserved.load());
+  Counter(&out, "oscarkv_dedup_rejects_total",
+          "Reserve items refused with ALREADY_EXISTS (stored or being stored).",
+          c.dedup_rejects.load());
+  Counter(&out, "oscarkv_reserve_failures_total", "Reserve items refused for lack of space.",
+          c.reserve_failures.load());
+  Counter(&out, "oscarkv_commits_total", "Pages verified and published by Commit.",
+          c.commits.load());
+  Counter(&out, "oscarkv_commit_failures_total",
+          "Commit items rejected (bad header, checksum, unknown key).", c.commit_failures.load());
+  Counter(&out, "oscarkv_aborted_pages_total", "Reserved slots freed by Abort or expiry.",
+          c.aborted_pages.load());
+  Counter(&out, "oscarkv_leases_expired_total", "Leases reclaimed at their deadline.",
+          c.leases_expired.load());
+  Counter(&out, "oscarkv_reservations_expired_total",
+          "Reservations reclaimed at their deadline with uncommitted slots.",
+          c.reservations_expired.load());
+  Counter(&out, "oscarkv_deletes_total", "Pages removed by Delete.", c.deletes.load());
+  const PagePool& pool = cache.pool();
+  Gauge(&out, "oscarkv_pool_bytes", "Size of the page pool.",
+        static_cast<int64_t>(pool.capacity_bytes()));
+  Gauge(&out, "oscarkv_pool_used_bytes", "Pool bytes in allocated slots.",
+        static_cast<int64_t>(pool.bytes_used()));
+  Gauge(&out, "oscarkv_pages", "Committed pages in the index.", c.pages.load());
+  Gauge(&out, "oscarkv_reserved_pages", "Reserved, uncommitted slots.", c.reserved_pages.load());
+  Gauge(&out, "oscarkv_pinned_pages", "Pages pinned by at least one lease.",
+        c.pinned_pages.load());
+  Gauge(&out, "oscarkv_leases", "Live leases.", c.leases.load());
+  Gauge(&out, "oscarkv_codecs", "Registered codec profiles.", static_cast<int64_t>(cache.codecs()));
+
+  absl::StrAppend(&out,
+                  "# HELP oscarkv_rpc_duration_seconds Server-side RPC latency.\n"
+                  "# TYPE oscarkv_rpc_duration_seconds histogram\n");
+  for (int r = 0; r < static_cast<int>(Rpc::kCount); ++r) {
+    latency_[r].Render("oscarkv_rpc_duration_seconds",
+                       absl::StrCat("method=\"", RpcName(static_cast<Rpc>(r)), "\""), &out);
+  }
+  absl::StrAppend(&out,
+                  "# HELP oscarkv_rpcs_total RPCs by method and gRPC status code.\n"
+                  "# TYPE oscarkv_rpcs_total counter\n");
+  for (int r = 0; r < static_cast<int>(Rpc::kCount); ++r) {
+    for (int code = 0; code < kCodes; ++code) {
+      const uint64_t n = codes_[r][code].load(std::memory_order_relaxed);
+      if (n == 0) continue;
+      absl::StrAppend(&out, "oscarkv_rpcs_total{method=\"", RpcName(static_cast<Rpc>(r)),
+                      "\",code=\"", CodeName(code), "\"} ", n, "\n");
+    }
+  }
+  return out;
+}
+
+}  // namespace oscarkv::service
