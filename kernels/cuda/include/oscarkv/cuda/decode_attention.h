@@ -1,0 +1,128 @@
+// Mixed-precision paged decode attention (one query token per sequence, one layer).
+//
+// The KV cache of a batch of sequences is a set of pages in device memory, each in the exact
+// docs/FORMAT.md layout (64-byte header, then a segment per (layer, K|V, KV head)). Sequences
+// refer to pages CSR-style: sequence b owns page-table entries
+// seq_page_ids[seq_page_indptr[b] .. seq_page_indptr[b+1]) in token order; each entry has a
+// base pointer, a kind (INT2 history or BF16 sink/tail) and a valid token count. Pages of one
+// sequence may be any mix of kinds; only the last page of a sequence may be partially filled,
+// but every page's token_count is honoured.
+//
+// Launch = plan (host) + run (device):
+//   * PlanDecode splits every (sequence, KV head) into work items: runs of consecutive
+//     64-token slices of one page kind, sized so the whole batch fills the GPU (split-KV).
+//   * LaunchDecodeAttention rotates the queries (q' = q·R_K, times softmax scale), runs one CTA
+//     per work item -- all GQA query heads of the KV head served from one read of each K/V
+//     slice, INT2 dequantized in registers into tensor-core operands -- and merges the partial
+//     results with their log-sum-exp, optionally multiplying the output by R_Vᵀ.
+//
+// Supported: head_dim 128, group 128 or 64, page_tokens a multiple of 64 (64..256), GQA ratio
+// (query heads per KV head) 1..8. Output and LSE are fp32; LSE is the natural log of the sum of
+// exp(scaled scores), -inf (and output 0) for a sequence with no tokens.
+//
+// Thread-safety: the functions are reentrant; a plan and its workspace serve one launch at a
+// time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "oscarkv/kernels/page_format.h"
+
+#include <cuda_runtime_api.h>
+
+namespace oscarkv::cuda {
+
+inline constexpr uint32_t kSliceTokens = 64;  // token granularity of work items
+inline constexpr int32_t kMaxItemSlices = 128;  // slices per work item, at most
+
+struct DecodeShape {
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t num_q_heads = 0;
+  uint32_t head_dim = 128;
+  uint32_t group_size = 128;
+  uint32_t page_tokens = 64;
+  uint32_t layer = 0;  // the layer attended
+
+  OSCARKV_HD uint32_t gqa() const { return num_q_heads / num_kv_heads; }
+  OSCARKV_HD uint32_t slices_per_page() const { return page_tokens / kSliceTokens; }
+  OSCARKV_HD PageGeometry geometry(PageKind kind) const {
+    return PageGeometry{num_layers, num_kv_heads, head_dim, group_size, page_tokens, kind};
+  }
+};
+
+// OK, or InvalidArgument naming what this kernel does not support.
+absl::Status ValidateDecodeShape(const DecodeShape& shape);
+
+// One CTA's work: slices [first_slice, first_slice + num_slices) of sequence `seq` (slice s is
+// tokens [64*(s % spp), +64) of the sequence's page s / spp), KV head `kv_head`, all of kind
+// `kind` (1 INT2, 2 BF16).
+struct DecodeWorkItem {
+  int32_t seq;
+  int32_t kv_head;
+  int32_t kind;
+  int32_t first_slice;
+  int32_t num_slices;
+};
+
+struct DecodePlan {
+  std::vector<DecodeWorkItem> items;  // ordered by (seq, kv_head)
+  std::vector<int32_t> item_indptr;   // [num_seqs * num_kv_heads + 1] into items
+  size_t int2_slices = 0, bf16_slices = 0;
+  // Bytes the decode kernel reads from the pages (K and V segments of the attended layer).
+  size_t page_bytes_read = 0;
+};
+
+// Host-side planning from host copies of the page table. `target_ctas` is the number of CTAs to
+// aim for (0 = a default for `num_sms`). Errors: InvalidArgument on a malformed table.
+absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
+                                      const std::vector<int32_t>& seq_page_indptr,
+                                      const std::vector<int32_t>& seq_page_ids,
+                                      const std::vector<uint8_t>& page_kinds, int num_sms,
+                                      int target_ctas = 0);
+
+// Device-side page table (all pointers are device pointers).
+struct PagedKVTable {
+  const uint8_t* const* page_ptrs = nullptr;   // [num_pages] base of each page
+  const uint8_t* page_kinds = nullptr;         // [num_pages] PageKind
+  const uint16_t* page_token_counts = nullptr; // [num_pages]
+  const int32_t* seq_page_indptr = nullptr;    // [num_seqs + 1]
+  const int32_t* seq_page_ids = nullptr;       // CSR column indices into the page arrays
+  int32_t num_seqs = 0;
+};
+
+// Everything one launch needs; pointers are device pointers.
+struct DecodeParams {
+  DecodeShape shape;
+  PagedKVTable table;
+  const DecodeWorkItem* items = nullptr;  // the plan, copied to the device
+  int32_t num_items = 0;
+  const int32_t* item_indptr = nullptr;   // [num_seqs * num_kv_heads + 1]
+  const float* q = nullptr;               // [num_seqs][num_q_heads][head_dim], unrotated
+  const float* rot_k = nullptr;  // [num_kv_heads][d][d] R_K of `layer` (nullptr: q already rotated)
+  const float* rot_v = nullptr;  // [num_kv_heads][d][d] R_V, used when unrotate_output
+  bool unrotate_output = false;
+  float softmax_scale = 0;       // <= 0: 1/sqrt(head_dim)
+  // Splits each query into an fp16 high and low part for the INT2 score product (~fp32
+  // accuracy); false uses one fp16 part (fewer tensor-core ops, ~1e-3 relative score error).
+  bool precise_query = true;
+  // Workspace (DecodeWorkspaceBytes bytes, 256-byte aligned).
+  void* workspace = nullptr;
+  float* out = nullptr;  // [num_seqs][num_q_heads][head_dim]
+  float* lse = nullptr;  // [num_seqs][num_q_heads] (may be nullptr)
+};
+
+size_t DecodeWorkspaceBytes(const DecodeShape& shape, int32_t num_seqs, int32_t num_items);
+
+// Enqueues the three kernels on `stream`. Errors: InvalidArgument for an unsupported shape or
+// missing buffers; Internal for a CUDA launch error.
+absl::Status LaunchDecodeAttention(const DecodeParams& params, cudaStream_t stream);
+
+// Resident CTAs per SM of the decode kernel (for planning and reports); needs a device.
+int DecodeKernelOccupancy(int group_size);
+
+}  // namespace oscarkv::cuda

@@ -1,0 +1,61 @@
+// PagedDecoder: a decode plan copied to the device plus its workspace -- the host glue between
+// PlanDecode and LaunchDecodeAttention. Plan once per batch composition, launch per layer.
+#pragma once
+
+#include <utility>
+#include <vector>
+
+#include "oscarkv/cuda/decode_attention.h"
+#include "oscarkv/cuda/device_buffer.h"
+
+namespace oscarkv::cuda {
+
+class PagedDecoder {
+ public:
+  static absl::StatusOr<PagedDecoder> Create(const DecodeShape& shape,
+                                             const std::vector<int32_t>& seq_page_indptr,
+                                             const std::vector<int32_t>& seq_page_ids,
+                                             const std::vector<uint8_t>& page_kinds, int num_sms,
+                                             int target_ctas = 0) {
+    auto plan = PlanDecode(shape, seq_page_indptr, seq_page_ids, page_kinds, num_sms, target_ctas);
+    if (!plan.ok()) return plan.status();
+    PagedDecoder d;
+    d.shape_ = shape;
+    d.num_seqs_ = static_cast<int32_t>(seq_page_indptr.size() - 1);
+    d.plan_ = *std::move(plan);
+    auto items = DeviceBuffer::FromHost(d.plan_.items);
+    if (!items.ok()) return items.status();
+    auto ip = DeviceBuffer::FromHost(d.plan_.item_indptr);
+    if (!ip.ok()) return ip.status();
+    auto ws = DeviceBuffer::Create(DecodeWorkspaceBytes(shape, d.num_seqs_,
+                                                        static_cast<int32_t>(d.plan_.items.size())));
+    if (!ws.ok()) return ws.status();
+    d.items_ = *std::move(items);
+    d.item_indptr_ = *std::move(ip);
+    d.workspace_ = *std::move(ws);
+    return d;
+  }
+
+  // Params with shape, plan and workspace filled in; the caller sets table, q, out, lse,
+  // rotations and options.
+  DecodeParams Params() const {
+    DecodeParams p;
+    p.shape = shape_;
+    p.items = items_.as<DecodeWorkItem>();
+    p.num_items = static_cast<int32_t>(plan_.items.size());
+    p.item_indptr = item_indptr_.as<int32_t>();
+    p.workspace = workspace_.get();
+    p.table.num_seqs = num_seqs_;
+    return p;
+  }
+  const DecodePlan& plan() const { return plan_; }
+  size_t workspace_bytes() const { return workspace_.bytes(); }
+
+ private:
+  DecodeShape shape_;
+  int32_t num_seqs_ = 0;
+  DecodePlan plan_;
+  DeviceBuffer items_, item_indptr_, workspace_;
+};
+
+}  // namespace oscarkv::cuda

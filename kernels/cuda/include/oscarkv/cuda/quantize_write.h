@@ -1,0 +1,60 @@
+// Quantize-on-write: new K/V rows (bf16, e.g. post-RoPE keys from the engine) are rotated
+// (x·R on tensor cores, R split into fp16 high and low parts), then written straight into their
+// page slots in the docs/FORMAT.md layout -- bf16 rows for BF16 pages (sink, recent tail), or
+// clipped INT2 codes + fp16 (scale, min) for INT2 pages. The same kernel with no rotation is the
+// flush that moves the oldest tail tokens (already rotated bf16 rows) into an INT2 page.
+//
+// Bit-exactness: given the same fp32 row, codes and fp16 parameters equal the CPU reference
+// (kernels/src/quantize.cc: quantile clip with linear interpolation, directed-rounding fp16
+// parameters, correctly rounded 1/scale, unfused multiply then add). The rotation itself is
+// computed in a different order than RotateRow (and with R to ~2^-22 relative), so rotated rows
+// agree with the CPU to ~1e-6 relative, not bit for bit; unrotated writes are bit-exact.
+//
+// Page headers are not written here: the caller owns header fields and the checksum.
+// Supported: head_dim 128, group 128 or 64; |x| < 65504 for rotated writes (fp16 operands).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "oscarkv/kernels/page_format.h"
+
+namespace oscarkv::cuda {
+
+// Bytes of prepared fragments for `count` d x d (d = 128) rotation matrices.
+inline constexpr size_t kRotationFragmentBytes = 128 * 128 * 4;  // fp16 hi + lo per element
+
+// Converts `count` row-major fp32 128x128 matrices (device) into the tensor-core fragment layout
+// the write kernel reads (device, count * kRotationFragmentBytes).
+absl::Status PrepareRotationFragments(const float* matrices, int count, void* fragments,
+                                      cudaStream_t stream);
+
+struct QuantizeWriteParams {
+  // Page geometry (kind comes from page_kinds).
+  uint32_t num_layers = 0, num_kv_heads = 0, head_dim = 128, group_size = 128, page_tokens = 64;
+  uint32_t first_layer = 0;  // rows of layers [first_layer, first_layer + layer_count)
+  uint32_t layer_count = 1;
+  // Source rows, bf16 bits: element (layer i, K|V, token t, head h, channel c) at
+  //   (kv ? v_src : k_src) + i*src_layer_stride + t*src_token_stride + h*src_head_stride + c.
+  const uint16_t* k_src = nullptr;
+  const uint16_t* v_src = nullptr;
+  int64_t src_layer_stride = 0, src_token_stride = 0, src_head_stride = 0;
+  int32_t num_tokens = 0;
+  // Destination: token t goes to slot dst_slot[t] of page-table entry dst_page[t].
+  uint8_t* const* page_ptrs = nullptr;
+  const uint8_t* page_kinds = nullptr;
+  const int32_t* dst_page = nullptr;
+  const int32_t* dst_slot = nullptr;
+  // Prepared rotations [layer_count][2][num_kv_heads] (PrepareRotationFragments); nullptr: rows
+  // are already rotated (the flush, or R_V absorbed into the checkpoint).
+  const void* rot_fragments = nullptr;
+  // Clip ratios [layer_count][2][num_kv_heads] applied to INT2 rows; nullptr: no clipping.
+  const float* clips = nullptr;
+};
+
+absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& params, cudaStream_t stream);
+
+}  // namespace oscarkv::cuda

@@ -1,0 +1,735 @@
+// Mixed-precision paged decode attention: query rotation, split-KV attention over INT2 and BF16
+// page slices on tensor cores, and the log-sum-exp merge.
+//
+// Work decomposition: one CTA (4 warps) per work item = (sequence, KV head, run of 64-token
+// slices of one kind). K/V bytes of the item's slices stream through shared memory with
+// cp.async in a multi-stage ring; each warp keeps its own online-softmax state for all GQA
+// query heads of the KV head (the n = 8 columns of the mma tiles), and the 4 warps' states are
+// merged before the item's partial result is written.
+//
+// INT2 in registers, no dequantization pass: a code c is placed in an fp16 lane as the bit
+// pattern 0x6400 | (c << k), i.e. the value 1024 + c·2^k, with one LOP3 per two codes (k is
+// the code's bit offset inside its 16-bit half, 0..8, so no shift is needed for most codes).
+// The offset and the 2^k factor are removed in fp32 afterwards:
+//   scores  q·x̂ = scale·(Σ q_i 2^-k_i (1024 + 2^k_i c_i) − 1024·Σ q_i 2^-k_i) + min·Σ q_i
+//   values  Σ_t p_t x̂_t = 2^-k·(Σ_t W_t (1024 + 2^k c_t) − 1024·Σ_t W_t) + Σ_t p_t·min_t,
+//           W_t = fp16(p_t·scale_t),
+// where the tensor cores compute the first sums. Channel orders inside the mma tiles are
+// permuted so each lane's operands come from contiguous bytes; the query fragments and the
+// output mapping use the same permutation.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "device_util.cuh"
+#include "oscarkv/cuda/decode_attention.h"
+
+namespace oscarkv::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kThreads = 128;
+constexpr int kWarps = 4;
+constexpr int kStageArea = 65536;      // INT2: 3 stages x 4 slots x 5120 B; BF16: 2 x 32 KB
+constexpr int kInt2Slot = 5120;        // one 64-token slice, K and V, codes + params (G >= 64)
+constexpr int kInt2Stages = 3;
+constexpr int kBf16Stage = 32768;      // one 64-token slice, K and V rows
+constexpr int kBf16Stages = 2;
+constexpr int kWStride = 72;           // halves per (group, query head) row of the W exchange
+constexpr int kWarpXchg = 2 * 8 * kWStride * 2;  // bytes per warp (2 groups x 8 heads)
+constexpr int kSmemBytes = kStageArea + kWarps * kWarpXchg + kMaxItemSlices * 12;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Per-register bit offsets of the 8 codes a LOP3 extracts from one 16-bit half: codes 0..3 of
+// byte 0 (bits 0,2,4,6), code 0 of byte 1 (bit 8), then codes 1..3 of byte 1 after a shift by
+// 8 (bits 2,4,6).
+__host__ __device__ constexpr int CodeShift(int r) { return r < 4 ? 2 * r : (r == 4 ? 8 : 2 * (r - 4)); }
+
+// Unpacks a 32-bit word whose two 16-bit halves each hold 8 codes (channel c of a half at bits
+// 2c..2c+1) into 8 fp16x2 registers: r[c] = (1024 + 2^CodeShift(c)·code_c) for both halves.
+__device__ __forceinline__ void UnpackCodes(uint32_t w, uint32_t (&r)[8]) {
+  constexpr uint32_t kMag = 0x64006400u;
+  const uint32_t w8 = w >> 8;
+  r[0] = (w & 0x00030003u) | kMag;
+  r[1] = (w & 0x000C000Cu) | kMag;
+  r[2] = (w & 0x00300030u) | kMag;
+  r[3] = (w & 0x00C000C0u) | kMag;
+  r[4] = (w & 0x03000300u) | kMag;
+  r[5] = (w8 & 0x000C000Cu) | kMag;
+  r[6] = (w8 & 0x00300030u) | kMag;
+  r[7] = (w8 & 0x00C000C0u) | kMag;
+}
+
+struct SliceTable {
+  const uint8_t** ptr;  // page base per slice of the item
+  int32_t* info;        // (token offset in page) << 16 | valid tokens
+};
+
+__device__ __forceinline__ float WarpMaxOverGid(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 4));
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 8));
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 16));
+  return v;
+}
+__device__ __forceinline__ float WarpSumOverGid(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 4);
+  v += __shfl_xor_sync(0xffffffffu, v, 8);
+  v += __shfl_xor_sync(0xffffffffu, v, 16);
+  return v;
+}
+
+// Online-softmax state of one warp: lane (gid, tig) owns query heads 2·tig and 2·tig+1.
+struct WarpState {
+  float o[8][4];
+  float m[2];
+  float l[2];  // per-lane partial; summed over gid at the end
+};
+
+// Rescales the state to a new running max; returns the max to subtract from new scores.
+__device__ __forceinline__ float Rescale(WarpState& st, int e, float chunk_max, float* factor) {
+  const float m_new = fmaxf(st.m[e], chunk_max);
+  const float m_use = m_new == -INFINITY ? 0.f : m_new;
+  *factor = exp2f(st.m[e] - m_use);
+  st.m[e] = m_new;
+  st.l[e] *= *factor;
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    st.o[i][e] *= *factor;
+    st.o[i][2 + e] *= *factor;
+  }
+  return m_use;
+}
+
+// Merges the 4 warps' states (written to smem by each warp) and writes the item's partial.
+// chan(i, r) is the channel of accumulator tile i, row half r (0: c0/c1, 1: c2/c3).
+template <typename ChanFn>
+__device__ void FinishItem(const DecodeParams& p, int item, WarpState& st, uint8_t* smem,
+                           ChanFn chan) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tig = lane & 3;
+  const int gqa = static_cast<int>(p.shape.gqa());
+  float* osm = reinterpret_cast<float*>(smem);                   // [warp][8][128]
+  float* mlsm = osm + kWarps * 8 * 128;                          // [warp][8][2]
+  #pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float l = WarpSumOverGid(st.l[e]);
+    const int qh = 2 * tig + e;
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int ch = chan(i, r);
+        osm[(warp * 8 + qh) * 128 + ch] = st.o[i][2 * r + e];
+      }
+    }
+    if ((lane >> 2) == 0) {
+      mlsm[(warp * 8 + qh) * 2 + 0] = st.m[e];
+      mlsm[(warp * 8 + qh) * 2 + 1] = l;
+    }
+  }
+  __syncthreads();
+  const int t = threadIdx.x;  // channel
+  const size_t qrot_bytes =
+      (sizeof(float) * size_t(p.table.num_seqs) * p.shape.num_q_heads * 128 + 255) / 256 * 256;
+  float* part_o = reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) + qrot_bytes);
+  const size_t po_bytes = (sizeof(float) * size_t(p.num_items) * gqa * 128 + 255) / 256 * 256;
+  float* part_ml = reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) + qrot_bytes + po_bytes);
+  for (int qh = 0; qh < gqa; ++qh) {
+    float mx = -INFINITY;
+    #pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, mlsm[(w * 8 + qh) * 2]);
+    float L = 0.f, O = 0.f;
+    if (mx != -INFINITY) {
+      #pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(mlsm[(w * 8 + qh) * 2] - mx);
+        L += f * mlsm[(w * 8 + qh) * 2 + 1];
+        O += f * osm[(w * 8 + qh) * 128 + t];
+      }
+    }
+    part_o[(size_t(item) * gqa + qh) * 128 + t] = L > 0.f ? O / L : 0.f;
+    if (t == 0) {
+      part_ml[(size_t(item) * gqa + qh) * 2 + 0] = mx;
+      part_ml[(size_t(item) * gqa + qh) * 2 + 1] = L;
+    }
+  }
+}
+
+// Fills the per-slice page pointer / token info of the item (smem) for all threads.
+__device__ void LoadSliceTable(const DecodeParams& p, const DecodeWorkItem& it, SliceTable tab) {
+  const int spp = static_cast<int>(p.shape.slices_per_page());
+  const int32_t p0 = p.table.seq_page_indptr[it.seq];
+  for (int s = threadIdx.x; s < it.num_slices; s += kThreads) {
+    const int gs = it.first_slice + s;
+    const int32_t pid = p.table.seq_page_ids[p0 + gs / spp];
+    const int tok0 = (gs % spp) * static_cast<int>(kSliceTokens);
+    const int count = p.table.page_token_counts[pid];
+    const int valid = max(0, min(static_cast<int>(kSliceTokens), count - tok0));
+    tab.ptr[s] = p.table.page_ptrs[pid];
+    tab.info[s] = (tok0 << 16) | valid;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// INT2 slices.
+
+template <int G>
+struct Int2Layout {
+  static constexpr int NG = 128 / G;
+  static constexpr int kCodes = 64 * 32;          // 64 rows x 32 bytes
+  static constexpr int kParams = 64 * NG * 4;     // (scale, min) fp16 pairs
+  static constexpr int kHalf = kCodes + kParams;  // K part, then V part
+  static constexpr int kChunksHalf = kHalf / 16;
+  static constexpr int kChunksSlot = 2 * kChunksHalf;
+  // Byte offset inside a code row of word v (0, 1) of lane tig for the score product.
+  __device__ static int KWordByte(int tig, int v) { return G == 128 ? 8 * tig + 4 * v : 16 * v + 4 * tig; }
+};
+
+template <int G>
+__device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& it, uint8_t* smem,
+                         SliceTable tab) {
+  using Lay = Int2Layout<G>;
+  constexpr int NG = Lay::NG;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const DecodeShape& sh = p.shape;
+  const int gqa = static_cast<int>(sh.gqa());
+  const PageGeometry geo = sh.geometry(PageKind::kInt2);
+  const size_t seg_k = geo.segment_offset(sh.layer, 0, it.kv_head);
+  const size_t seg_v = geo.segment_offset(sh.layer, 1, it.kv_head);
+  const int codes_bytes = static_cast<int>(geo.codes_bytes());
+
+  // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
+  const float* qrot = reinterpret_cast<const float*>(p.workspace) +
+                      (size_t(it.seq) * sh.num_q_heads + size_t(it.kv_head) * gqa) * 128;
+  uint32_t qhi[8][2], qlo[8][2];
+  float q0[NG], q1[NG];  // Σ q (true) and Σ q·2^-k (as used), this lane's channels
+  #pragma unroll
+  for (int g = 0; g < NG; ++g) q0[g] = q1[g] = 0.f;
+  #pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    const int v = s >> 2, u = s & 3;
+    #pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int r = 2 * u + b;
+      const int k = CodeShift(r);
+      const float inv = 1.0f / static_cast<float>(1 << k);
+      const int byte_lo = (r < 4 ? 0 : 1), idx = r & 3;
+      const int base = Lay::KWordByte(tig, v);
+      const int ch_lo = 4 * (base + byte_lo) + idx, ch_hi = 4 * (base + byte_lo + 2) + idx;
+      const float x_lo = gid < gqa ? qrot[gid * 128 + ch_lo] * inv : 0.f;
+      const float x_hi = gid < gqa ? qrot[gid * 128 + ch_hi] * inv : 0.f;
+      const __half h_lo = __float2half_rn(x_lo), h_hi = __float2half_rn(x_hi);
+      __half l_lo = __float2half_rn(0.f), l_hi = __float2half_rn(0.f);
+      if (p.precise_query) {
+        l_lo = __float2half_rn(x_lo - __half2float(h_lo));
+        l_hi = __float2half_rn(x_hi - __half2float(h_hi));
+      }
+      qhi[s][b] = PackHalf2(h_lo, h_hi);
+      qlo[s][b] = PackHalf2(l_lo, l_hi);
+      const float used = __half2float(h_lo) + __half2float(l_lo) + __half2float(h_hi) +
+                         __half2float(l_hi);
+      const int g = (G == 64) ? v : 0;
+      q1[g] += used;
+      q0[g] += used * static_cast<float>(1 << k);
+    }
+  }
+  #pragma unroll
+  for (int g = 0; g < NG; ++g) {
+    q0[g] += __shfl_xor_sync(0xffffffffu, q0[g], 1);
+    q0[g] += __shfl_xor_sync(0xffffffffu, q0[g], 2);
+    q1[g] += __shfl_xor_sync(0xffffffffu, q1[g], 1);
+    q1[g] += __shfl_xor_sync(0xffffffffu, q1[g], 2);
+  }
+  // Sums for the query heads of this lane's accumulator columns (2·tig, 2·tig+1).
+  float Q0[2][NG], Q1k[2][NG];
+  #pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    #pragma unroll
+    for (int g = 0; g < NG; ++g) {
+      Q0[e][g] = __shfl_sync(0xffffffffu, q0[g], (2 * tig + e) * 4);
+      Q1k[e][g] = 1024.f * __shfl_sync(0xffffffffu, q1[g], (2 * tig + e) * 4);
+    }
+  }
+
+  WarpState st;
+  #pragma unroll
+  for (int i = 0; i < 8; ++i)
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) st.o[i][j] = 0.f;
+  float sw[2][NG], pm[2][NG];  // Σ W16 and Σ p·min per (query head, group), lane partials
+  #pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    st.m[e] = -INFINITY;
+    st.l[e] = 0.f;
+    #pragma unroll
+    for (int g = 0; g < NG; ++g) sw[e][g] = pm[e][g] = 0.f;
+  }
+  __half* wx = reinterpret_cast<__half*>(smem + kStageArea + warp * kWarpXchg);
+
+  const int n = it.num_slices;
+  const int units = (n + kWarps - 1) / kWarps;
+  auto issue = [&](int unit, int stage) {
+    uint8_t* sbase = smem + stage * (kWarps * kInt2Slot);
+    for (int c = tid; c < kWarps * Lay::kChunksSlot; c += kThreads) {
+      const int w = c / Lay::kChunksSlot, r = c % Lay::kChunksSlot;
+      const int sl = unit * kWarps + w;
+      if (sl >= n) continue;
+      const int kv = r / Lay::kChunksHalf, rr = r % Lay::kChunksHalf;
+      const uint8_t* seg = tab.ptr[sl] + (kv ? seg_v : seg_k);
+      const int info = tab.info[sl], tok0 = info >> 16, valid = info & 0xffff;
+      const uint8_t* src;
+      bool ok;
+      if (rr < Lay::kCodes / 16) {
+        const int t = rr >> 1;
+        src = seg + (tok0 + t) * 32 + (rr & 1) * 16;
+        ok = t < valid;
+      } else {
+        const int q = rr - Lay::kCodes / 16;
+        const int t = q * 4 / NG;
+        src = seg + codes_bytes + tok0 * 4 * NG + q * 16;
+        ok = t < valid;
+      }
+      CpAsync16(sbase + w * kInt2Slot + kv * Lay::kHalf + rr * 16, ok ? src : seg, ok);
+    }
+  };
+
+  for (int s = 0; s < kInt2Stages - 1; ++s) {
+    if (s < units) issue(s, s);
+    CpAsyncCommit();
+  }
+  for (int u = 0; u < units; ++u) {
+    CpAsyncWait<kInt2Stages - 2>();
+    __syncthreads();
+    if (u + kInt2Stages - 1 < units) issue(u + kInt2Stages - 1, (u + kInt2Stages - 1) % kInt2Stages);
+    CpAsyncCommit();
+    const int sl = u * kWarps + warp;
+    if (sl >= n) continue;
+    const uint8_t* slot = smem + (u % kInt2Stages) * (kWarps * kInt2Slot) + warp * kInt2Slot;
+    const uint8_t* kc = slot;
+    const uint8_t* kp = slot + Lay::kCodes;
+    const uint8_t* vc = slot + Lay::kHalf;
+    const uint8_t* vp = vc + Lay::kCodes;
+    const int valid = tab.info[sl] & 0xffff;
+
+    // Scores for the 64 tokens: s[mt][c] (c: row half r = c/2, head e = c%2).
+    float sc[4][4];
+    #pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      float acc[NG][4];
+      #pragma unroll
+      for (int g = 0; g < NG; ++g)
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) acc[g][j] = 0.f;
+      const int r0 = mt * 16 + gid, r1 = r0 + 8;
+      #pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const int off = Lay::KWordByte(tig, v);
+        const uint32_t w0 = *reinterpret_cast<const uint32_t*>(kc + r0 * 32 + off);
+        const uint32_t w1 = *reinterpret_cast<const uint32_t*>(kc + r1 * 32 + off);
+        uint32_t a[8], b[8];
+        UnpackCodes(w0, a);
+        UnpackCodes(w1, b);
+        const int g = (G == 64) ? v : 0;
+        #pragma unroll
+        for (int uu = 0; uu < 4; ++uu) {
+          const int s = 4 * v + uu;
+          MmaF16(acc[g], a[2 * uu], b[2 * uu], a[2 * uu + 1], b[2 * uu + 1], qhi[s][0], qhi[s][1]);
+          if (p.precise_query) {
+            MmaF16(acc[g], a[2 * uu], b[2 * uu], a[2 * uu + 1], b[2 * uu + 1], qlo[s][0], qlo[s][1]);
+          }
+        }
+      }
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int t = r ? r1 : r0;
+        float sv[2] = {0.f, 0.f};
+        #pragma unroll
+        for (int g = 0; g < NG; ++g) {
+          const __half2 sm = *reinterpret_cast<const __half2*>(kp + (t * NG + g) * 4);
+          const float scale = __low2float(sm), mn = __high2float(sm);
+          #pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            sv[e] += scale * (acc[g][2 * r + e] - Q1k[e][g]) + mn * Q0[e][g];
+          }
+        }
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) sc[mt][2 * r + e] = t < valid ? sv[e] : -INFINITY;
+      }
+    }
+    // Online softmax over the slice.
+    float mu[2];
+    #pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float cm = -INFINITY;
+      #pragma unroll
+      for (int mt = 0; mt < 4; ++mt) cm = fmaxf(cm, fmaxf(sc[mt][e], sc[mt][2 + e]));
+      cm = WarpMaxOverGid(cm);
+      float f;
+      mu[e] = Rescale(st, e, cm, &f);
+      #pragma unroll
+      for (int g = 0; g < NG; ++g) {
+        sw[e][g] *= f;
+        pm[e][g] *= f;
+      }
+    }
+    #pragma unroll
+    for (int mt = 0; mt < 4; ++mt) {
+      #pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int t = mt * 16 + gid + 8 * r;
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pr = exp2f(sc[mt][2 * r + e] - mu[e]);
+          st.l[e] += pr;
+          #pragma unroll
+          for (int g = 0; g < NG; ++g) {
+            const __half2 sm = *reinterpret_cast<const __half2*>(vp + (t * NG + g) * 4);
+            const __half w16 = __float2half_rn(pr * __low2float(sm));
+            sw[e][g] += __half2float(w16);
+            pm[e][g] += pr * __high2float(sm);
+            wx[(g * 8 + 2 * tig + e) * kWStride + t] = w16;
+          }
+        }
+      }
+    }
+    __syncwarp();
+    // Values: O^T[channel][head] += V^T (codes, 16 channels x 16 tokens per tile) · W.
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int ta = 16 * j + 2 * tig, tb = ta + 8;
+      uint32_t wa0, wa1, wb0, wb1;
+      if (G == 128) {
+        wa0 = *reinterpret_cast<const uint32_t*>(vc + ta * 32 + 4 * gid);
+        wa1 = *reinterpret_cast<const uint32_t*>(vc + (ta + 1) * 32 + 4 * gid);
+        wb0 = *reinterpret_cast<const uint32_t*>(vc + tb * 32 + 4 * gid);
+        wb1 = *reinterpret_cast<const uint32_t*>(vc + (tb + 1) * 32 + 4 * gid);
+      } else {
+        auto ld = [&](int t) {
+          const uint32_t lo = *reinterpret_cast<const uint16_t*>(vc + t * 32 + 2 * gid);
+          const uint32_t hi = *reinterpret_cast<const uint16_t*>(vc + t * 32 + 16 + 2 * gid);
+          return lo | (hi << 16);
+        };
+        wa0 = ld(ta);
+        wa1 = ld(ta + 1);
+        wb0 = ld(tb);
+        wb1 = ld(tb + 1);
+      }
+      #pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t sel = half ? 0x7632u : 0x5410u;
+        uint32_t ra[8], rb[8];
+        UnpackCodes(__byte_perm(wa0, wa1, sel), ra);
+        UnpackCodes(__byte_perm(wb0, wb1, sel), rb);
+        const int g = (G == 64) ? half : 0;
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + ta);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + tb);
+        #pragma unroll
+        for (int ii = 0; ii < 4; ++ii) {
+          const int i = half * 4 + ii;
+          MmaF16(st.o[i], ra[2 * ii], ra[2 * ii + 1], rb[2 * ii], rb[2 * ii + 1], b0, b1);
+        }
+      }
+    }
+    __syncwarp();
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
+
+  // Remove the code offsets and factors, add Σ p·min.
+  #pragma unroll
+  for (int e = 0; e < 2; ++e)
+    #pragma unroll
+    for (int g = 0; g < NG; ++g) {
+      sw[e][g] = WarpSumOverGid(sw[e][g]);
+      pm[e][g] = WarpSumOverGid(pm[e][g]);
+    }
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int half = i >> 2, ii = i & 3;
+    const int g = (G == 64) ? half : 0;
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int cidx = 2 * ii + r;
+      const float inv = 1.0f / static_cast<float>(1 << CodeShift(cidx));
+      #pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& o = st.o[i][2 * r + e];
+        o = (o - 1024.f * sw[e][g]) * inv + pm[e][g];
+      }
+    }
+  }
+  FinishItem(p, item, st, smem, [&](int i, int r) {
+    const int half = i >> 2, cidx = 2 * (i & 3) + r;
+    return G == 128 ? 16 * gid + 8 * half + cidx : 64 * half + 8 * gid + cidx;
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// BF16 slices: K rows feed ldmatrix directly; V rows through ldmatrix.trans. Rows are stored in
+// shared memory with the 16-byte chunk index XOR-swizzled by (row & 7), so the 8 row addresses
+// of each ldmatrix hit distinct banks.
+
+__device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& it, uint8_t* smem,
+                         SliceTable tab) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const DecodeShape& sh = p.shape;
+  const int gqa = static_cast<int>(sh.gqa());
+  const PageGeometry geo = sh.geometry(PageKind::kBf16);
+  const size_t seg_k = geo.segment_offset(sh.layer, 0, it.kv_head);
+  const size_t seg_v = geo.segment_offset(sh.layer, 1, it.kv_head);
+
+  const float* qrot = reinterpret_cast<const float*>(p.workspace) +
+                      (size_t(it.seq) * sh.num_q_heads + size_t(it.kv_head) * gqa) * 128;
+  uint32_t qhi[8][2], qlo[8][2];
+  #pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    #pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int ch = 16 * s + 8 * b + 2 * tig;
+      const float x0 = gid < gqa ? qrot[gid * 128 + ch] : 0.f;
+      const float x1 = gid < gqa ? qrot[gid * 128 + ch + 1] : 0.f;
+      const __nv_bfloat16 h0 = __float2bfloat16_rn(x0), h1 = __float2bfloat16_rn(x1);
+      qhi[s][b] = PackBf162(h0, h1);
+      qlo[s][b] = PackBf162(__float2bfloat16_rn(x0 - __bfloat162float(h0)),
+                            __float2bfloat16_rn(x1 - __bfloat162float(h1)));
+    }
+  }
+  WarpState st;
+  #pragma unroll
+  for (int i = 0; i < 8; ++i)
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) st.o[i][j] = 0.f;
+  #pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    st.m[e] = -INFINITY;
+    st.l[e] = 0.f;
+  }
+  // P exchange: [plane hi/lo][head 8][24] bf16 per warp.
+  __nv_bfloat16* px = reinterpret_cast<__nv_bfloat16*>(smem + kStageArea + warp * kWarpXchg);
+  constexpr int kPStride = 24;
+
+  const int n = it.num_slices;
+  auto issue = [&](int unit, int stage) {
+    uint8_t* sbase = smem + stage * kBf16Stage;
+    const int info = tab.info[unit], tok0 = info >> 16, valid = info & 0xffff;
+    const uint8_t* page = tab.ptr[unit];
+    for (int c = tid; c < 2048; c += kThreads) {
+      const int kv = c >> 10, t = (c >> 4) & 63, j = c & 15;
+      const uint8_t* src = page + (kv ? seg_v : seg_k) + size_t(tok0 + t) * 256 + j * 16;
+      const bool ok = t < valid;
+      CpAsync16(sbase + kv * 16384 + t * 256 + ((j ^ (t & 7)) * 16), ok ? src : page, ok);
+    }
+  };
+  for (int s = 0; s < kBf16Stages - 1; ++s) {
+    if (s < n) issue(s, s);
+    CpAsyncCommit();
+  }
+  for (int u = 0; u < n; ++u) {
+    CpAsyncWait<kBf16Stages - 2>();
+    __syncthreads();
+    if (u + kBf16Stages - 1 < n) issue(u + kBf16Stages - 1, (u + kBf16Stages - 1) % kBf16Stages);
+    CpAsyncCommit();
+    const uint8_t* ks = smem + (u % kBf16Stages) * kBf16Stage;
+    const uint8_t* vs = ks + 16384;
+    const int valid = tab.info[u] & 0xffff;
+    const int t0 = warp * 16;
+    if (t0 >= valid) continue;  // no valid token in this warp's tile
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    {
+      const int mat = lane >> 3, rr = lane & 7;
+      const int t = t0 + rr + 8 * (mat & 1);
+      #pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int chunk = 2 * s + (mat >> 1);
+        uint32_t a[4];
+        LdMatrixX4(a, ks + t * 256 + ((chunk ^ (t & 7)) * 16));
+        MmaBf16(acc, a[0], a[1], a[2], a[3], qhi[s][0], qhi[s][1]);
+        MmaBf16(acc, a[0], a[1], a[2], a[3], qlo[s][0], qlo[s][1]);
+      }
+    }
+    float sc[4];
+    #pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int t = t0 + gid + 8 * (c >> 1);
+      sc[c] = t < valid ? acc[c] : -INFINITY;
+    }
+    float mu[2];
+    #pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float cm = WarpMaxOverGid(fmaxf(sc[e], sc[2 + e]));
+      float f;
+      mu[e] = Rescale(st, e, cm, &f);
+    }
+    #pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int e = c & 1, r = c >> 1;
+      const float pr = exp2f(sc[c] - mu[e]);
+      st.l[e] += pr;
+      const __nv_bfloat16 h = __float2bfloat16_rn(pr);
+      const __nv_bfloat16 lo = __float2bfloat16_rn(pr - __bfloat162float(h));
+      const int tok = gid + 8 * r, qh = 2 * tig + e;
+      px[(0 * 8 + qh) * kPStride + tok] = h;
+      px[(1 * 8 + qh) * kPStride + tok] = lo;
+    }
+    __syncwarp();
+    const uint32_t bh0 = *reinterpret_cast<const uint32_t*>(px + (0 * 8 + gid) * kPStride + 2 * tig);
+    const uint32_t bh1 = *reinterpret_cast<const uint32_t*>(px + (0 * 8 + gid) * kPStride + 2 * tig + 8);
+    const uint32_t bl0 = *reinterpret_cast<const uint32_t*>(px + (1 * 8 + gid) * kPStride + 2 * tig);
+    const uint32_t bl1 = *reinterpret_cast<const uint32_t*>(px + (1 * 8 + gid) * kPStride + 2 * tig + 8);
+    {
+      const int mat = lane >> 3, rr = lane & 7;
+      const int t = t0 + rr + 8 * (mat >> 1);
+      #pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int chunk = 2 * i + (mat & 1);
+        uint32_t a[4];
+        LdMatrixX4Trans(a, vs + t * 256 + ((chunk ^ (t & 7)) * 16));
+        MmaBf16(st.o[i], a[0], a[1], a[2], a[3], bh0, bh1);
+        MmaBf16(st.o[i], a[0], a[1], a[2], a[3], bl0, bl1);
+      }
+    }
+    __syncwarp();
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
+  FinishItem(p, item, st, smem,
+             [&](int i, int r) { return 16 * i + gid + 8 * r; });
+}
+
+template <int G>
+__global__ void __launch_bounds__(kThreads, 3) DecodeKernel(const DecodeParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int item = blockIdx.x;
+  const DecodeWorkItem it = p.items[item];
+  SliceTable tab{reinterpret_cast<const uint8_t**>(smem + kStageArea + kWarps * kWarpXchg),
+                 reinterpret_cast<int32_t*>(smem + kStageArea + kWarps * kWarpXchg +
+                                            kMaxItemSlices * 8)};
+  LoadSliceTable(p, it, tab);
+  __syncthreads();
+  if (it.kind == static_cast<int>(PageKind::kInt2)) {
+    Int2Item<G>(p, item, it, smem, tab);
+  } else {
+    Bf16Item(p, item, it, smem, tab);
+  }
+}
+
+// q' = (q · R_K[h]) · softmax_scale · log2(e), one block per (sequence, query head).
+__global__ void RotateQueryKernel(const DecodeParams p, float scale) {
+  __shared__ float qs[128];
+  const int sq = blockIdx.x;  // seq * Hq + qh
+  const int qh = sq % p.shape.num_q_heads, h = qh / p.shape.gqa();
+  const int j = threadIdx.x;
+  qs[j] = p.q[size_t(sq) * 128 + j];
+  __syncthreads();
+  float acc;
+  if (p.rot_k != nullptr) {
+    const float* r = p.rot_k + size_t(h) * 128 * 128;
+    acc = 0.f;
+    for (int i = 0; i < 128; ++i) acc = fmaf(qs[i], r[i * 128 + j], acc);
+  } else {
+    acc = qs[j];
+  }
+  reinterpret_cast<float*>(p.workspace)[size_t(sq) * 128 + j] = acc * scale * kLog2e;
+}
+
+// Merges the partials of every item of (sequence, KV head) for one query head; optionally
+// multiplies by R_Vᵀ.
+__global__ void MergeKernel(const DecodeParams p) {
+  __shared__ float os[128];
+  const int sq = blockIdx.x;
+  const int seq = sq / p.shape.num_q_heads, qh = sq % p.shape.num_q_heads;
+  const int gqa = p.shape.gqa(), h = qh / gqa, j = qh % gqa;
+  const int t = threadIdx.x;
+  const size_t qrot_bytes =
+      (sizeof(float) * size_t(p.table.num_seqs) * p.shape.num_q_heads * 128 + 255) / 256 * 256;
+  const float* part_o = reinterpret_cast<const float*>(static_cast<const uint8_t*>(p.workspace) + qrot_bytes);
+  const size_t po_bytes = (sizeof(float) * size_t(p.num_items) * gqa * 128 + 255) / 256 * 256;
+  const float* part_ml =
+      reinterpret_cast<const float*>(static_cast<const uint8_t*>(p.workspace) + qrot_bytes + po_bytes);
+  const int i0 = p.item_indptr[seq * p.shape.num_kv_heads + h];
+  const int i1 = p.item_indptr[seq * p.shape.num_kv_heads + h + 1];
+  float mx = -INFINITY;
+  for (int i = i0; i < i1; ++i) mx = fmaxf(mx, part_ml[(size_t(i) * gqa + j) * 2]);
+  float L = 0.f, O = 0.f;
+  if (mx != -INFINITY) {
+    for (int i = i0; i < i1; ++i) {
+      const float m = part_ml[(size_t(i) * gqa + j) * 2];
+      const float l = part_ml[(size_t(i) * gqa + j) * 2 + 1];
+      if (l <= 0.f) continue;
+      const float f = exp2f(m - mx) * l;
+      L += f;
+      O += f * part_o[(size_t(i) * gqa + j) * 128 + t];
+    }
+  }
+  const float o = L > 0.f ? O / L : 0.f;
+  if (t == 0 && p.lse != nullptr) p.lse[sq] = L > 0.f ? (mx + log2f(L)) * kLn2 : -INFINITY;
+  if (!p.unrotate_output || p.rot_v == nullptr) {
+    p.out[size_t(sq) * 128 + t] = o;
+    return;
+  }
+  os[t] = o;
+  __syncthreads();
+  // out[i] = Σ_k o[k] · R_V[i][k]: warp w computes outputs i = w, w+4, ...
+  const float* r = p.rot_v + size_t(h) * 128 * 128;
+  const int warp = t >> 5, lane = t & 31;
+  const float4 ov = *reinterpret_cast<const float4*>(os + 4 * lane);
+  for (int i = warp; i < 128; i += 4) {
+    const float4 rv = *reinterpret_cast<const float4*>(r + size_t(i) * 128 + 4 * lane);
+    float s = ov.x * rv.x + ov.y * rv.y + ov.z * rv.z + ov.w * rv.w;
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+    if (lane == 0) p.out[size_t(sq) * 128 + i] = s;
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
+  if (absl::Status s = ValidateDecodeShape(p.shape); !s.ok()) return s;
+  if (p.table.num_seqs <= 0) return absl::OkStatus();
+  if (p.items == nullptr && p.num_items > 0) return absl::InvalidArgumentError("no work items");
+  if (p.q == nullptr || p.out == nullptr || p.workspace == nullptr || p.item_indptr == nullptr) {
+    return absl::InvalidArgumentError("decode attention: q, out, workspace and plan are required");
+  }
+  if (p.unrotate_output && p.rot_v == nullptr) {
+    return absl::InvalidArgumentError("unrotate_output needs rot_v");
+  }
+  const float scale = p.softmax_scale > 0 ? p.softmax_scale : 1.0f / sqrtf(128.0f);
+  const int sq = p.table.num_seqs * static_cast<int>(p.shape.num_q_heads);
+  RotateQueryKernel<<<sq, 128, 0, stream>>>(p, scale);
+  if (p.num_items > 0) {
+    if (p.shape.group_size == 128) {
+      static bool configured = false;
+      if (!configured) {
+        cudaFuncSetAttribute(DecodeKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+        configured = true;
+      }
+      DecodeKernel<128><<<p.num_items, kThreads, kSmemBytes, stream>>>(p);
+    } else {
+      static bool configured = false;
+      if (!configured) {
+        cudaFuncSetAttribute(DecodeKernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+        configured = true;
+      }
+      DecodeKernel<64><<<p.num_items, kThreads, kSmemBytes, stream>>>(p);
+    }
+  }
+  MergeKernel<<<sq, 128, 0, stream>>>(p);
+  return CudaStatus(cudaGetLastError(), "decode attention launch");
+}
+
+int DecodeKernelOccupancy(int group_size) {
+  int blocks = 0;
+  if (group_size == 128) {
+    cudaFuncSetAttribute(DecodeKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeKernel<128>, kThreads, kSmemBytes);
+  } else {
+    cudaFuncSetAttribute(DecodeKernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeKernel<64>, kThreads, kSmemBytes);
+  }
+  return blocks;
+}
+
+}  // namespace oscarkv::cuda

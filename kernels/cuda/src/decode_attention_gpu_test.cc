@@ -1,0 +1,248 @@
+// GPU tests of the paged decode kernel against ReferencePagedDecode (CPU, exact softmax), on
+// fresh random inputs: batch sizes, lengths that are not page multiples, empty sequences, empty
+// history (all BF16), history only (all INT2), GQA 1/4/8, groups 128/64, page sizes 64/128,
+// output unrotation. The output is poisoned (NaN) before every launch.
+//
+// Tolerances (why): the INT2 score product uses fp16 query parts (hi+lo ≈ fp32) and fp16
+// weights W = p·scale (2^-11 relative per weight); the BF16 path splits q and p into bf16
+// hi+lo. Against the double-precision reference that leaves ~1e-4 relative error; we require
+// |out - ref| <= 2e-3 * (1 + |ref|) and |lse - ref| <= 2e-3.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "oscarkv/cuda/decode_runner.h"
+#include "oscarkv/cuda/reference.h"
+#include "oscarkv/kernels/page_set.h"
+
+namespace oscarkv::cuda {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped"
+
+struct Case {
+  std::vector<uint32_t> lengths;
+  uint32_t kv_heads = 2, gqa = 4, group = 128, page_tokens = 64;
+  uint32_t sink = 64, recent = 256;
+  bool unrotate = false;
+  enum Mode { kPlanned, kAllInt2, kAllBf16 } mode = kPlanned;
+  bool precise = true;
+  uint32_t seed = 1;
+  std::string Name() const {
+    std::string s = "B" + std::to_string(lengths.size()) + " gqa" + std::to_string(gqa) + " G" +
+                    std::to_string(group) + " T" + std::to_string(page_tokens);
+    for (uint32_t l : lengths) s += " " + std::to_string(l);
+    return s;
+  }
+};
+
+void RunCase(const Case& c) {
+  SCOPED_TRACE(c.Name());
+  CodecProfile prof;
+  prof.model_id = "test";
+  prof.model_revision = "1";
+  prof.num_layers = 2;
+  prof.num_kv_heads = c.kv_heads;
+  prof.head_dim = 128;
+  prof.page_tokens = c.page_tokens;
+  prof.group_size = c.group;
+  prof.sink_tokens = c.sink;
+  prof.recent_tokens = c.recent;
+  ASSERT_TRUE(prof.Validate().ok());
+  const uint32_t layer = 1, d = 128, H = c.kv_heads, Hq = H * c.gqa;
+  RotationSet rot = RotationSet::Hadamard(prof.num_layers, H, d, 0.95f, 0.92f);
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> nd;
+
+  // Pages of every sequence.
+  std::vector<std::vector<uint8_t>> pages;
+  std::vector<uint8_t> kinds;
+  std::vector<uint16_t> counts;
+  HostPagedKV host;
+  host.seq_page_indptr.push_back(0);
+  for (uint32_t n : c.lengths) {
+    std::vector<float> kvdata(size_t{prof.num_layers} * 2 * n * H * d);
+    for (auto& v : kvdata) v = nd(rng) * 0.8f + 0.1f;
+    KVSequenceView view{kvdata.data(), prof.num_layers, H, d, n};
+    std::vector<PlannedPage> plan = PlanSequencePages(prof, n);
+    if (c.mode != Case::kPlanned) {
+      plan.clear();
+      for (uint32_t t = 0; t < n; t += c.page_tokens) {
+        plan.push_back({c.mode == Case::kAllInt2 ? PageKind::kInt2 : PageKind::kBf16, t,
+                        std::min(c.page_tokens, n - t)});
+      }
+    }
+    for (const PlannedPage& pp : plan) {
+      auto page = EncodePage(prof, &rot, pp.kind, view, pp.first_token, pp.token_count);
+      ASSERT_TRUE(page.ok()) << page.status();
+      host.seq_page_ids.push_back(static_cast<int32_t>(pages.size()));
+      pages.push_back(*std::move(page));
+      kinds.push_back(static_cast<uint8_t>(pp.kind));
+      counts.push_back(static_cast<uint16_t>(pp.token_count));
+    }
+    host.seq_page_indptr.push_back(static_cast<int32_t>(host.seq_page_ids.size()));
+  }
+  for (const auto& pg : pages) host.pages.emplace_back(pg);
+  const size_t B = c.lengths.size();
+  std::vector<float> q(B * Hq * d);
+  for (auto& v : q) v = nd(rng) * 2.0f;
+
+  auto ref = ReferencePagedDecode(prof, rot, host, layer, q, Hq, c.unrotate);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+
+  // Device copies.
+  std::vector<DeviceBuffer> dpages;
+  std::vector<const uint8_t*> ptrs;
+  for (const auto& pg : pages) {
+    auto b = DeviceBuffer::FromHost(pg);
+    ASSERT_TRUE(b.ok());
+    ptrs.push_back(b->as<uint8_t>());
+    dpages.push_back(*std::move(b));
+  }
+  auto d_ptrs = DeviceBuffer::FromHost(ptrs);
+  auto d_kinds = DeviceBuffer::FromHost(kinds);
+  auto d_counts = DeviceBuffer::FromHost(counts);
+  auto d_indptr = DeviceBuffer::FromHost(host.seq_page_indptr);
+  auto d_ids = DeviceBuffer::FromHost(host.seq_page_ids);
+  auto d_q = DeviceBuffer::FromHost(q);
+  std::vector<float> rk(rot.matrix(layer, KV::kKey, 0), rot.matrix(layer, KV::kKey, 0) + H * d * d);
+  std::vector<float> rv(rot.matrix(layer, KV::kValue, 0), rot.matrix(layer, KV::kValue, 0) + H * d * d);
+  auto d_rk = DeviceBuffer::FromHost(rk);
+  auto d_rv = DeviceBuffer::FromHost(rv);
+  auto d_out = DeviceBuffer::Create(B * Hq * d * 4);
+  auto d_lse = DeviceBuffer::Create(B * Hq * 4);
+  for (auto* b : {&d_ptrs, &d_kinds, &d_counts, &d_indptr, &d_ids, &d_q, &d_rk, &d_rv, &d_out, &d_lse}) {
+    ASSERT_TRUE(b->ok()) << b->status();
+  }
+  DecodeShape shape{prof.num_layers, H, Hq, d, c.group, c.page_tokens, layer};
+  int sms = 0;
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+  // A small CTA target forces multi-slice items (pipelining) and a large one many splits.
+  for (int target : {0, 7}) {
+    SCOPED_TRACE("target_ctas " + std::to_string(target));
+    auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target);
+    ASSERT_TRUE(dec.ok()) << dec.status();
+    DecodeParams p = dec->Params();
+    p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
+    p.table.page_kinds = d_kinds->as<uint8_t>();
+    p.table.page_token_counts = d_counts->as<uint16_t>();
+    p.table.seq_page_indptr = d_indptr->as<int32_t>();
+    p.table.seq_page_ids = d_ids->as<int32_t>();
+    p.q = d_q->as<float>();
+    p.rot_k = d_rk->as<float>();
+    p.rot_v = d_rv->as<float>();
+    p.unrotate_output = c.unrotate;
+    p.precise_query = c.precise;
+    p.out = d_out->as<float>();
+    p.lse = d_lse->as<float>();
+    ASSERT_EQ(cudaMemset(p.out, 0xff, B * Hq * d * 4), cudaSuccess);  // NaN poison
+    ASSERT_EQ(cudaMemset(p.lse, 0xff, B * Hq * 4), cudaSuccess);
+    ASSERT_TRUE(LaunchDecodeAttention(p, nullptr).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto out = d_out->ToHost<float>();
+    auto lse = d_lse->ToHost<float>();
+    ASSERT_TRUE(out.ok() && lse.ok());
+    const float tol = c.precise ? 2e-3f : 1e-2f;
+    int bad = 0;
+    double max_err = 0;
+    for (size_t i = 0; i < out->size(); ++i) {
+      const float r = ref->out[i], g = (*out)[i];
+      const double err = std::fabs(double(g) - r);
+      if (!(err <= tol * (1 + std::fabs(r)))) {
+        if (++bad < 5) ADD_FAILURE() << "out[" << i << "] gpu " << g << " ref " << r;
+      }
+      if (std::isfinite(err)) max_err = std::max(max_err, err);
+    }
+    for (size_t i = 0; i < lse->size(); ++i) {
+      const float r = ref->lse[i], g = (*lse)[i];
+      if (std::isinf(r)) {
+        EXPECT_TRUE(std::isinf(g) && g < 0) << "lse[" << i << "] " << g;
+      } else if (!(std::fabs(g - r) <= tol)) {
+        if (++bad < 10) ADD_FAILURE() << "lse[" << i << "] gpu " << g << " ref " << r;
+      }
+    }
+    EXPECT_EQ(bad, 0) << "max abs out error " << max_err;
+    ::testing::Test::RecordProperty("max_abs_err", std::to_string(max_err));
+  }
+}
+
+TEST(DecodeAttentionGpu, MixedPagesGqa4) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.lengths = {1000, 63, 400, 2049};
+  RunCase(c);
+}
+
+TEST(DecodeAttentionGpu, GqaRatios) {
+  SKIP_WITHOUT_GPU();
+  for (uint32_t gqa : {1u, 4u, 8u}) {
+    Case c;
+    c.gqa = gqa;
+    c.lengths = {777, 1500};
+    c.seed = 10 + gqa;
+    RunCase(c);
+  }
+}
+
+TEST(DecodeAttentionGpu, Group64AndPage128) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.group = 64;
+  c.lengths = {1300, 65};
+  RunCase(c);
+  Case c2;
+  c2.page_tokens = 128;
+  c2.lengths = {1111, 130, 5};
+  c2.seed = 3;
+  RunCase(c2);
+  Case c3 = c2;
+  c3.group = 64;
+  c3.seed = 4;
+  RunCase(c3);
+}
+
+TEST(DecodeAttentionGpu, EmptyHistoryAndHistoryOnly) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.lengths = {1, 64, 65, 300};  // no INT2 page at all (sink + recent cover everything)
+  c.mode = Case::kAllBf16;
+  RunCase(c);
+  Case h;
+  h.lengths = {64, 1000, 129};
+  h.mode = Case::kAllInt2;
+  h.seed = 5;
+  RunCase(h);
+}
+
+TEST(DecodeAttentionGpu, EmptySequenceGivesZeroAndMinusInfLse) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.lengths = {0, 500, 0};
+  RunCase(c);
+}
+
+TEST(DecodeAttentionGpu, UnrotatedOutputAndBatch) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.unrotate = true;
+  c.gqa = 8;
+  c.lengths = {};
+  std::mt19937 rng(9);
+  for (int i = 0; i < 9; ++i) c.lengths.push_back(1 + rng() % 1500);
+  RunCase(c);
+}
+
+TEST(DecodeAttentionGpu, SingleFp16QueryWithinLooserTolerance) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.precise = false;
+  c.lengths = {3000};
+  RunCase(c);
+}
+
+}  // namespace
+}  // namespace oscarkv::cuda

@@ -1,0 +1,118 @@
+// Host-side split-KV planning for the paged decode kernel.
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "oscarkv/cuda/decode_attention.h"
+
+namespace oscarkv::cuda {
+
+absl::Status ValidateDecodeShape(const DecodeShape& s) {
+  if (s.head_dim != 128) {
+    return absl::InvalidArgumentError(absl::StrCat("decode kernel needs head_dim 128, got ", s.head_dim));
+  }
+  if (s.group_size != 128 && s.group_size != 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode kernel needs group 128 or 64, got ", s.group_size));
+  }
+  if (s.page_tokens < kSliceTokens || s.page_tokens > 256 || s.page_tokens % kSliceTokens != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode kernel needs page_tokens 64, 128 or 256, got ", s.page_tokens));
+  }
+  if (s.num_kv_heads == 0 || s.num_q_heads == 0 || s.num_q_heads % s.num_kv_heads != 0 ||
+      s.num_q_heads / s.num_kv_heads > 8) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported heads: ", s.num_q_heads,
+                                                   " query heads over ", s.num_kv_heads,
+                                                   " KV heads (GQA ratio 1..8)"));
+  }
+  if (s.layer >= s.num_layers) return absl::InvalidArgumentError("layer out of range");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
+                                      const std::vector<int32_t>& indptr,
+                                      const std::vector<int32_t>& ids,
+                                      const std::vector<uint8_t>& kinds, int num_sms,
+                                      int target_ctas) {
+  if (absl::Status st = ValidateDecodeShape(shape); !st.ok()) return st;
+  if (indptr.empty() || indptr[0] != 0) {
+    return absl::InvalidArgumentError("seq_page_indptr must start at 0");
+  }
+  const size_t num_seqs = indptr.size() - 1;
+  for (size_t b = 0; b < num_seqs; ++b) {
+    if (indptr[b + 1] < indptr[b]) return absl::InvalidArgumentError("seq_page_indptr decreases");
+  }
+  if (static_cast<size_t>(indptr.back()) != ids.size()) {
+    return absl::InvalidArgumentError("seq_page_indptr does not end at the number of page ids");
+  }
+  for (int32_t id : ids) {
+    if (id < 0 || static_cast<size_t>(id) >= kinds.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("page id ", id, " out of range"));
+    }
+    const uint8_t k = kinds[id];
+    if (k != static_cast<uint8_t>(PageKind::kInt2) && k != static_cast<uint8_t>(PageKind::kBf16)) {
+      return absl::InvalidArgumentError(absl::StrCat("page ", id, " has unknown kind ", int{k}));
+    }
+  }
+  const uint32_t spp = shape.slices_per_page();
+  const uint32_t H = shape.num_kv_heads;
+  // Cost model: an INT2 slice reads ~7x fewer bytes than a BF16 slice.
+  constexpr int64_t kInt2Cost = 1, kBf16Cost = 7;
+  int64_t total_cost = 0;
+  for (int32_t id : ids) {
+    total_cost += (kinds[id] == static_cast<uint8_t>(PageKind::kInt2) ? kInt2Cost : kBf16Cost) * spp;
+  }
+  total_cost *= H;
+  if (target_ctas <= 0) target_ctas = std::max(1, num_sms) * 3 * 2;  // ~2 waves of 3 CTAs/SM
+  // Work per item, in cost units; INT2 items are rounded to whole 4-slice units.
+  int64_t budget = std::max<int64_t>(4, (total_cost + target_ctas - 1) / target_ctas);
+  budget = (budget + 3) / 4 * 4;
+
+  DecodePlan plan;
+  plan.item_indptr.reserve(num_seqs * H + 1);
+  plan.item_indptr.push_back(0);
+  const PageGeometry g2 = shape.geometry(PageKind::kInt2);
+  const size_t int2_slice_bytes = 2 * (kSliceTokens * g2.code_row_bytes() +
+                                       size_t{kSliceTokens} * g2.groups_per_row() * 4);
+  const size_t bf16_slice_bytes = 2 * size_t{kSliceTokens} * shape.head_dim * 2;
+  for (size_t b = 0; b < num_seqs; ++b) {
+    const int32_t p0 = indptr[b], p1 = indptr[b + 1];
+    for (uint32_t h = 0; h < H; ++h) {
+      int32_t s = 0;
+      const int32_t total_slices = (p1 - p0) * static_cast<int32_t>(spp);
+      while (s < total_slices) {
+        const uint8_t kind = kinds[ids[p0 + s / static_cast<int32_t>(spp)]];
+        const int64_t unit_cost = kind == static_cast<uint8_t>(PageKind::kInt2) ? kInt2Cost : kBf16Cost;
+        const int32_t max_slices = static_cast<int32_t>(
+            std::clamp<int64_t>(budget / unit_cost, 1, kMaxItemSlices));
+        int32_t e = s;
+        while (e < total_slices && e - s < max_slices &&
+               kinds[ids[p0 + e / static_cast<int32_t>(spp)]] == kind) {
+          ++e;
+        }
+        plan.items.push_back({static_cast<int32_t>(b), static_cast<int32_t>(h),
+                              static_cast<int32_t>(kind), s, e - s});
+        if (kind == static_cast<uint8_t>(PageKind::kInt2)) {
+          plan.int2_slices += e - s;
+          plan.page_bytes_read += size_t(e - s) * int2_slice_bytes;
+        } else {
+          plan.bf16_slices += e - s;
+          plan.page_bytes_read += size_t(e - s) * bf16_slice_bytes;
+        }
+        s = e;
+      }
+      plan.item_indptr.push_back(static_cast<int32_t>(plan.items.size()));
+    }
+  }
+  return plan;
+}
+
+size_t DecodeWorkspaceBytes(const DecodeShape& shape, int32_t num_seqs, int32_t num_items) {
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t qrot = align(sizeof(float) * size_t(num_seqs) * shape.num_q_heads * shape.head_dim);
+  const size_t po = align(sizeof(float) * size_t(num_items) * shape.gqa() * shape.head_dim);
+  const size_t pml = align(sizeof(float) * 2 * size_t(num_items) * shape.gqa());
+  return qrot + po + pml;
+}
+
+}  // namespace oscarkv::cuda

@@ -1,0 +1,326 @@
+// GPU tests of quantize-on-write against ReferenceQuantizeWrite (CPU, built from the codec's
+// ClipRowAtQuantile / QuantizeRowInt2 / RotateRow):
+//   * unrotated rows (the flush, R_V absorbed): page bytes identical, bit for bit, for INT2 and
+//     BF16 destinations, groups 128 and 64, clip ratios < 1 and = 1;
+//   * rotated rows: the tensor-core rotation differs from RotateRow's summation order (~1e-6
+//     relative), so BF16 rows may differ by one bf16 ulp and an INT2 code may move by one step
+//     where a value sits on a rounding boundary; we require <= 0.5% of INT2 codes and bf16
+//     elements to differ, every dequantized INT2 element within one quantization step of the
+//     reference, and fp16 parameters within 4 ulps;
+//   * the flush of a BF16 page into an INT2 page, reading the page's own segments.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "oscarkv/cuda/device_buffer.h"
+#include "oscarkv/cuda/reference.h"
+#include "oscarkv/kernels/numeric.h"
+#include "oscarkv/kernels/quantize.h"
+
+namespace oscarkv::cuda {
+namespace {
+
+#define SKIP_WITHOUT_GPU() \
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped"
+
+struct WriteCase {
+  uint32_t group = 128, kv_heads = 2, layers = 3, first_layer = 1, layer_count = 2;
+  uint32_t page_tokens = 64;
+  int32_t tokens = 200;
+  bool rotate = false;
+  std::vector<float> clip_values = {0.9f, 1.0f, 0.96f};
+  uint32_t seed = 1;
+};
+
+struct Pages {
+  std::vector<std::vector<uint8_t>> host;  // reference output
+  std::vector<uint8_t> kinds;
+};
+
+void RunWrite(const WriteCase& c) {
+  SCOPED_TRACE("G" + std::to_string(c.group) + (c.rotate ? " rotated" : " unrotated") +
+               " tokens " + std::to_string(c.tokens));
+  const uint32_t d = 128, H = c.kv_heads;
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> nd;
+  // Source rows [layer_count][tokens][H][d] bf16, K and V.
+  const size_t n_src = size_t{c.layer_count} * c.tokens * H * d;
+  std::vector<uint16_t> ksrc(n_src), vsrc(n_src);
+  for (size_t i = 0; i < n_src; ++i) {
+    ksrc[i] = FloatToBf16(nd(rng) * 3.0f + (i % 7 == 0 ? 5.0f : 0.0f));
+    vsrc[i] = FloatToBf16(nd(rng));
+  }
+  // Destinations: pages alternate INT2/BF16; tokens go to shuffled (page, slot) pairs.
+  const uint32_t n_pages = (c.tokens + c.page_tokens - 1) / c.page_tokens + 1;
+  std::vector<uint8_t> kinds(n_pages);
+  std::vector<size_t> sizes(n_pages);
+  for (uint32_t i = 0; i < n_pages; ++i) {
+    kinds[i] = static_cast<uint8_t>(i % 3 == 1 ? PageKind::kBf16 : PageKind::kInt2);
+    const PageGeometry g{c.layers, H, d, c.group, c.page_tokens, static_cast<PageKind>(kinds[i])};
+    sizes[i] = g.page_bytes();
+  }
+  std::vector<int32_t> slots_all;
+  for (uint32_t i = 0; i < n_pages * c.page_tokens; ++i) slots_all.push_back(static_cast<int32_t>(i));
+  std::shuffle(slots_all.begin(), slots_all.end(), rng);
+  std::vector<int32_t> dst_page(c.tokens), dst_slot(c.tokens);
+  for (int32_t t = 0; t < c.tokens; ++t) {
+    dst_page[t] = slots_all[t] / static_cast<int32_t>(c.page_tokens);
+    dst_slot[t] = slots_all[t] % static_cast<int32_t>(c.page_tokens);
+  }
+  std::vector<float> clips(size_t{c.layer_count} * 2 * H);
+  for (size_t i = 0; i < clips.size(); ++i) clips[i] = c.clip_values[i % c.clip_values.size()];
+  RotationSet rot = RotationSet::Hadamard(c.layers, H, d);
+  {
+    // A non-Hadamard rotation for the rotated case: compose with a random orthogonal-ish U
+    // (ComposeOscarRotation of a random permutation matrix keeps it orthogonal).
+    std::vector<float> mats(rot.matrices());
+    for (uint32_t m = 0; m < c.layers * 2 * H; ++m) {
+      std::vector<uint32_t> perm(d);
+      for (uint32_t i = 0; i < d; ++i) perm[i] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      std::vector<float> u(size_t{d} * d, 0.f);
+      for (uint32_t i = 0; i < d; ++i) u[size_t{i} * d + perm[i]] = (rng() & 1) ? 1.f : -1.f;
+      std::vector<float> r = ComposeOscarRotation(u, d);
+      std::copy(r.begin(), r.end(), mats.begin() + size_t{m} * d * d);
+    }
+    auto rs = RotationSet::FromData(c.layers, H, d, mats, rot.clips());
+    ASSERT_TRUE(rs.ok());
+    rot = *std::move(rs);
+  }
+
+  // CPU reference.
+  std::vector<std::vector<uint8_t>> ref(n_pages);
+  std::vector<uint8_t*> ref_ptrs(n_pages);
+  for (uint32_t i = 0; i < n_pages; ++i) {
+    ref[i].assign(sizes[i], 0);
+    ref_ptrs[i] = ref[i].data();
+  }
+  QuantizeWriteParams hp;
+  hp.num_layers = c.layers;
+  hp.num_kv_heads = H;
+  hp.group_size = c.group;
+  hp.page_tokens = c.page_tokens;
+  hp.first_layer = c.first_layer;
+  hp.layer_count = c.layer_count;
+  hp.src_layer_stride = int64_t{c.tokens} * H * d;
+  hp.src_token_stride = H * d;
+  hp.src_head_stride = d;
+  hp.num_tokens = c.tokens;
+  QuantizeWriteParams rp = hp;
+  rp.k_src = ksrc.data();
+  rp.v_src = vsrc.data();
+  rp.page_ptrs = ref_ptrs.data();
+  rp.page_kinds = kinds.data();
+  rp.dst_page = dst_page.data();
+  rp.dst_slot = dst_slot.data();
+  rp.clips = clips.data();
+  ASSERT_TRUE(ReferenceQuantizeWrite(rp, c.rotate ? &rot : nullptr).ok());
+
+  // GPU.
+  std::vector<DeviceBuffer> dpages;
+  std::vector<uint8_t*> ptrs;
+  for (uint32_t i = 0; i < n_pages; ++i) {
+    auto b = DeviceBuffer::Create(sizes[i]);
+    ASSERT_TRUE(b.ok());
+    ASSERT_EQ(cudaMemset(b->get(), 0, sizes[i]), cudaSuccess);
+    ptrs.push_back(b->as<uint8_t>());
+    dpages.push_back(*std::move(b));
+  }
+  auto d_ptrs = DeviceBuffer::FromHost(ptrs);
+  auto d_kinds = DeviceBuffer::FromHost(kinds);
+  auto d_page = DeviceBuffer::FromHost(dst_page);
+  auto d_slot = DeviceBuffer::FromHost(dst_slot);
+  auto d_k = DeviceBuffer::FromHost(ksrc);
+  auto d_v = DeviceBuffer::FromHost(vsrc);
+  auto d_clips = DeviceBuffer::FromHost(clips);
+  // Rotations of the written layers, [layer_count][2][H][d][d].
+  std::vector<float> mats(rot.matrix(c.first_layer, KV::kKey, 0),
+                          rot.matrix(c.first_layer, KV::kKey, 0) + size_t{c.layer_count} * 2 * H * d * d);
+  auto d_mats = DeviceBuffer::FromHost(mats);
+  auto d_frag = DeviceBuffer::Create(size_t{c.layer_count} * 2 * H * kRotationFragmentBytes);
+  for (auto* b : {&d_ptrs, &d_kinds, &d_page, &d_slot, &d_k, &d_v, &d_clips, &d_mats, &d_frag}) {
+    ASSERT_TRUE(b->ok()) << b->status();
+  }
+  QuantizeWriteParams gp = hp;
+  gp.k_src = d_k->as<uint16_t>();
+  gp.v_src = d_v->as<uint16_t>();
+  gp.page_ptrs = d_ptrs->as<uint8_t*>();
+  gp.page_kinds = d_kinds->as<uint8_t>();
+  gp.dst_page = d_page->as<int32_t>();
+  gp.dst_slot = d_slot->as<int32_t>();
+  gp.clips = d_clips->as<float>();
+  if (c.rotate) {
+    ASSERT_TRUE(PrepareRotationFragments(d_mats->as<float>(), c.layer_count * 2 * H, d_frag->get(), nullptr).ok());
+    gp.rot_fragments = d_frag->get();
+  }
+  ASSERT_TRUE(LaunchQuantizeWrite(gp, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  size_t code_diff = 0, codes = 0, bf_diff = 0, bfs = 0;
+  for (uint32_t i = 0; i < n_pages; ++i) {
+    auto got = dpages[i].ToHost<uint8_t>();
+    ASSERT_TRUE(got.ok());
+    if (!c.rotate) {
+      ASSERT_EQ(*got, ref[i]) << "page " << i << " kind " << int{kinds[i]} << " differs";
+      continue;
+    }
+    const PageKind kind = static_cast<PageKind>(kinds[i]);
+    const PageGeometry g{c.layers, H, d, c.group, c.page_tokens, kind};
+    for (uint32_t l = c.first_layer; l < c.first_layer + c.layer_count; ++l) {
+      for (uint32_t kv = 0; kv < 2; ++kv) {
+        for (uint32_t h = 0; h < H; ++h) {
+          const size_t seg = g.segment_offset(l, kv, h);
+          for (uint32_t t = 0; t < c.page_tokens; ++t) {
+            if (kind == PageKind::kBf16) {
+              for (uint32_t e = 0; e < d; ++e) {
+                uint16_t a, b;
+                std::memcpy(&a, got->data() + seg + g.bf16_row_offset(t) + 2 * e, 2);
+                std::memcpy(&b, ref[i].data() + seg + g.bf16_row_offset(t) + 2 * e, 2);
+                ++bfs;
+                if (a != b) {
+                  ++bf_diff;
+                  EXPECT_NEAR(Bf16ToFloat(a), Bf16ToFloat(b), 0.01 * std::fabs(Bf16ToFloat(b)) + 1e-6);
+                }
+              }
+              continue;
+            }
+            float xa[128], xb[128];
+            uint16_t sa[4], sb[4];
+            std::memcpy(sa, got->data() + seg + g.scale_offset(t, 0), g.groups_per_row() * 4);
+            std::memcpy(sb, ref[i].data() + seg + g.scale_offset(t, 0), g.groups_per_row() * 4);
+            DequantizeRowInt2(got->data() + seg + g.code_row_offset(t), sa, d, c.group, xa);
+            DequantizeRowInt2(ref[i].data() + seg + g.code_row_offset(t), sb, d, c.group, xb);
+            for (uint32_t gi = 0; gi < g.groups_per_row(); ++gi) {
+              for (int k = 0; k < 2; ++k) {
+                EXPECT_NEAR(HalfToFloat(sa[2 * gi + k]), HalfToFloat(sb[2 * gi + k]),
+                            4 * 0.001 * std::fabs(HalfToFloat(sb[2 * gi + k])) + 1e-6);
+              }
+            }
+            for (uint32_t e = 0; e < d; ++e) {
+              ++codes;
+              const float step = HalfToFloat(sb[2 * (e / c.group)]);
+              const int ca = (got->data()[seg + g.code_row_offset(t) + e / 4] >> (2 * (e % 4))) & 3;
+              const int cb = (ref[i].data()[seg + g.code_row_offset(t) + e / 4] >> (2 * (e % 4))) & 3;
+              if (ca != cb) ++code_diff;
+              EXPECT_LE(std::fabs(xa[e] - xb[e]), 1.01f * step + 1e-3f);
+            }
+          }
+        }
+      }
+    }
+  }
+  if (c.rotate) {
+    EXPECT_LE(code_diff, codes / 200) << code_diff << " of " << codes << " codes differ";
+    EXPECT_LE(bf_diff, bfs / 200) << bf_diff << " of " << bfs << " bf16 elements differ";
+  }
+}
+
+TEST(QuantizeWriteGpu, UnrotatedBitExactGroup128) {
+  SKIP_WITHOUT_GPU();
+  WriteCase c;
+  RunWrite(c);
+}
+
+TEST(QuantizeWriteGpu, UnrotatedBitExactGroup64OddTokens) {
+  SKIP_WITHOUT_GPU();
+  WriteCase c;
+  c.group = 64;
+  c.tokens = 131;
+  c.page_tokens = 128;
+  c.seed = 2;
+  RunWrite(c);
+}
+
+TEST(QuantizeWriteGpu, RotatedWithinOneStep) {
+  SKIP_WITHOUT_GPU();
+  for (uint32_t g : {128u, 64u}) {
+    WriteCase c;
+    c.group = g;
+    c.rotate = true;
+    c.tokens = 333;
+    c.seed = 3 + g;
+    RunWrite(c);
+  }
+}
+
+// The flush: tail rows already in a BF16 page (all layers) move into an INT2 page.
+TEST(QuantizeWriteGpu, FlushBf16PageIntoInt2Page) {
+  SKIP_WITHOUT_GPU();
+  const uint32_t L = 3, H = 2, d = 128, T = 64;
+  CodecProfile prof;
+  prof.model_id = "t";
+  prof.num_layers = L;
+  prof.num_kv_heads = H;
+  prof.page_tokens = T;
+  const PageGeometry gb = GeometryFor(prof, PageKind::kBf16);
+  const PageGeometry g2 = GeometryFor(prof, PageKind::kInt2);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  std::vector<float> kvdata(size_t{L} * 2 * T * H * d);
+  for (auto& v : kvdata) v = nd(rng);
+  KVSequenceView view{kvdata.data(), L, H, d, T};
+  RotationSet rot = RotationSet::Hadamard(L, H, d, 0.96f, 0.92f);
+  auto bf = EncodePage(prof, &rot, PageKind::kBf16, view, 0, 50);
+  ASSERT_TRUE(bf.ok());
+  std::vector<float> clips;
+  for (uint32_t l = 0; l < L; ++l)
+    for (uint32_t kv = 0; kv < 2; ++kv)
+      for (uint32_t h = 0; h < H; ++h) clips.push_back(rot.clip(l, static_cast<KV>(kv), h));
+  QuantizeWriteParams p;
+  p.num_layers = L;
+  p.num_kv_heads = H;
+  p.page_tokens = T;
+  p.first_layer = 0;
+  p.layer_count = L;
+  p.num_tokens = 50;
+  p.src_layer_stride = static_cast<int64_t>(2 * H * gb.segment_bytes() / 2);
+  p.src_token_stride = d;
+  p.src_head_stride = static_cast<int64_t>(gb.segment_bytes() / 2);
+  std::vector<int32_t> page(50, 0), slot(50);
+  for (int i = 0; i < 50; ++i) slot[i] = i;
+  std::vector<uint8_t> kinds = {static_cast<uint8_t>(PageKind::kInt2)};
+  // Reference on the host.
+  std::vector<uint8_t> ref(g2.page_bytes(), 0);
+  std::vector<uint8_t*> ref_ptrs = {ref.data()};
+  QuantizeWriteParams rp = p;
+  const uint16_t* seg0 = reinterpret_cast<const uint16_t*>(bf->data() + gb.segment_offset(0, 0, 0));
+  rp.k_src = seg0;
+  rp.v_src = seg0 + H * gb.segment_bytes() / 2;
+  rp.page_ptrs = ref_ptrs.data();
+  rp.page_kinds = kinds.data();
+  rp.dst_page = page.data();
+  rp.dst_slot = slot.data();
+  rp.clips = clips.data();
+  ASSERT_TRUE(ReferenceQuantizeWrite(rp, nullptr).ok());
+  // Device.
+  auto d_bf = DeviceBuffer::FromHost(*bf);
+  auto d_int2 = DeviceBuffer::Create(g2.page_bytes());
+  ASSERT_TRUE(d_bf.ok() && d_int2.ok());
+  ASSERT_EQ(cudaMemset(d_int2->get(), 0, g2.page_bytes()), cudaSuccess);
+  std::vector<uint8_t*> ptrs = {d_int2->as<uint8_t>()};
+  auto d_ptrs = DeviceBuffer::FromHost(ptrs);
+  auto d_kinds = DeviceBuffer::FromHost(kinds);
+  auto d_page = DeviceBuffer::FromHost(page);
+  auto d_slot = DeviceBuffer::FromHost(slot);
+  auto d_clips = DeviceBuffer::FromHost(clips);
+  QuantizeWriteParams gp = p;
+  const uint16_t* dseg0 = reinterpret_cast<const uint16_t*>(d_bf->as<uint8_t>() + gb.segment_offset(0, 0, 0));
+  gp.k_src = dseg0;
+  gp.v_src = dseg0 + H * gb.segment_bytes() / 2;
+  gp.page_ptrs = d_ptrs->as<uint8_t*>();
+  gp.page_kinds = d_kinds->as<uint8_t>();
+  gp.dst_page = d_page->as<int32_t>();
+  gp.dst_slot = d_slot->as<int32_t>();
+  gp.clips = d_clips->as<float>();
+  ASSERT_TRUE(LaunchQuantizeWrite(gp, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto got = d_int2->ToHost<uint8_t>();
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, ref);
+}
+
+}  // namespace
+}  // namespace oscarkv::cuda

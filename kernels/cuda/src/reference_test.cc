@@ -1,0 +1,201 @@
+// CPU tests (label unit) of the kernels' host-side pieces: the split-KV planner and the CPU
+// references of the POD interfaces (ReferenceQuantizeWrite against EncodePage, the paged
+// decode reference against the dense one).
+#include <map>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "oscarkv/cuda/reference.h"
+#include "oscarkv/kernels/numeric.h"
+#include "oscarkv/kernels/page_set.h"
+
+namespace oscarkv::cuda {
+namespace {
+
+DecodeShape Shape() { return DecodeShape{2, 8, 32, 128, 128, 64, 1}; }
+
+TEST(PlanDecode, CoversEverySliceOnceWithHomogeneousItems) {
+  std::mt19937 rng(1);
+  std::vector<int32_t> indptr = {0}, ids;
+  std::vector<uint8_t> kinds;
+  for (int b = 0; b < 5; ++b) {
+    const int pages = static_cast<int>(rng() % 300);
+    for (int i = 0; i < pages; ++i) {
+      ids.push_back(static_cast<int32_t>(kinds.size()));
+      kinds.push_back(i == 0 || i + 5 > pages ? 2 : 1);  // sink, history, tail
+    }
+    indptr.push_back(static_cast<int32_t>(ids.size()));
+  }
+  for (int target : {0, 1, 50, 100000}) {
+    auto plan = PlanDecode(Shape(), indptr, ids, kinds, 132, target);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_EQ(plan->item_indptr.size(), 5u * 8 + 1);
+    size_t slices = 0;
+    for (int b = 0; b < 5; ++b) {
+      for (int h = 0; h < 8; ++h) {
+        int next = 0;
+        for (int i = plan->item_indptr[b * 8 + h]; i < plan->item_indptr[b * 8 + h + 1]; ++i) {
+          const DecodeWorkItem& it = plan->items[i];
+          EXPECT_EQ(it.seq, b);
+          EXPECT_EQ(it.kv_head, h);
+          EXPECT_EQ(it.first_slice, next);
+          EXPECT_GE(it.num_slices, 1);
+          EXPECT_LE(it.num_slices, kMaxItemSlices);
+          for (int s = it.first_slice; s < it.first_slice + it.num_slices; ++s) {
+            EXPECT_EQ(kinds[ids[indptr[b] + s]], it.kind);
+          }
+          next += it.num_slices;
+          slices += it.num_slices;
+        }
+        EXPECT_EQ(next, indptr[b + 1] - indptr[b]);
+      }
+    }
+    EXPECT_EQ(slices, ids.size() * 8);
+    EXPECT_EQ(plan->int2_slices + plan->bf16_slices, slices);
+  }
+}
+
+TEST(PlanDecode, RejectsMalformedTables) {
+  EXPECT_FALSE(PlanDecode(Shape(), {0, 2}, {0}, {1}, 132).ok());      // indptr past ids
+  EXPECT_FALSE(PlanDecode(Shape(), {0, 1}, {3}, {1}, 132).ok());      // id out of range
+  EXPECT_FALSE(PlanDecode(Shape(), {0, 1}, {0}, {7}, 132).ok());      // unknown kind
+  DecodeShape s = Shape();
+  s.head_dim = 64;
+  EXPECT_FALSE(PlanDecode(s, {0}, {}, {}, 132).ok());
+  s = Shape();
+  s.num_q_heads = 8 * 16;  // GQA 16 unsupported
+  EXPECT_FALSE(PlanDecode(s, {0}, {}, {}, 132).ok());
+  s = Shape();
+  s.page_tokens = 48;
+  EXPECT_FALSE(PlanDecode(s, {0}, {}, {}, 132).ok());
+}
+
+CodecProfile SmallProfile(uint32_t group) {
+  CodecProfile p;
+  p.model_id = "test";
+  p.model_revision = "1";
+  p.num_layers = 2;
+  p.num_kv_heads = 2;
+  p.page_tokens = 64;
+  p.group_size = group;
+  return p;
+}
+
+// ReferenceQuantizeWrite (the POD-interface reference of the write kernel) lays out exactly
+// what EncodePage writes, for both kinds, with rotation and clipping.
+TEST(ReferenceQuantizeWrite, MatchesEncodePagePayload) {
+  for (uint32_t group : {128u, 64u}) {
+    const CodecProfile prof = SmallProfile(group);
+    const uint32_t T = 64, L = 2, H = 2, d = 128, n = 50;
+    RotationSet rot = RotationSet::Hadamard(L, H, d, 0.95f, 0.9f);
+    std::mt19937 rng(group);
+    std::normal_distribution<float> nd;
+    // bf16-representable rows so both paths see identical inputs.
+    std::vector<float> kvf(size_t{L} * 2 * n * H * d);
+    for (auto& v : kvf) v = RoundToBf16(nd(rng));
+    KVSequenceView view{kvf.data(), L, H, d, n};
+    std::vector<uint16_t> ksrc(size_t{L} * n * H * d), vsrc(ksrc.size());
+    for (uint32_t l = 0; l < L; ++l)
+      for (uint32_t t = 0; t < n; ++t)
+        for (uint32_t h = 0; h < H; ++h)
+          for (uint32_t c = 0; c < d; ++c) {
+            const size_t i = ((size_t{l} * n + t) * H + h) * d + c;
+            ksrc[i] = FloatToBf16(view.row(l, 0, t, h)[c]);
+            vsrc[i] = FloatToBf16(view.row(l, 1, t, h)[c]);
+          }
+    for (PageKind kind : {PageKind::kInt2, PageKind::kBf16}) {
+      auto enc = EncodePage(prof, &rot, kind, view, 0, n);
+      ASSERT_TRUE(enc.ok());
+      std::vector<uint8_t> page(enc->size(), 0);
+      std::vector<uint8_t*> ptrs = {page.data()};
+      std::vector<uint8_t> kinds = {static_cast<uint8_t>(kind)};
+      std::vector<int32_t> dst_page(n, 0), dst_slot(n);
+      for (uint32_t t = 0; t < n; ++t) dst_slot[t] = static_cast<int32_t>(t);
+      std::vector<float> clips;
+      for (uint32_t l = 0; l < L; ++l)
+        for (uint32_t kv = 0; kv < 2; ++kv)
+          for (uint32_t h = 0; h < H; ++h) clips.push_back(rot.clip(l, static_cast<KV>(kv), h));
+      QuantizeWriteParams p;
+      p.num_layers = L;
+      p.num_kv_heads = H;
+      p.group_size = group;
+      p.page_tokens = T;
+      p.layer_count = L;
+      p.k_src = ksrc.data();
+      p.v_src = vsrc.data();
+      p.src_layer_stride = int64_t{n} * H * d;
+      p.src_token_stride = H * d;
+      p.src_head_stride = d;
+      p.num_tokens = n;
+      p.page_ptrs = ptrs.data();
+      p.page_kinds = kinds.data();
+      p.dst_page = dst_page.data();
+      p.dst_slot = dst_slot.data();
+      p.clips = clips.data();
+      ASSERT_TRUE(ReferenceQuantizeWrite(p, &rot).ok());
+      EXPECT_TRUE(std::equal(page.begin() + kPageHeaderBytes, page.end(),
+                             enc->begin() + kPageHeaderBytes))
+          << "group " << group << " kind " << PageKindName(kind);
+    }
+  }
+}
+
+TEST(ReferencePagedDecode, MatchesDenseOnBf16Pages) {
+  CodecProfile prof = SmallProfile(128);
+  prof.sink_tokens = 64;
+  prof.recent_tokens = 4096;  // everything stays BF16
+  const uint32_t L = 2, H = 2, d = 128, Hq = 8;
+  RotationSet rot = RotationSet::Hadamard(L, H, d);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  HostPagedKV kv;
+  std::vector<std::vector<uint8_t>> pages;
+  std::vector<std::vector<float>> dense;
+  std::vector<uint32_t> lengths = {70, 5, 130};
+  kv.seq_page_indptr.push_back(0);
+  for (uint32_t n : lengths) {
+    std::vector<float> f(size_t{L} * 2 * n * H * d);
+    for (auto& v : f) v = nd(rng);
+    KVSequenceView view{f.data(), L, H, d, n};
+    auto sp = BuildSequencePages(prof, rot, view);
+    ASSERT_TRUE(sp.ok());
+    for (auto& pg : sp->pages) {
+      kv.seq_page_ids.push_back(static_cast<int32_t>(pages.size()));
+      pages.push_back(std::move(pg));
+    }
+    kv.seq_page_indptr.push_back(static_cast<int32_t>(kv.seq_page_ids.size()));
+    dense.push_back(std::move(f));
+  }
+  for (auto& pg : pages) kv.pages.emplace_back(pg);
+  std::vector<float> q(lengths.size() * Hq * d);
+  for (auto& v : q) v = nd(rng);
+  auto res = ReferencePagedDecode(prof, rot, kv, 1, q, Hq, true);
+  ASSERT_TRUE(res.ok()) << res.status();
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    // Dense reference over rotated rows.
+    const uint32_t n = lengths[b];
+    std::vector<float> rotated(dense[b].size());
+    for (uint32_t l = 0; l < L; ++l)
+      for (uint32_t kvi = 0; kvi < 2; ++kvi)
+        for (uint32_t t = 0; t < n; ++t)
+          for (uint32_t h = 0; h < H; ++h) {
+            KVSequenceView in{dense[b].data(), L, H, d, n};
+            KVSequenceView out{rotated.data(), L, H, d, n};
+            RotateRow(in.row(l, kvi, t, h), rot.matrix(l, static_cast<KV>(kvi), h), d,
+                      const_cast<float*>(out.row(l, kvi, t, h)));
+          }
+    KVSequenceView rv{rotated.data(), L, H, d, n};
+    AttentionOutput ref = DenseDecodeAttention(prof, rot, rv, 1,
+                                               std::span<const float>(q).subspan(b * Hq * d, Hq * d),
+                                               Hq, true);
+    for (size_t i = 0; i < ref.out.size(); ++i) {
+      EXPECT_NEAR(res->out[b * Hq * d + i], ref.out[i], 2e-2) << b << " " << i;  // bf16 storage
+    }
+    for (uint32_t h = 0; h < Hq; ++h) EXPECT_NEAR(res->lse[b * Hq + h], ref.lse[h], 5e-2);
+  }
+}
+
+}  // namespace
+}  // namespace oscarkv::cuda
