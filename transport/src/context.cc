@@ -145,11 +145,22 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> Context::Register(void* addr, size
         "Register: [", absl::Hex(reinterpret_cast<uintptr_t>(addr)), ", +", length,
         ") is not mapped host memory"));
   }
+  return Map(addr, length, type, /*allocate=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Context::Allocate(size_t length) {
+  if (length == 0) return absl::InvalidArgumentError("Allocate: zero length");
+  return Map(nullptr, length, MemoryType::kHost, /*allocate=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Context::Map(void* addr, size_t length,
+                                                           MemoryType type, bool allocate) {
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+                      UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   params.address = addr;
   params.length = length;
+  params.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
   params.memory_type = type == MemoryType::kCuda ? UCS_MEMORY_TYPE_CUDA : UCS_MEMORY_TYPE_HOST;
   ucp_mem_h memh = nullptr;
   if (absl::Status s = FromUcs(ucp_mem_map(context_.get(), &params, &memh), "ucp_mem_map");
@@ -157,6 +168,13 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> Context::Register(void* addr, size
     return s;
   }
   UcpMemPtr mem(memh, UcpMemDeleter{context_.get()});
+  if (allocate) {
+    ucp_mem_attr_t attr{};
+    attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+    if (absl::Status s = FromUcs(ucp_mem_query(memh, &attr), "ucp_mem_query"); !s.ok()) return s;
+    addr = attr.address;
+    length = std::min(length, attr.length);
+  }
   void* rkey_buf = nullptr;
   size_t rkey_size = 0;
   if (absl::Status s = FromUcs(ucp_rkey_pack(context_.get(), memh, &rkey_buf, &rkey_size),

@@ -100,10 +100,19 @@ class Context {
   absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* addr, size_t length,
                                                          MemoryType type = MemoryType::kHost);
 
+  // Allocates and registers `length` bytes through UCX (UCP_MEM_MAP_ALLOCATE), so the memory
+  // comes from the best memory domain of the context -- with shm, a posix/sysv segment that peers
+  // on the host map directly: zero-copy RMA that needs no progress on this side. User memory
+  // passed to Register() is reachable over shm only through UCX's active-message emulation (or
+  // cma), which is much slower. This is how a daemon should get its pool. Freed with the region.
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Allocate(size_t length);
+
   ucp_context_h raw() const { return context_.get(); }
 
  private:
   Context() = default;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> Map(void* addr, size_t length, MemoryType type,
+                                                    bool allocate);
   ContextOptions options_;
   Capabilities caps_;
   UcpContextPtr context_;
