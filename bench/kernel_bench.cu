@@ -1,0 +1,386 @@
+#include "kernel_bench.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "oscarkv/cuda/decode_runner.h"
+#include "oscarkv/cuda/quantize_write.h"
+#include "oscarkv/kernels/page_set.h"
+#include "oscarkv/kernels/rotation.h"
+
+namespace oscarkv::bench {
+namespace {
+
+using cuda::CudaOk;
+using cuda::DeviceBuffer;
+
+#define BENCH_RETURN_IF_ERROR(expr)            \
+  do {                                         \
+    absl::Status _st = (expr);                 \
+    if (!_st.ok()) return _st;                 \
+  } while (0)
+
+constexpr int kQHeads = 32, kKvHeads = 8, kHeadDim = 128, kPageTokens = 64;
+
+__global__ void CopyKernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
+__device__ uint32_t Hash(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// Roughly normal bf16 values (sum of four uniforms), std ~ `scale`.
+__global__ void FillBf16(uint16_t* p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t h = Hash(static_cast<uint32_t>(i) * 2654435761u ^ seed);
+    const float u = ((h & 0xff) + ((h >> 8) & 0xff) + ((h >> 16) & 0xff) + (h >> 24)) / 255.0f - 2.0f;
+    const float v = u * 1.7320508f * scale;
+    const uint32_t bits = __float_as_uint(v);
+    p[i] = static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
+  }
+}
+
+__global__ void FillFloat(float* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    p[i] = (Hash(static_cast<uint32_t>(i) ^ seed) & 0xffff) / 32768.0f - 1.0f;
+  }
+}
+
+// Median over `samples` of the per-call time (µs) of a batch of back-to-back calls sized to
+// ~2 ms, so launch gaps do not dominate short kernels.
+template <typename F>
+absl::StatusOr<double> TimeMedianUs(F&& call, int samples) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  auto batch = [&](int reps) -> absl::StatusOr<double> {
+    cudaEventRecord(a);
+    for (int i = 0; i < reps; ++i) {
+      absl::Status s = call();
+      if (!s.ok()) return s;
+    }
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    return 1000.0 * ms / reps;
+  };
+  auto warm = batch(3);
+  if (!warm.ok()) return warm.status();
+  const int reps = std::clamp(static_cast<int>(2000.0 / std::max(*warm, 1.0)), 3, 200);
+  std::vector<double> v;
+  for (int s = 0; s < samples; ++s) {
+    auto t = batch(reps);
+    if (!t.ok()) return t.status();
+    v.push_back(*t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  BENCH_RETURN_IF_ERROR(CudaOk(cudaGetLastError(), "timed launches"));
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+CodecProfile BenchProfile(int layers) {
+  CodecProfile p;
+  p.model_id = "bench/qwen3-8b-shape";
+  p.model_revision = "1";
+  p.num_layers = layers;
+  p.num_kv_heads = kKvHeads;
+  p.head_dim = kHeadDim;
+  p.page_tokens = kPageTokens;
+  p.group_size = 128;
+  return p;
+}
+
+// A batch of sequences' pages in device pools, replicated `copies` times.
+struct PagedBatch {
+  std::unique_ptr<cuda::PagedDecoder> decoder;
+  DeviceBuffer int2_pool, bf16_pool, kinds, counts, indptr, ids;
+  std::vector<DeviceBuffer> ptr_tables;  // one per copy
+  int copies = 1;
+};
+
+absl::Status BuildBatch(const KernelBenchOptions& o, int B, int L, bool all_bf16, int sms,
+                        const DeviceBuffer& ksrc, const DeviceBuffer& vsrc, const void* rot_frag,
+                        const float* clips, PagedBatch* out) {
+  const CodecProfile prof = BenchProfile(o.layers);
+  std::vector<PlannedPage> plan = PlanSequencePages(prof, L);
+  if (all_bf16) {
+    for (auto& pp : plan) pp.kind = PageKind::kBf16;
+  }
+  std::vector<int32_t> indptr = {0}, ids;
+  std::vector<uint8_t> kinds;
+  std::vector<uint16_t> counts;
+  for (int b = 0; b < B; ++b) {
+    for (const auto& pp : plan) {
+      ids.push_back(static_cast<int32_t>(kinds.size()));
+      kinds.push_back(static_cast<uint8_t>(pp.kind));
+      counts.push_back(static_cast<uint16_t>(pp.token_count));
+    }
+    indptr.push_back(static_cast<int32_t>(ids.size()));
+  }
+  cuda::DecodeShape shape{static_cast<uint32_t>(o.layers), kKvHeads, kQHeads, kHeadDim, 128, kPageTokens, 0};
+  auto dec = cuda::PagedDecoder::Create(shape, indptr, ids, kinds, sms);
+  if (!dec.ok()) return dec.status();
+  out->decoder = std::make_unique<cuda::PagedDecoder>(*std::move(dec));
+  const double bytes = out->decoder->plan().page_bytes_read;
+  out->copies = std::clamp(static_cast<int>(std::ceil(300e6 / std::max(bytes, 1.0))), 1, 8);
+  const PageGeometry g2 = GeometryFor(prof, PageKind::kInt2), gb = GeometryFor(prof, PageKind::kBf16);
+  size_t n2 = 0, nb = 0;
+  for (uint8_t k : kinds) (k == 1 ? n2 : nb)++;
+  const int C = out->copies;
+  auto p2 = DeviceBuffer::Create(n2 * C * g2.page_bytes());
+  auto pb = DeviceBuffer::Create(nb * C * gb.page_bytes());
+  if (!p2.ok()) return p2.status();
+  if (!pb.ok()) return pb.status();
+  out->int2_pool = *std::move(p2);
+  out->bf16_pool = *std::move(pb);
+  // Pages placed in shuffled pool slots, as after allocator churn.
+  std::mt19937 rng(B * 7919 + L);
+  std::vector<size_t> slot2(n2 * C), slotb(nb * C);
+  std::iota(slot2.begin(), slot2.end(), 0);
+  std::iota(slotb.begin(), slotb.end(), 0);
+  std::shuffle(slot2.begin(), slot2.end(), rng);
+  std::shuffle(slotb.begin(), slotb.end(), rng);
+  size_t i2 = 0, ib = 0;
+  std::vector<int32_t> dst_page(L), dst_slot(L);
+  for (int t = 0; t < L; ++t) dst_slot[t] = t % kPageTokens;
+  DeviceBuffer d_kinds_seq;
+  {
+    auto k = DeviceBuffer::FromHost(kinds);
+    if (!k.ok()) return k.status();
+    d_kinds_seq = *std::move(k);
+  }
+  for (int c = 0; c < C; ++c) {
+    std::vector<uint8_t*> ptrs(kinds.size());
+    for (size_t e = 0; e < kinds.size(); ++e) {
+      ptrs[e] = kinds[e] == 1 ? out->int2_pool.as<uint8_t>() + slot2[i2++] * g2.page_bytes()
+                              : out->bf16_pool.as<uint8_t>() + slotb[ib++] * gb.page_bytes();
+    }
+    auto t = DeviceBuffer::FromHost(ptrs);
+    if (!t.ok()) return t.status();
+    // Fill every sequence's pages (layer 0) through quantize-on-write from the shared source.
+    for (int b = 0; b < B; ++b) {
+      for (int tk = 0; tk < L; ++tk) dst_page[tk] = indptr[b] + tk / kPageTokens;
+      auto dp = DeviceBuffer::FromHost(dst_page);
+      auto ds = DeviceBuffer::FromHost(dst_slot);
+      if (!dp.ok() || !ds.ok()) return absl::InternalError("upload");
+      cuda::QuantizeWriteParams q;
+      q.num_layers = o.layers;
+      q.num_kv_heads = kKvHeads;
+      q.page_tokens = kPageTokens;
+      q.k_src = ksrc.as<uint16_t>();
+      q.v_src = vsrc.as<uint16_t>();
+      q.src_token_stride = kKvHeads * kHeadDim;
+      q.src_head_stride = kHeadDim;
+      q.num_tokens = L;
+      q.page_ptrs = t->as<uint8_t*>();
+      q.page_kinds = d_kinds_seq.as<uint8_t>();
+      q.dst_page = dp->as<int32_t>();
+      q.dst_slot = ds->as<int32_t>();
+      q.rot_fragments = rot_frag;
+      q.clips = clips;
+      BENCH_RETURN_IF_ERROR(cuda::LaunchQuantizeWrite(q, nullptr));
+      BENCH_RETURN_IF_ERROR(CudaOk(cudaDeviceSynchronize(), "fill pages"));
+    }
+    out->ptr_tables.push_back(*std::move(t));
+  }
+  auto k = DeviceBuffer::FromHost(kinds);
+  auto cn = DeviceBuffer::FromHost(counts);
+  auto ip = DeviceBuffer::FromHost(indptr);
+  auto id = DeviceBuffer::FromHost(ids);
+  if (!k.ok() || !cn.ok() || !ip.ok() || !id.ok()) return absl::InternalError("upload table");
+  out->kinds = *std::move(k);
+  out->counts = *std::move(cn);
+  out->indptr = *std::move(ip);
+  out->ids = *std::move(id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, int B,
+                                  const float* rot_k) {
+  auto q = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
+  auto out = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
+  auto lse = DeviceBuffer::Create(size_t(B) * kQHeads * 4);
+  if (!q.ok() || !out.ok() || !lse.ok()) return absl::InternalError("alloc q/out");
+  FillFloat<<<64, 256>>>(q->as<float>(), size_t(B) * kQHeads * kHeadDim, 99);
+  std::vector<cuda::DecodeParams> params;
+  for (int c = 0; c < pb.copies; ++c) {
+    cuda::DecodeParams p = pb.decoder->Params();
+    p.table.page_ptrs = pb.ptr_tables[c].as<const uint8_t*>();
+    p.table.page_kinds = pb.kinds.as<uint8_t>();
+    p.table.page_token_counts = pb.counts.as<uint16_t>();
+    p.table.seq_page_indptr = pb.indptr.as<int32_t>();
+    p.table.seq_page_ids = pb.ids.as<int32_t>();
+    p.q = q->as<float>();
+    p.rot_k = rot_k;
+    p.precise_query = o.precise_query;
+    p.out = out->as<float>();
+    p.lse = lse->as<float>();
+    params.push_back(p);
+  }
+  int c = 0;
+  return TimeMedianUs([&] { return cuda::LaunchDecodeAttention(params[c++ % params.size()], nullptr); },
+                      o.samples);
+}
+
+}  // namespace
+
+absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
+  KernelBenchReport r;
+  cudaDeviceProp prop{};
+  BENCH_RETURN_IF_ERROR(CudaOk(cudaGetDeviceProperties(&prop, 0), "device properties"));
+  r.device = prop.name;
+  r.sms = prop.multiProcessorCount;
+  r.decode_ctas_per_sm = cuda::DecodeKernelOccupancy(128);
+
+  // SDPA first (its own process; frees its memory when it exits).
+  if (!o.sdpa_command.empty()) {
+    auto rows = RunSdpaBaseline(o);
+    if (!rows.ok()) {
+      r.sdpa_error = std::string(rows.status().message());
+    } else {
+      r.decode = *std::move(rows);
+    }
+  }
+  if (r.decode.empty()) {
+    for (auto [b, l] : o.shapes) r.decode.push_back(DecodeRow{b, l});
+  }
+
+  // Copy bandwidth: 2 GiB read + 2 GiB written.
+  {
+    const size_t bytes = size_t{2} << 30;
+    auto src = DeviceBuffer::Create(bytes);
+    auto dst = DeviceBuffer::Create(bytes);
+    if (!src.ok() || !dst.ok()) return absl::ResourceExhaustedError("copy buffers");
+    cudaMemset(src->get(), 1, bytes);
+    const int blocks = r.sms * 8;
+    auto us = TimeMedianUs([&] {
+      CopyKernel<<<blocks, 512>>>(src->as<uint4>(), dst->as<uint4>(), bytes / 16);
+      return absl::OkStatus();
+    }, o.samples);
+    if (!us.ok()) return us.status();
+    r.copy_gbps = 2.0 * bytes / (*us * 1e-6) / 1e9;
+  }
+
+  // Shared inputs: source rows (for page fills and quantize-on-write), rotations, clips.
+  int max_len = o.quant_tokens;
+  for (auto [b, l] : o.shapes) max_len = std::max(max_len, l);
+  const size_t src_elems = size_t(max_len) * kKvHeads * kHeadDim;
+  auto ksrc = DeviceBuffer::Create(src_elems * 2);
+  auto vsrc = DeviceBuffer::Create(src_elems * 2);
+  if (!ksrc.ok() || !vsrc.ok()) return absl::ResourceExhaustedError("source rows");
+  FillBf16<<<1024, 256>>>(ksrc->as<uint16_t>(), src_elems, 1, 1.0f);
+  FillBf16<<<1024, 256>>>(vsrc->as<uint16_t>(), src_elems, 2, 0.5f);
+  RotationSet rot = RotationSet::Hadamard(1, kKvHeads, kHeadDim, 0.96f, 0.92f);
+  auto mats = DeviceBuffer::FromHost(rot.matrices());  // [1][2][8][128][128]
+  auto frags = DeviceBuffer::Create(size_t{2} * kKvHeads * cuda::kRotationFragmentBytes);
+  std::vector<float> clip_v(2 * kKvHeads), noclip(2 * kKvHeads, 1.0f);
+  for (int i = 0; i < 2 * kKvHeads; ++i) clip_v[i] = i < kKvHeads ? 0.96f : 0.92f;
+  auto clips = DeviceBuffer::FromHost(clip_v);
+  auto noclips = DeviceBuffer::FromHost(noclip);
+  if (!mats.ok() || !frags.ok() || !clips.ok() || !noclips.ok()) return absl::InternalError("rotations");
+  BENCH_RETURN_IF_ERROR(cuda::PrepareRotationFragments(mats->as<float>(), 2 * kKvHeads, frags->get(), nullptr));
+  const float* rot_k = mats->as<float>();  // layer 0, K matrices are the first 8
+
+  for (DecodeRow& d : r.decode) {
+    for (bool all_bf16 : {true, false}) {
+      std::fprintf(stderr, "[bench] decode B=%d L=%d %s pages\n", d.batch, d.length,
+                   all_bf16 ? "BF16" : "OSCAR INT2");
+      PagedBatch pb;
+      BENCH_RETURN_IF_ERROR(BuildBatch(o, d.batch, d.length, all_bf16, r.sms, *ksrc, *vsrc,
+                                       frags->get(), clips->as<float>(), &pb));
+      auto us = TimeDecode(o, pb, d.batch, rot_k);
+      if (!us.ok()) return us.status();
+      const auto& plan = pb.decoder->plan();
+      if (all_bf16) {
+        d.bf16_us = *us;
+        d.bf16_bytes = plan.page_bytes_read;
+        d.bf16_items = static_cast<int>(plan.items.size());
+      } else {
+        d.int2_us = *us;
+        d.int2_bytes = plan.page_bytes_read;
+        d.int2_items = static_cast<int>(plan.items.size());
+      }
+    }
+  }
+
+  // Quantize-on-write: quant_tokens tokens of one layer, 8 KV heads, K and V.
+  {
+    const CodecProfile prof = BenchProfile(o.layers);
+    const int T = o.quant_tokens, pages = (T + kPageTokens - 1) / kPageTokens;
+    for (PageKind kind : {PageKind::kInt2, PageKind::kBf16}) {
+      const PageGeometry g = GeometryFor(prof, kind);
+      auto pool = DeviceBuffer::Create(size_t(pages) * g.page_bytes());
+      if (!pool.ok()) return pool.status();
+      std::vector<uint8_t*> ptrs(pages);
+      for (int i = 0; i < pages; ++i) ptrs[i] = pool->as<uint8_t>() + size_t(i) * g.page_bytes();
+      std::vector<uint8_t> kinds(pages, static_cast<uint8_t>(kind));
+      std::vector<int32_t> dp(T), ds(T);
+      for (int t = 0; t < T; ++t) {
+        dp[t] = t / kPageTokens;
+        ds[t] = t % kPageTokens;
+      }
+      auto d_ptrs = DeviceBuffer::FromHost(ptrs);
+      auto d_kinds = DeviceBuffer::FromHost(kinds);
+      auto d_dp = DeviceBuffer::FromHost(dp);
+      auto d_ds = DeviceBuffer::FromHost(ds);
+      if (!d_ptrs.ok() || !d_kinds.ok() || !d_dp.ok() || !d_ds.ok()) return absl::InternalError("upload");
+      struct Variant {
+        const char* name;
+        bool rotate, clip;
+      };
+      std::vector<Variant> variants;
+      if (kind == PageKind::kInt2) {
+        variants = {{"int2 rotate+clip", true, true},
+                    {"int2 rotate", true, false},
+                    {"int2 prerotated (flush / R_V absorbed)", false, false},
+                    {"int2 prerotated+clip", false, true}};
+      } else {
+        variants = {{"bf16 rotate (sink/tail)", true, false}};
+      }
+      for (const Variant& v : variants) {
+        cuda::QuantizeWriteParams q;
+        q.num_layers = o.layers;
+        q.num_kv_heads = kKvHeads;
+        q.page_tokens = kPageTokens;
+        q.k_src = ksrc->as<uint16_t>();
+        q.v_src = vsrc->as<uint16_t>();
+        q.src_token_stride = kKvHeads * kHeadDim;
+        q.src_head_stride = kHeadDim;
+        q.num_tokens = T;
+        q.page_ptrs = d_ptrs->as<uint8_t*>();
+        q.page_kinds = d_kinds->as<uint8_t>();
+        q.dst_page = d_dp->as<int32_t>();
+        q.dst_slot = d_ds->as<int32_t>();
+        q.rot_fragments = v.rotate ? frags->get() : nullptr;
+        q.clips = v.clip ? clips->as<float>() : nullptr;
+        auto us = TimeMedianUs([&] { return cuda::LaunchQuantizeWrite(q, nullptr); }, o.samples);
+        if (!us.ok()) return us.status();
+        const double row_out = kind == PageKind::kInt2 ? 32 + 4 : 256;
+        const double bytes = 2.0 * T * kKvHeads * (256 + row_out);
+        r.quant.push_back({v.name, *us, bytes});
+      }
+    }
+  }
+  return r;
+}
+
+}  // namespace oscarkv::bench

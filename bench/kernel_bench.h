@@ -1,0 +1,61 @@
+// `oscarkv bench kernels`: decode attention at Qwen3-8B shape (32 query heads, 8 KV heads,
+// head_dim 128) for several (batch, length) points -- PyTorch SDPA in BF16 (enable_gqa=True,
+// run as a Python subprocess in the same process/device call), this project's kernel on
+// all-BF16 pages, and on OSCAR pages (BF16 sink + INT2 history + BF16 recent tail) -- plus a
+// copy kernel for the machine's bandwidth and quantize-on-write throughput. Medians of many
+// timed batches; page pools are replicated and cycled so small shapes are not served from L2.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace oscarkv::bench {
+
+struct KernelBenchOptions {
+  std::vector<std::pair<int, int>> shapes = {{1, 32768}, {1, 100000}, {8, 32768}, {32, 32768}};
+  int samples = 30;        // timed batches per measurement (median reported)
+  int layers = 4;          // layers per page (the kernel reads one layer's segments)
+  std::string sdpa_command = "python3 bench/sdpa_baseline.py";  // empty: skip the baseline
+  bool precise_query = true;
+  int quant_tokens = 32768;  // quantize-on-write: tokens of one layer (all 8 KV heads, K and V)
+};
+
+struct DecodeRow {
+  int batch = 0, length = 0;
+  double sdpa_us = 0, bf16_us = 0, int2_us = 0;       // medians, 0 = not measured
+  double sdpa_bytes = 0, bf16_bytes = 0, int2_bytes = 0;  // bytes of K/V read per call
+  int int2_items = 0, bf16_items = 0;
+};
+
+struct QuantRow {
+  std::string name;
+  double us = 0, bytes = 0;  // bytes moved: bf16 rows read + page bytes written
+};
+
+struct KernelBenchReport {
+  std::string device;
+  int sms = 0, decode_ctas_per_sm = 0;
+  double copy_gbps = 0;  // read + write bytes per second of a plain copy kernel
+  std::vector<DecodeRow> decode;
+  std::vector<QuantRow> quant;
+  std::string sdpa_error;  // why the baseline is missing, if it is
+};
+
+absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& options);
+
+// Runs options.sdpa_command (a Python process) and parses its JSON lines into rows with
+// sdpa_us/sdpa_bytes filled. Unavailable when it cannot run.
+absl::StatusOr<std::vector<DecodeRow>> RunSdpaBaseline(const KernelBenchOptions& options);
+
+// The `bench kernels` command line (shared by `oscarkv bench kernels` and bench/kernel_bench).
+int KernelBenchMain(int argc, char** argv);
+
+// Text table, CSV, JSON summary and SVG plot of a report.
+std::string FormatTable(const KernelBenchReport& r);
+std::string FormatCsv(const KernelBenchReport& r);
+std::string FormatJson(const KernelBenchReport& r);
+std::string FormatSvg(const KernelBenchReport& r);
+
+}  // namespace oscarkv::bench

@@ -1,0 +1,70 @@
+// Command line of `oscarkv bench kernels` (also the standalone bench/kernel_bench binary).
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "kernel_bench.h"
+#include "oscarkv/util/args.h"
+
+namespace oscarkv::bench {
+
+int KernelBenchMain(int argc, char** argv) {
+  Args args("bench kernels",
+            "Decode attention (SDPA BF16 vs oscarkv BF16 pages vs OSCAR INT2 pages) and "
+            "quantize-on-write on the local GPU, medians of many runs.");
+  args.Option("shapes", "1x32768,1x100000,8x32768,32x32768", "BxL list")
+      .Option("samples", "30", "timed batches per measurement")
+      .Option("layers", "4", "layers per page (one is read)")
+      .Option("sdpa", "python3 bench/sdpa_baseline.py", "baseline command ('' to skip)")
+      .Option("quant-tokens", "32768", "tokens written by the quantize-on-write bench")
+      .Option("csv", "", "write the CSV here")
+      .Option("plot", "", "write an SVG plot here")
+      .Flag("fast-query", "single fp16 query part for INT2 scores (default: hi+lo)")
+      .Flag("json", "print the JSON summary after the table");
+  if (absl::Status s = args.Parse(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  if (args.help_requested()) {
+    std::printf("%s", args.Help().c_str());
+    return 0;
+  }
+  KernelBenchOptions o;
+  o.shapes.clear();
+  for (absl::string_view spec : absl::StrSplit(args.str("shapes"), ',', absl::SkipEmpty())) {
+    std::vector<std::string> bl = absl::StrSplit(spec, 'x');
+    int b = 0, l = 0;
+    if (bl.size() != 2 || !absl::SimpleAtoi(bl[0], &b) || !absl::SimpleAtoi(bl[1], &l) || b <= 0 ||
+        l <= 0) {
+      std::fprintf(stderr, "bad shape '%s' (want BxL)\n", std::string(spec).c_str());
+      return 2;
+    }
+    o.shapes.push_back({b, l});
+  }
+  auto samples = args.integer("samples");
+  auto layers = args.integer("layers");
+  auto qt = args.integer("quant-tokens");
+  if (!samples.ok() || !layers.ok() || !qt.ok()) {
+    std::fprintf(stderr, "bad numeric option\n");
+    return 2;
+  }
+  o.samples = static_cast<int>(*samples);
+  o.layers = static_cast<int>(*layers);
+  o.quant_tokens = static_cast<int>(*qt);
+  o.sdpa_command = args.str("sdpa");
+  o.precise_query = !args.flag("fast-query");
+  auto report = RunKernelBench(o);
+  if (!report.ok()) {
+    std::fprintf(stderr, "bench kernels: %s\n", std::string(report.status().message()).c_str());
+    return 1;
+  }
+  if (!args.str("csv").empty()) std::ofstream(args.str("csv")) << FormatCsv(*report);
+  if (!args.str("plot").empty()) std::ofstream(args.str("plot")) << FormatSvg(*report);
+  std::printf("%s", FormatTable(*report).c_str());
+  if (args.flag("json")) std::printf("%s\n", FormatJson(*report).c_str());
+  return 0;
+}
+
+}  // namespace oscarkv::bench

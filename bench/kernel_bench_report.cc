@@ -1,0 +1,166 @@
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernel_bench.h"
+#include "nlohmann/json.hpp"
+
+namespace oscarkv::bench {
+
+absl::StatusOr<std::vector<DecodeRow>> RunSdpaBaseline(const KernelBenchOptions& o) {
+  std::string shapes;
+  for (auto [b, l] : o.shapes) shapes += absl::StrCat(shapes.empty() ? "" : ",", b, "x", l);
+  const std::string cmd = absl::StrCat(o.sdpa_command, " --shapes ", shapes, " --samples ", o.samples);
+  std::fprintf(stderr, "[bench] baseline: %s\n", cmd.c_str());
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) return absl::UnavailableError("cannot start the SDPA baseline");
+  std::vector<nlohmann::json> rows;
+  char line[4096];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("sdpa_us")) rows.push_back(j);
+  }
+  const int rc = pclose(f);
+  if (rc != 0 && rows.empty()) return absl::UnavailableError(absl::StrCat("SDPA baseline exited ", rc));
+  std::vector<DecodeRow> out;
+  for (auto [b, l] : o.shapes) {
+    DecodeRow d;
+    d.batch = b;
+    d.length = l;
+    for (const auto& j : rows) {
+      if (j["B"] == b && j["L"] == l) {
+        d.sdpa_us = j["sdpa_us"];
+        d.sdpa_bytes = j["bytes"];
+      }
+    }
+    out.push_back(d);
+  }
+  return out;
+}
+
+namespace {
+double Ratio(double a, double b) { return (a > 0 && b > 0) ? a / b : 0; }
+double Gbps(double bytes, double us) { return us > 0 ? bytes / (us * 1e-6) / 1e9 : 0; }
+const DecodeRow* Find(const KernelBenchReport& r, int b, int l) {
+  for (const auto& d : r.decode)
+    if (d.batch == b && d.length == l) return &d;
+  return nullptr;
+}
+}  // namespace
+
+std::string FormatTable(const KernelBenchReport& r) {
+  std::string s = absl::StrFormat(
+      "device %s, %d SMs, decode CTAs/SM %d; copy kernel %.0f GB/s (read+write)\n", r.device, r.sms,
+      r.decode_ctas_per_sm, r.copy_gbps);
+  if (!r.sdpa_error.empty()) s += "SDPA baseline missing: " + r.sdpa_error + "\n";
+  s += "decode attention, Qwen3-8B shape (32 q heads, 8 KV heads, d=128), one layer, medians\n";
+  s += absl::StrFormat("%-4s %-7s | %10s %8s | %10s %8s %6s | %10s %8s %6s %8s | %7s %7s\n", "B",
+                       "L", "SDPA us", "GB/s", "BF16pg us", "GB/s", "xSDPA", "INT2 us", "GB/s",
+                       "%copy", "xSDPA", "items2", "itemsB");
+  for (const auto& d : r.decode) {
+    s += absl::StrFormat(
+        "%-4d %-7d | %10.1f %8.0f | %10.1f %8.0f %6.2f | %10.1f %8.0f %5.0f%% %7.2fx | %7d %7d\n",
+        d.batch, d.length, d.sdpa_us, Gbps(d.sdpa_bytes, d.sdpa_us), d.bf16_us,
+        Gbps(d.bf16_bytes, d.bf16_us), Ratio(d.sdpa_us, d.bf16_us), d.int2_us,
+        Gbps(d.int2_bytes, d.int2_us), 100 * Ratio(Gbps(d.int2_bytes, d.int2_us), r.copy_gbps),
+        Ratio(d.sdpa_us, d.int2_us), d.int2_items, d.bf16_items);
+  }
+  s += "quantize-on-write (bf16 rows in -> page rows out, one layer, 8 KV heads, K and V)\n";
+  for (const auto& q : r.quant) {
+    s += absl::StrFormat("  %-40s %9.1f us %8.0f GB/s %5.0f%% of copy\n", q.name, q.us,
+                         Gbps(q.bytes, q.us), 100 * Ratio(Gbps(q.bytes, q.us), r.copy_gbps));
+  }
+  return s;
+}
+
+std::string FormatCsv(const KernelBenchReport& r) {
+  std::string s =
+      "kind,name,batch,length,us,bytes,gbps,copy_gbps,fraction_of_copy,speedup_vs_sdpa\n";
+  for (const auto& d : r.decode) {
+    auto row = [&](const char* name, double us, double bytes) {
+      s += absl::StrFormat("decode,%s,%d,%d,%.3f,%.0f,%.1f,%.1f,%.4f,%.4f\n", name, d.batch,
+                           d.length, us, bytes, Gbps(bytes, us), r.copy_gbps,
+                           Ratio(Gbps(bytes, us), r.copy_gbps), Ratio(d.sdpa_us, us));
+    };
+    row("sdpa_bf16", d.sdpa_us, d.sdpa_bytes);
+    row("oscarkv_bf16_pages", d.bf16_us, d.bf16_bytes);
+    row("oscarkv_int2_pages", d.int2_us, d.int2_bytes);
+  }
+  for (const auto& q : r.quant) {
+    s += absl::StrFormat("quantize,%s,1,0,%.3f,%.0f,%.1f,%.1f,%.4f,0\n", q.name, q.us, q.bytes,
+                         Gbps(q.bytes, q.us), r.copy_gbps, Ratio(Gbps(q.bytes, q.us), r.copy_gbps));
+  }
+  return s;
+}
+
+std::string FormatJson(const KernelBenchReport& r) {
+  nlohmann::json j;
+  j["device"] = r.device;
+  j["copy_gbps"] = r.copy_gbps;
+  const DecodeRow* b32 = Find(r, 32, 32768);
+  const DecodeRow* b1 = Find(r, 1, 100000);
+  if (b32 != nullptr) {
+    j["int2_vs_sdpa_b32_32k"] = Ratio(b32->sdpa_us, b32->int2_us);
+    j["bf16pages_vs_sdpa_b32_32k"] = Ratio(b32->sdpa_us, b32->bf16_us);
+    j["int2_bw_fraction_b32"] = Ratio(Gbps(b32->int2_bytes, b32->int2_us), r.copy_gbps);
+    j["int2_us_b32_32k"] = b32->int2_us;
+    j["sdpa_us_b32_32k"] = b32->sdpa_us;
+  }
+  if (b1 != nullptr) j["int2_vs_sdpa_b1_100k"] = Ratio(b1->sdpa_us, b1->int2_us);
+  if (!r.quant.empty()) {
+    j["quant_bw_fraction"] = Ratio(Gbps(r.quant[0].bytes, r.quant[0].us), r.copy_gbps);
+    j["quant_variant"] = r.quant[0].name;
+  }
+  for (const auto& d : r.decode) {
+    j["decode"].push_back({{"B", d.batch}, {"L", d.length}, {"sdpa_us", d.sdpa_us},
+                           {"bf16_pages_us", d.bf16_us}, {"int2_us", d.int2_us},
+                           {"int2_bytes", d.int2_bytes}, {"bf16_bytes", d.bf16_bytes}});
+  }
+  for (const auto& q : r.quant) {
+    j["quantize"].push_back({{"name", q.name}, {"us", q.us}, {"bytes", q.bytes},
+                             {"fraction_of_copy", Ratio(Gbps(q.bytes, q.us), r.copy_gbps)}});
+  }
+  if (!r.sdpa_error.empty()) j["sdpa_error"] = r.sdpa_error;
+  return j.dump(2);
+}
+
+// Grouped bar chart of decode time (log-free, µs) per shape: SDPA, BF16 pages, INT2 pages.
+std::string FormatSvg(const KernelBenchReport& r) {
+  const int W = 760, Hh = 360, left = 60, bottom = 300, top = 40;
+  double mx = 1;
+  for (const auto& d : r.decode) mx = std::max({mx, d.sdpa_us, d.bf16_us, d.int2_us});
+  std::string s = absl::StrFormat(
+      "<svg xmlns='http://www.w3.org/2000/svg' width='%d' height='%d' font-family='sans-serif' "
+      "font-size='12'>\n<text x='%d' y='20'>decode attention time, %s (lower is better)</text>\n",
+      W, Hh, left, r.device);
+  const char* colors[3] = {"#888888", "#4472c4", "#ed7d31"};
+  const char* names[3] = {"SDPA BF16", "oscarkv BF16 pages", "oscarkv INT2 pages"};
+  const int n = static_cast<int>(r.decode.size());
+  const double slot = n > 0 ? double(W - left - 20) / n : 1;
+  for (int i = 0; i < n; ++i) {
+    const auto& d = r.decode[i];
+    const double v[3] = {d.sdpa_us, d.bf16_us, d.int2_us};
+    for (int k = 0; k < 3; ++k) {
+      const double h = (bottom - top) * v[k] / mx;
+      const double x = left + i * slot + 10 + k * (slot - 20) / 3;
+      s += absl::StrFormat(
+          "<rect x='%.1f' y='%.1f' width='%.1f' height='%.1f' fill='%s'/>"
+          "<text x='%.1f' y='%.1f' font-size='10'>%.0f</text>\n",
+          x, bottom - h, (slot - 20) / 3 - 2, h, colors[k], x, bottom - h - 3, v[k]);
+    }
+    s += absl::StrFormat("<text x='%.1f' y='%d'>B=%d L=%d</text>\n", left + i * slot + 10,
+                         bottom + 18, d.batch, d.length);
+  }
+  for (int k = 0; k < 3; ++k) {
+    s += absl::StrFormat("<rect x='%d' y='%d' width='12' height='12' fill='%s'/><text x='%d' y='%d'>%s</text>\n",
+                         left + k * 200, Hh - 30, colors[k], left + k * 200 + 16, Hh - 20, names[k]);
+  }
+  s += absl::StrFormat("<line x1='%d' y1='%d' x2='%d' y2='%d' stroke='black'/>\n", left, bottom,
+                       W - 10, bottom);
+  s += absl::StrFormat("<text x='5' y='%d'>us</text></svg>\n", top);
+  return s;
+}
+
+}  // namespace oscarkv::bench

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Gathers the device-run payload into build-cuda/carry: stripped binaries, the shared
+# libraries they need (ldd, minus libc/libm/libstdc++/libgcc, which the device has), and the
+# Python baseline. Run here (CPU machine) after building; pass the folder to `run` as carry.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+b=${BUILD:-$root/build-cuda}
+out=$b/carry
+rm -rf "$out" && mkdir -p "$out/lib"
+for bin in kernels/cuda/cuda_kernels_gpu_test kernels/cuda/cuda_reference_test bench/kernel_bench cli/oscarkv; do
+  [ -f "$b/$bin" ] || continue
+  cp "$b/$bin" "$out/" && strip "$out/$(basename $bin)"
+  ldd "$b/$bin" | awk '/=>/ {print $3}' | grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libdl|libpthread|librt' |
+    while read -r lib; do cp -Ln "$lib" "$out/lib/" 2>/dev/null || true; done
+done
+cp "$root/bench/sdpa_baseline.py" "$out/" 2>/dev/null || true
+du -sh "$out"
