@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "oscarkv/util/status_macros.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
 #include "shm_mapping.h"
@@ -88,7 +89,12 @@ class GrpcClient final : public Client {
         channel_(std::move(channel)),
         stub_(pb::KvCache::NewStub(channel_)) {}
 
-  ~GrpcClient() override { pool_.reset(); }  // drain async work before unmapping
+  ~GrpcClient() override {
+    pool_.reset();  // drain async work before unmapping
+    absl::MutexLock lock(&inflight_mu_);
+    inflight_mu_.Await(absl::Condition(
+        +[](int* n) { return *n == 0; }, &inflight_));  // callbacks in flight use `this`
+  }
 
   absl::Status Init() {
     pb::HandshakeRequest req;
@@ -171,6 +177,71 @@ class GrpcClient final : public Client {
         out.pages.push_back(*ref);
       }
       if (resp.matched() < n) break;
+    }
+    return out;
+  }
+
+  void LookupAsync(const Codec& codec, std::span<const BlockKey> keys, const LookupOptions& opts,
+                   std::function<void(absl::StatusOr<LookupResult>)> done) override {
+    if (keys.size() > server_.max_batch) {
+      std::vector<BlockKey> copy(keys.begin(), keys.end());
+      Submit([this, codec, copy = std::move(copy), opts, done = std::move(done)] {
+        done(Lookup(codec, copy, opts));
+      });
+      return;
+    }
+    if (keys.empty()) {
+      done(LookupResult{});
+      return;
+    }
+    struct Call {
+      std::unique_ptr<grpc::ClientContext> ctx;
+      pb::LookupRequest req;
+      pb::LookupResponse resp;
+      size_t n;
+      bool pin;
+      std::function<void(absl::StatusOr<LookupResult>)> done;
+    };
+    {
+      absl::MutexLock lock(&inflight_mu_);
+      ++inflight_;
+    }
+    auto* call = new Call{Context(), {}, {}, keys.size(), opts.pin, std::move(done)};
+    call->req.set_codec_id(IdBytes(codec.id));
+    for (const BlockKey& k : keys) call->req.add_keys(KeyBytes(k));
+    call->req.set_pin(opts.pin);
+    call->req.set_lease_ms(opts.lease_ms);
+    stub_->async()->Lookup(call->ctx.get(), &call->req, &call->resp,
+                           [this, call](grpc::Status gs) {
+                             std::unique_ptr<Call> owned(call);
+                             owned->done(ToResult(FromGrpc(gs, "Lookup"), owned->resp, owned->n,
+                                                  owned->pin));
+                             owned.reset();
+                             absl::MutexLock lock(&inflight_mu_);
+                             --inflight_;
+                           });
+  }
+
+  // LookupResult of one single-chunk Lookup answer.
+  absl::StatusOr<LookupResult> ToResult(absl::Status s, const pb::LookupResponse& resp, size_t n,
+                                        bool pin) {
+    if (s.ok() && (resp.matched() > n || (pin && resp.pages_size() != int(resp.matched())))) {
+      s = absl::InternalError("Lookup: daemon's answer is inconsistent with the request");
+    }
+    if (!s.ok()) {
+      if (resp.lease_id() != 0) Release(resp.lease_id()).IgnoreError();
+      return s;
+    }
+    LookupResult out;
+    out.matched = resp.matched();
+    if (resp.lease_id() != 0) {
+      out.lease_ids.push_back(resp.lease_id());
+      out.lease_deadline_unix_ms = resp.lease_deadline_unix_ms();
+    }
+    for (const pb::PageRef& r : resp.pages()) {
+      auto ref = FromProto(r);
+      if (!ref.ok()) return ref.status();
+      out.pages.push_back(*ref);
     }
     return out;
   }
@@ -564,6 +635,8 @@ class GrpcClient final : public Client {
   ServerInfo server_;
   std::unique_ptr<ShmMapping> shm_;
   std::unique_ptr<TaskPool> pool_;
+  absl::Mutex inflight_mu_;
+  int inflight_ ABSL_GUARDED_BY(inflight_mu_) = 0;  // callback-API calls not yet completed
 };
 
 }  // namespace
@@ -574,8 +647,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
-  // Each Client gets its own connection, so N clients in one process are N connections.
-  args.SetInt("grpc.use_local_subchannel_pool", 1);
+  if (options.dedicated_connection) args.SetInt("grpc.use_local_subchannel_pool", 1);
   auto channel =
       grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
   auto client = std::make_unique<GrpcClient>(options, std::move(channel));
@@ -599,9 +671,11 @@ static std::future<T> RunAsync(Fn fn, const std::function<void(std::function<voi
 std::future<absl::StatusOr<LookupResult>> Client::LookupAsync(const Codec& codec,
                                                               std::span<const BlockKey> keys,
                                                               const LookupOptions& options) {
-  return RunAsync<absl::StatusOr<LookupResult>>(
-      [this, codec, keys, options] { return Lookup(codec, keys, options); },
-      [this](std::function<void()> t) { Submit(std::move(t)); });
+  auto promise = std::make_shared<std::promise<absl::StatusOr<LookupResult>>>();
+  auto f = promise->get_future();
+  LookupAsync(codec, keys, options,
+              [promise](absl::StatusOr<LookupResult> r) { promise->set_value(std::move(r)); });
+  return f;
 }
 
 std::future<absl::StatusOr<StoreResult>> Client::StoreAsync(const Codec& codec,

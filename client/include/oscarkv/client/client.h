@@ -55,6 +55,9 @@ struct ConnectOptions {
   int async_threads = 2;
   // Bytes per WriteChunk / expected ReadChunk on the gRPC data path.
   uint32_t stream_chunk_bytes = 1 << 20;
+  // false: Clients of one process dialing the same address share one HTTP/2 connection (gRPC
+  // multiplexes their calls; far cheaper per call). true: this Client opens its own.
+  bool dedicated_connection = false;
 };
 
 // What the daemon said in the handshake.
@@ -180,11 +183,18 @@ class Client {
   // Drops cached pages of `codec_id` (nullptr: every codec). Returns pages removed.
   virtual absl::StatusOr<uint64_t> Clear(const CodecId* codec_id, bool include_pinned) = 0;
 
-  // Asynchronous variants: run on the client's worker pool. The spans' memory (keys, page
-  // bytes, destination buffers) must stay valid until the future is ready / the callback ran.
+  // Non-blocking lookup on gRPC's callback API: returns at once, no thread waits for the
+  // answer; `done` runs on a gRPC thread (keep it short, never block in it). The keys are copied
+  // before this returns. Above max_batch keys it runs the blocking Lookup on the worker pool.
+  virtual void LookupAsync(const Codec& codec, std::span<const BlockKey> keys,
+                           const LookupOptions& options,
+                           std::function<void(absl::StatusOr<LookupResult>)> done) = 0;
   std::future<absl::StatusOr<LookupResult>> LookupAsync(const Codec& codec,
                                                         std::span<const BlockKey> keys,
                                                         const LookupOptions& options = {});
+
+  // Asynchronous variants on the client's worker pool. The spans' memory (keys, page bytes,
+  // destination buffers) must stay valid until the future is ready / the callback ran.
   std::future<absl::StatusOr<StoreResult>> StoreAsync(const Codec& codec,
                                                       std::span<const PageWrite> pages);
   std::future<absl::StatusOr<LoadResult>> LoadAsync(const Codec& codec,
