@@ -36,7 +36,15 @@ void QuantizeDequantizeRow(const RotationSet& rotations, uint32_t layer, KV kv, 
   ClipRowAtQuantile(std::span<float>(row, d), rotations.clip(layer, kv, head));
   uint8_t codes[256 / 4];
   uint16_t params[2 * 256 / 32];
-  QuantizeRowInt2(row, d, group, codes, params);
+  QuantizeRowInt2(row, d, group, rotations.range_mode(layer, kv, head), codes, params);
+  DequantizeRowInt2(codes, params, d, group, row);
+}
+
+void QuantizeDequantizeRow(float* row, uint32_t d, uint32_t group, float clip, RangeMode mode) {
+  ClipRowAtQuantile(std::span<float>(row, d), clip);
+  uint8_t codes[256 / 4];
+  uint16_t params[2 * 256 / 32];
+  QuantizeRowInt2(row, d, group, mode, codes, params);
   DequantizeRowInt2(codes, params, d, group, row);
 }
 
@@ -117,23 +125,15 @@ absl::Status MixedPrecisionAttention::Attend(const AttentionInputs& in, float* o
         }
       }
     }
-    // Softmax over s <= t.
+    // Softmax over s <= t (vectorised exp).
+    S *= scale;
     for (uint32_t r = 0; r < B; ++r) {
       const uint32_t n = t0 + r + 1;
-      float mx = -std::numeric_limits<float>::infinity();
-      for (uint32_t s = 0; s < n; ++s) {
-        S(r, s) *= scale;
-        mx = std::max(mx, S(r, s));
-      }
-      double sum = 0;
-      for (uint32_t s = 0; s < n; ++s) {
-        const float e = std::exp(S(r, s) - mx);
-        S(r, s) = e;
-        sum += e;
-      }
-      const float inv = static_cast<float>(1.0 / sum);
-      for (uint32_t s = 0; s < n; ++s) S(r, s) *= inv;
-      for (uint32_t s = n; s < t1; ++s) S(r, s) = 0.0f;
+      auto row = S.row(r).head(n).array();
+      const float mx = row.maxCoeff();
+      row = (row - mx).exp();
+      row *= 1.0f / row.sum();
+      if (n < t1) S.row(r).tail(t1 - n).setZero();
     }
     // Output = P_sink V_hi + P_lo V_lo + P_band V_hi (split where the band overlaps lo).
     RowMat o = RowMat::Zero(B, d);

@@ -50,6 +50,7 @@ absl::Status EncodePage(const CodecProfile& p, const RotationSet* rot, PageKind 
         uint8_t* seg = out.data() + g.segment_offset(l, kvi, h);
         const float* r = rot ? rot->matrix(l, static_cast<KV>(kvi), h) : nullptr;
         const float clip = rot ? rot->clip(l, static_cast<KV>(kvi), h) : 1.0f;
+        const RangeMode mode = rot ? rot->range_mode(l, static_cast<KV>(kvi), h) : RangeMode::kMinMax;
         for (uint32_t t = 0; t < token_count; ++t) {
           const float* src = kv.row(l, kvi, first_token + t, h);
           if (r) {
@@ -62,7 +63,7 @@ absl::Status EncodePage(const CodecProfile& p, const RotationSet* rot, PageKind 
             for (uint32_t i = 0; i < d; ++i) dst[i] = FloatToBf16(row[i]);
           } else {
             ClipRowAtQuantile(row, clip);
-            QuantizeRowInt2(row.data(), d, p.group_size, seg + g.code_row_offset(t),
+            QuantizeRowInt2(row.data(), d, p.group_size, mode, seg + g.code_row_offset(t),
                             reinterpret_cast<uint16_t*>(seg + g.scale_offset(t, 0)));
           }
         }

@@ -36,6 +36,10 @@ GroupParams ComputeGroupParams(const float* x, uint32_t n) {
     mn = std::min(mn, x[i]);
     mx = std::max(mx, x[i]);
   }
+  return ComputeRangeParams(mn, mx);
+}
+
+GroupParams ComputeRangeParams(float mn, float mx) {
   // Saturate to the finite fp16 range so stored parameters are never inf.
   mn = std::clamp(mn, -65504.0f, 65504.0f);
   mx = std::clamp(mx, -65504.0f, 65504.0f);
@@ -63,6 +67,71 @@ void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, uint8_t* codes,
       const float t = (x[j] - minf) * inv + 0.5f;
       const int c = std::clamp(static_cast<int>(std::floor(t)), 0, 3);
       codes[j / 4] |= static_cast<uint8_t>(c << (2 * (j % 4)));
+    }
+  }
+}
+
+namespace {
+
+// Codes of x[0..n) for the given parameters into `codes` (one byte per element, 0..3).
+void GroupCodes(const float* x, uint32_t n, GroupParams p, uint8_t* out) {
+  const float minf = HalfToFloat(p.min16), sf = HalfToFloat(p.scale16);
+  const float inv = sf > 0 ? 1.0f / sf : 0.0f;
+  for (uint32_t j = 0; j < n; ++j) {
+    const float t = (x[j] - minf) * inv + 0.5f;
+    out[j] = static_cast<uint8_t>(std::clamp(static_cast<int>(std::floor(t)), 0, 3));
+  }
+}
+
+}  // namespace
+
+void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, RangeMode mode, uint8_t* codes,
+                     uint16_t* scale_min) {
+  if (mode == RangeMode::kMinMax) {
+    QuantizeRowInt2(x, d, group, codes, scale_min);
+    return;
+  }
+  std::fill(codes, codes + d / 4, uint8_t{0});
+  uint8_t cand[256], best[256];
+  for (uint32_t g0 = 0, gi = 0; g0 < d; g0 += group, ++gi) {
+    const float* xg = x + g0;
+    float mn = xg[0], mx = xg[0];
+    for (uint32_t i = 1; i < group; ++i) {
+      mn = std::min(mn, xg[i]);
+      mx = std::max(mx, xg[i]);
+    }
+    mn = std::clamp(mn, -65504.0f, 65504.0f);
+    mx = std::clamp(mx, -65504.0f, 65504.0f);
+    const float width = mx - mn;
+    GroupParams best_p = ComputeRangeParams(mn, mx);
+    GroupCodes(xg, group, best_p, best);
+    const float s0 = HalfToFloat(best_p.scale16);
+    if (s0 > 0) {
+      const float unit_inv = (1.0f / s0) * 64.0f;
+      uint64_t best_err = UINT64_MAX;
+      for (uint32_t i = 0; i < kRangeSearchCandidates; ++i) {
+        const float f = static_cast<float>(i) / 32.0f;
+        const GroupParams p = i == 0 ? best_p : ComputeRangeParams(mn + f * width, mx - f * width);
+        GroupCodes(xg, group, p, cand);
+        const float minf = HalfToFloat(p.min16), sf = HalfToFloat(p.scale16);
+        uint64_t err = 0;
+        for (uint32_t j = 0; j < group; ++j) {
+          const float xhat = minf + static_cast<float>(cand[j]) * sf;
+          const float e = std::fabs(xg[j] - xhat) * unit_inv;
+          const uint64_t q = static_cast<uint64_t>(std::min(std::floor(e), 65535.0f));
+          err += q * q;
+        }
+        if (err < best_err) {
+          best_err = err;
+          best_p = p;
+          std::copy_n(cand, group, best);
+        }
+      }
+    }
+    scale_min[2 * gi] = best_p.scale16;
+    scale_min[2 * gi + 1] = best_p.min16;
+    for (uint32_t j = 0; j < group; ++j) {
+      codes[(g0 + j) / 4] |= static_cast<uint8_t>(best[j] << (2 * ((g0 + j) % 4)));
     }
   }
 }

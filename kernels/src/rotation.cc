@@ -130,6 +130,10 @@ Sha256Digest RotationSet::Digest() const {
   }
   buf.append(reinterpret_cast<const char*>(matrices_.data()), matrices_.size() * sizeof(float));
   buf.append(reinterpret_cast<const char*>(clips_.data()), clips_.size() * sizeof(float));
+  if (has_range_modes()) {
+    buf += "RANGE";
+    buf.append(reinterpret_cast<const char*>(range_modes_.data()), range_modes_.size());
+  }
   return Sha256(buf.data(), buf.size());
 }
 

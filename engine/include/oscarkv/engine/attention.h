@@ -73,5 +73,7 @@ class MixedPrecisionAttention : public AttentionBackend {
 // set's range mode, dequantize) in place. Exposed for calibration and tests.
 void QuantizeDequantizeRow(const RotationSet& rotations, uint32_t layer, KV kv, uint32_t head,
                            uint32_t group, float* row);
+// The same with an explicit clip ratio and range mode (head_dim <= 256, group >= 32).
+void QuantizeDequantizeRow(float* row, uint32_t d, uint32_t group, float clip, RangeMode mode);
 
 }  // namespace oscarkv::engine

@@ -28,6 +28,20 @@ void ClipRowAtQuantile(std::span<float> x, float c);
 void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, uint8_t* codes,
                      uint16_t* scale_min);
 
+// Write-time range selection per group (docs/FORMAT.md §1.3.1). kMinMax is the rule above.
+// kSearch tries 8 candidate ranges [lo_i, hi_i] = [mn + f_i*(mx-mn), mx - f_i*(mx-mn)],
+// f_i = i/32 for i = 0..7 (i = 0 is exactly min-max), quantizes the group with each (same
+// directed-rounding parameters and code rule, values outside the range clamp to code 0 or 3),
+// scores each by the integer error sum_j floor(|x_j - x_hat_j| * (64/scale16_0))^2 (scale16_0
+// the i = 0 scale; element terms saturate at 65535 before squaring) and keeps the first
+// candidate with the smallest score. The stored (scale16, min16) are the chosen candidate's,
+// so readers need nothing new and the format is unchanged (2 + 32/G bits per element).
+enum class RangeMode : uint8_t { kMinMax = 0, kSearch = 1 };
+inline constexpr uint32_t kRangeSearchCandidates = 8;
+
+void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, RangeMode mode, uint8_t* codes,
+                     uint16_t* scale_min);
+
 // Inverse of QuantizeRowInt2 (the dequantized row, not the original).
 void DequantizeRowInt2(const uint8_t* codes, const uint16_t* scale_min, uint32_t d,
                        uint32_t group, float* out);
@@ -38,5 +52,7 @@ struct GroupParams {
   uint16_t min16;
 };
 GroupParams ComputeGroupParams(const float* x, uint32_t n);
+// Parameters for an explicit range [lo, hi] with the same directed rounding and saturation.
+GroupParams ComputeRangeParams(float lo, float hi);
 
 }  // namespace oscarkv

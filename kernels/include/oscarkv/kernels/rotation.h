@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "oscarkv/kernels/codec_profile.h"
+#include "oscarkv/kernels/quantize.h"
 
 namespace oscarkv {
 
@@ -53,11 +54,27 @@ class RotationSet {
   }
   float clip(uint32_t layer, KV kv, uint32_t head) const { return clips_[Index(layer, kv, head)]; }
   void set_clip(uint32_t layer, KV kv, uint32_t head, float c) { clips_[Index(layer, kv, head)] = c; }
+  // Write-time range selection of INT2 rows (quantize.h); kMinMax unless set.
+  RangeMode range_mode(uint32_t layer, KV kv, uint32_t head) const {
+    return range_modes_.empty() ? RangeMode::kMinMax
+                                : static_cast<RangeMode>(range_modes_[Index(layer, kv, head)]);
+  }
+  void set_range_mode(uint32_t layer, KV kv, uint32_t head, RangeMode m) {
+    if (range_modes_.empty()) range_modes_.assign(clips_.size(), 0);
+    range_modes_[Index(layer, kv, head)] = static_cast<uint8_t>(m);
+  }
+  bool has_range_modes() const {
+    for (uint8_t m : range_modes_) {
+      if (m != 0) return true;
+    }
+    return false;
+  }
   const std::vector<float>& matrices() const { return matrices_; }
   const std::vector<float>& clips() const { return clips_; }
 
   // SHA-256 over "OSCARKV-ROT-V1", u32le layers, kv_heads, d, the matrices then the clips as
-  // little-endian fp32. Enters CodecProfile::rotation_digest.
+  // little-endian fp32, then -- only when some range mode is not kMinMax -- "RANGE" and one
+  // byte per (layer, K|V, head) in clip order. Enters CodecProfile::rotation_digest.
   Sha256Digest Digest() const;
 
  private:
@@ -67,6 +84,7 @@ class RotationSet {
   uint32_t layers_ = 0, kv_heads_ = 0, d_ = 0;
   std::vector<float> matrices_;
   std::vector<float> clips_;
+  std::vector<uint8_t> range_modes_;  // empty: all kMinMax
 };
 
 }  // namespace oscarkv

@@ -1,0 +1,175 @@
+// `oscarkv calibrate`: OSCAR rotations and clip ratios from real activations, written as a
+// rotation artifact; `oscarkv calibrate absorb`: V-rotation absorption into a checkpoint.
+#include <omp.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/strings/str_split.h"
+#include "command.h"
+#include "oscarkv/calibrate/absorb.h"
+#include "oscarkv/calibrate/artifact.h"
+#include "oscarkv/calibrate/calibrator.h"
+#include "oscarkv/engine/eval.h"
+#include "oscarkv/engine/safetensors.h"
+#include "oscarkv/util/args.h"
+
+namespace oscarkv::cli {
+namespace {
+
+int Fail(const std::string& cmd, const absl::Status& s, int code = 1) {
+  std::fprintf(stderr, "oscarkv %s: %s\n", cmd.c_str(), std::string(s.message()).c_str());
+  return code;
+}
+
+int RunCalibrate(int argc, char** argv) {
+  Args args("calibrate",
+            "Calibrates OSCAR KV-cache rotations: runs the reference engine over calibration\n"
+            "text (or reads Q/K/V activation dumps), accumulates per layer and KV head the query\n"
+            "covariance C_Q and the attention-weighted value covariance C_S in fp64,\n"
+            "eigendecomposes them, composes R = U * H * P_br, and searches clip ratios per layer,\n"
+            "head and K/V (no clip included) against attention-output error on held-out windows.\n"
+            "Writes DIR/rotations.safetensors and DIR/rotations.json; equal inputs give equal bytes.");
+  args.Option("model", "", "HF Qwen3-style checkpoint folder (config.json + safetensors)")
+      .Option("text", "", "calibration text file (must not be the evaluation text)")
+      .Option("dumps", "", "comma-separated activation dumps instead of --model/--text: "
+                           "safetensors with layers.{l}.q/k/v [tokens, heads, head_dim]")
+      .Option("out", "", "output folder for the rotation artifact")
+      .Option("windows", "24", "calibration windows (consecutive chunks of --text)")
+      .Option("heldout", "4", "further held-out windows for the clip search")
+      .Option("window-bytes", "2048", "bytes (tokens) per window")
+      .Option("c-s", "scores", "value covariance: scores (real softmax scores), outputs "
+                               "(covariance of attention outputs) or proxy (OSCAR's k^T C_Q k)")
+      .Option("clip", "search", "clip ratios: search (per layer/head/K|V) or fixed")
+      .Option("clip-k", "0.96", "fixed key clip ratio (with --clip fixed)")
+      .Option("clip-v", "0.92", "fixed value clip ratio (with --clip fixed)")
+      .Option("range", "search", "INT2 write-time range: minmax, or search (per-group range "
+                                 "selection, docs/FORMAT.md 1.3.1)")
+      .Option("sink", "64", "BF16 sink tokens assumed by the clip search")
+      .Option("recent", "256", "BF16 recent tokens assumed by the clip search")
+      .Option("group", "128", "quantization group size")
+      .Option("threads", "0", "worker threads (0 = all cores)")
+      .Epilog("example:\n  python3 tools/golden/make_calib_text.py /tmp/calib.txt\n"
+              "  oscarkv calibrate --model ../shared/refmodel --text /tmp/calib.txt --out rot/");
+  if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail("calibrate", s, 2);
+  if (args.help_requested()) {
+    std::printf("%s", args.Help().c_str());
+    return 0;
+  }
+  calibrate::CalibrationOptions o;
+  auto windows = args.integer("windows"), heldout = args.integer("heldout"),
+       wbytes = args.integer("window-bytes"), sink = args.integer("sink"),
+       recent = args.integer("recent"), group = args.integer("group"),
+       threads = args.integer("threads");
+  auto clip_k = args.real("clip-k"), clip_v = args.real("clip-v");
+  auto cs = calibrate::ParseValueWeighting(args.str("c-s"));
+  for (const absl::Status& s : {windows.status(), heldout.status(), wbytes.status(), sink.status(),
+                                recent.status(), group.status(), threads.status(), clip_k.status(),
+                                clip_v.status(), cs.status()}) {
+    if (!s.ok()) return Fail("calibrate", s, 2);
+  }
+  if (args.str("out").empty()) {
+    return Fail("calibrate", absl::InvalidArgumentError("--out is required\n\n" + args.Help()), 2);
+  }
+  if (args.str("clip") != "search" && args.str("clip") != "fixed") {
+    return Fail("calibrate", absl::InvalidArgumentError("--clip must be search or fixed"), 2);
+  }
+  if (args.str("range") != "search" && args.str("range") != "minmax") {
+    return Fail("calibrate", absl::InvalidArgumentError("--range must be search or minmax"), 2);
+  }
+  if (*threads > 0) omp_set_num_threads(static_cast<int>(*threads));
+  o.windows = *windows;
+  o.heldout = *heldout;
+  o.window_bytes = *wbytes;
+  o.value_weighting = *cs;
+  o.sink = *sink;
+  o.recent = *recent;
+  o.group = *group;
+  o.range_mode = args.str("range") == "search" ? RangeMode::kSearch : RangeMode::kMinMax;
+  if (args.str("clip") == "fixed") {
+    o.clip_candidates.clear();
+    o.fixed_clip_k = static_cast<float>(*clip_k);
+    o.fixed_clip_v = static_cast<float>(*clip_v);
+  }
+  engine::ProgressBar bar("calibrate");
+  auto progress = [&](uint64_t done, uint64_t total) { bar.Update(done, total); };
+  absl::StatusOr<calibrate::RotationArtifact> artifact;
+  if (!args.str("dumps").empty()) {
+    std::vector<std::string> files = absl::StrSplit(args.str("dumps"), ',', absl::SkipEmpty());
+    artifact = calibrate::CalibrateFromDumps(files, o, progress);
+  } else {
+    if (args.str("model").empty() || args.str("text").empty()) {
+      return Fail("calibrate", absl::InvalidArgumentError(
+                                   "give --model and --text (or --dumps)\n\n" + args.Help()), 2);
+    }
+    auto model = engine::Model::Load(args.str("model"));
+    if (!model.ok()) return Fail("calibrate", model.status());
+    auto text = engine::ReadFileBytes(args.str("text"));
+    if (!text.ok()) return Fail("calibrate", text.status());
+    std::fprintf(stderr, "calibrate: %s, %zu bytes of text, %u+%u windows of %u bytes\n",
+                 (*model)->config().model_id.c_str(), text->size(), o.windows, o.heldout,
+                 o.window_bytes);
+    artifact = calibrate::CalibrateModel(**model, std::string(text->begin(), text->end()), o,
+                                         progress);
+    if (artifact.ok()) artifact->metadata["text"] = std::filesystem::path(args.str("text")).filename().string();
+  }
+  bar.Finish();
+  if (!artifact.ok()) return Fail("calibrate", artifact.status());
+  if (absl::Status s = calibrate::WriteArtifact(*artifact, args.str("out")); !s.ok()) {
+    return Fail("calibrate", s);
+  }
+  const RotationSet& r = artifact->rotations;
+  std::printf("wrote %s/{%s,%s}\n", args.str("out").c_str(), calibrate::kArtifactTensors,
+              calibrate::kArtifactJson);
+  const Sha256Digest digest = artifact->rotations.Digest();
+  std::printf("digest %s\n", HexEncode(digest.data(), digest.size()).c_str());
+  std::printf("clip ratios (K / V per layer, heads in order):\n");
+  for (uint32_t l = 0; l < r.layers(); ++l) {
+    std::printf("  layer %2u  K", l);
+    for (uint32_t h = 0; h < r.kv_heads(); ++h) std::printf(" %.3f", r.clip(l, KV::kKey, h));
+    std::printf("   V");
+    for (uint32_t h = 0; h < r.kv_heads(); ++h) std::printf(" %.3f", r.clip(l, KV::kValue, h));
+    std::printf("\n");
+  }
+  return 0;
+}
+
+int RunAbsorb(int argc, char** argv) {
+  Args args("calibrate absorb",
+            "Rewrites a checkpoint so v_proj emits values rotated by the artifact's R_V and\n"
+            "o_proj consumes them; writes OUT/model.safetensors, OUT/config.json and\n"
+            "OUT/rotations/ (the artifact with identity V rotations, for the rewritten model).");
+  args.Option("model", "", "source checkpoint folder")
+      .Option("rotations", "", "rotation artifact folder")
+      .Option("out", "", "output checkpoint folder");
+  if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail("calibrate absorb", s, 2);
+  if (args.help_requested()) {
+    std::printf("%s", args.Help().c_str());
+    return 0;
+  }
+  if (args.str("model").empty() || args.str("rotations").empty() || args.str("out").empty()) {
+    return Fail("calibrate absorb",
+                absl::InvalidArgumentError("--model, --rotations and --out are required"), 2);
+  }
+  auto a = calibrate::ReadArtifact(args.str("rotations"));
+  if (!a.ok()) return Fail("calibrate absorb", a.status());
+  if (absl::Status s = calibrate::AbsorbValueRotations(args.str("model"), a->rotations, args.str("out"));
+      !s.ok()) {
+    return Fail("calibrate absorb", s);
+  }
+  calibrate::RotationArtifact b{calibrate::ValueIdentity(a->rotations), a->eigenvalues, a->metadata};
+  b.metadata["absorbed_v_rotation_of"] = a->metadata.value("digest", "");
+  if (absl::Status s = calibrate::WriteArtifact(b, args.str("out") + "/rotations"); !s.ok()) {
+    return Fail("calibrate absorb", s);
+  }
+  std::printf("wrote %s (V rotations absorbed) and %s/rotations\n", args.str("out").c_str(),
+              args.str("out").c_str());
+  return 0;
+}
+
+OSCARKV_COMMAND("calibrate", "OSCAR rotations + clip ratios from real activations", RunCalibrate);
+OSCARKV_COMMAND("calibrate absorb", "absorb V rotations into a checkpoint's v_proj/o_proj",
+                RunAbsorb);
+
+}  // namespace
+}  // namespace oscarkv::cli
