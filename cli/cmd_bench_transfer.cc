@@ -86,10 +86,14 @@ absl::Status FillPool(const CodecProfile& p, PageKind kind, uint8_t* pool, size_
   return absl::OkStatus();
 }
 
-size_t CountValid(const uint8_t* pool, size_t bytes, size_t count) {
+size_t CountValid(const uint8_t* pool, size_t bytes, size_t count, std::string* first_bad = nullptr) {
   size_t ok = 0;
   for (size_t i = 0; i < count; ++i) {
-    ok += ParsePageHeaderStandalone({pool + i * bytes, bytes}).ok() ? 1 : 0;
+    absl::StatusOr<PageHeader> h = ParsePageHeaderStandalone({pool + i * bytes, bytes});
+    ok += h.ok() ? 1 : 0;
+    if (!h.ok() && first_bad != nullptr && first_bad->size() < 400) {
+      absl::StrAppend(first_bad, " slot ", i, ": ", h.status().message(), ";");
+    }
   }
   return ok;
 }
@@ -339,6 +343,8 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
     return absl::ResourceExhaustedError("client buffer allocation failed");
   }
   OSCARKV_ASSIGN_OR_RETURN(auto local_int2, ctx->Register(int2.data, int2.size));
+  // Highest local slot each pool has received a page into; those are checksum-verified at the end.
+  size_t int2_used = 0, bf16_used = 0;
   OSCARKV_ASSIGN_OR_RETURN(auto local_bf16, ctx->Register(bf16.data, bf16.size));
 
   // Page-batch bandwidth: batches of `batch_pages` INT2 pages, `bw_pages` in total. Distinct
@@ -352,6 +358,7 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
                        int2_bytes});
     }
     const int64_t batches = std::max<int64_t>(1, cfg.bw_pages / cfg.batch_pages);
+    int2_used = std::max<size_t>(int2_used, same_buffer ? 1 : cfg.batch_pages);
     OSCARKV_RETURN_IF_ERROR((*ep)->Run(d, *local_int2, *remote_int2, descs, absl::Seconds(60)));
     const absl::Time start = absl::Now();
     for (int64_t b = 0; b < batches; ++b) {
@@ -362,16 +369,18 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
     return double(batches) * cfg.batch_pages * int2_bytes / secs / 1e9;
   };
   // The raw bound of a batch on this machine: memcpy of the same distinct pages, in-process.
+  HostBuffer scratch(int2_bytes * cfg.batch_pages);
+  if (scratch.data == nullptr) return absl::ResourceExhaustedError("scratch allocation failed");
   auto memcpy_bound = [&]() -> double {
-    const size_t n = std::min<size_t>(cfg.batch_pages, int2_pool / 2);
-    const int64_t batches = std::max<int64_t>(1, cfg.bw_pages / static_cast<int64_t>(n));
+    const int64_t batches = std::max<int64_t>(1, cfg.bw_pages / cfg.batch_pages);
     const absl::Time start = absl::Now();
     for (int64_t b = 0; b < batches; ++b) {
-      for (size_t i = 0; i < n; ++i) {
-        std::memcpy(int2.data + i * int2_bytes, int2.data + (n + i) * int2_bytes, int2_bytes);
+      for (int64_t i = 0; i < cfg.batch_pages; ++i) {
+        std::memcpy(scratch.data + i * int2_bytes, int2.data + i * int2_bytes, int2_bytes);
       }
     }
-    return double(batches) * n * int2_bytes / absl::ToDoubleSeconds(absl::Now() - start) / 1e9;
+    return double(batches) * cfg.batch_pages * int2_bytes /
+           absl::ToDoubleSeconds(absl::Now() - start) / 1e9;
   };
 
   // Handoff: every page of the plan fetched from the peer in one go (two batches posted together
@@ -391,6 +400,8 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
       }
     }
     *bytes = d_int2.size() * int2_bytes + d_bf16.size() * bf16_bytes;
+    int2_used = std::max(int2_used, std::min(k_int2, int2_pool));
+    bf16_used = std::max(bf16_used, std::min(k_bf16, bf16_pool));
     if (!all_bf16) {
       rep.int2_handoff_pages = d_int2.size();
       rep.int2_handoff_bf16_pages = d_bf16.size();
@@ -442,9 +453,10 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
     rep.bf16_handoff_s = r == 0 ? tb : std::min(rep.bf16_handoff_s, tb);
   }
   // Every page that crossed is a real page: verify all local slots and ask the peer about its.
-  rep.checked_pages = int2_pool + bf16_pool;
-  rep.verified_pages = CountValid(int2.data, int2_bytes, int2_pool) +
-                       CountValid(bf16.data, bf16_bytes, bf16_pool);
+  rep.checked_pages = int2_used + bf16_used;
+  std::string bad;
+  rep.verified_pages = CountValid(int2.data, int2_bytes, int2_used, &bad) +
+                       CountValid(bf16.data, bf16_bytes, bf16_used, &bad);
   std::vector<std::string> lanes = (*ep)->Transports();
   rep.lanes = absl::StrJoin(lanes, ",");
   OSCARKV_RETURN_IF_ERROR(transport::SendBlob(peer->control_fd(), "count-valid"));
@@ -463,7 +475,7 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
   }
   if (rep.verified_pages != rep.checked_pages) {
     return absl::DataLossError(absl::StrCat(rep.checked_pages - rep.verified_pages,
-                                            " received pages failed their checksum"));
+                                            " received pages failed their checksum:", bad));
   }
   return rep;
 }
