@@ -1,1 +1,122 @@
+// Calibration recovers a planted eigenbasis.
+#include "oscarkv/calibrate/covariance.h"
+
+#include <cmath>
+#include <random>
+
 #include "gtest/gtest.h"
+#include "oscarkv/calibrate/calibrator.h"
+#include "oscarkv/kernels/rotation.h"
+
+namespace oscarkv::calibrate {
+namespace {
+
+// A random orthogonal d x d matrix (Gram-Schmidt on Gaussian columns), row-major.
+std::vector<double> RandomOrthogonal(uint32_t d, std::mt19937& rng) {
+  std::normal_distribution<double> n;
+  std::vector<double> q(size_t{d} * d);
+  for (auto& v : q) v = n(rng);
+  for (uint32_t j = 0; j < d; ++j) {
+    for (uint32_t k = 0; k < j; ++k) {
+      double dot = 0;
+      for (uint32_t i = 0; i < d; ++i) dot += q[i * d + j] * q[i * d + k];
+      for (uint32_t i = 0; i < d; ++i) q[i * d + j] -= dot * q[i * d + k];
+    }
+    double norm = 0;
+    for (uint32_t i = 0; i < d; ++i) norm += q[i * d + j] * q[i * d + j];
+    for (uint32_t i = 0; i < d; ++i) q[i * d + j] /= std::sqrt(norm);
+  }
+  return q;
+}
+
+// Rows x = z * diag(sqrt(lambda)) * U^T: covariance U diag(lambda) U^T.
+std::vector<float> PlantedRows(const std::vector<double>& u, const std::vector<double>& lambda,
+                               uint32_t n, uint32_t stride_heads, std::mt19937& rng) {
+  const uint32_t d = static_cast<uint32_t>(lambda.size());
+  std::normal_distribution<double> g;
+  std::vector<float> x(size_t{n} * stride_heads * d);
+  for (uint32_t r = 0; r < n * stride_heads; ++r) {
+    std::vector<double> z(d);
+    for (uint32_t k = 0; k < d; ++k) z[k] = g(rng) * std::sqrt(lambda[k]);
+    for (uint32_t i = 0; i < d; ++i) {
+      double acc = 0;
+      for (uint32_t k = 0; k < d; ++k) acc += u[size_t{i} * d + k] * z[k];
+      x[size_t{r} * d + i] = static_cast<float>(acc);
+    }
+  }
+  return x;
+}
+
+TEST(CovarianceTest, RecoversPlantedEigenbasis) {
+  const uint32_t d = 32;
+  std::mt19937 rng(3);
+  const std::vector<double> u = RandomOrthogonal(d, rng);
+  std::vector<double> lambda(d);
+  for (uint32_t k = 0; k < d; ++k) lambda[k] = std::pow(0.8, k) * 10;
+  const std::vector<float> x = PlantedRows(u, lambda, 20000, 1, rng);
+  CovarianceAccumulator acc(d);
+  acc.Add(x.data(), 20000, d);
+  const EigenRotation e = OscarRotationFromCovariance(acc.Mean(), d);
+  for (uint32_t k = 0; k < 8; ++k) {  // well-separated leading eigenvectors
+    double dot = 0;
+    for (uint32_t i = 0; i < d; ++i) dot += u[i * d + k] * e.eigenvectors[i * d + k];
+    EXPECT_GT(std::fabs(dot), 0.98) << "eigenvector " << k;
+    EXPECT_NEAR(e.eigenvalues[k], lambda[k], 0.05 * lambda[k]);
+  }
+  // R = U H P_br: orthogonal, and equal to kernels' composition of the recovered U.
+  EXPECT_EQ(e.rotation, ComposeOscarRotation(e.eigenvectors, d));
+  for (uint32_t i = 0; i < d; ++i) {
+    double n2 = 0;
+    for (uint32_t j = 0; j < d; ++j) n2 += double(e.rotation[i * d + j]) * e.rotation[i * d + j];
+    EXPECT_NEAR(n2, 1.0, 1e-4);
+  }
+}
+
+TEST(CovarianceTest, WeightsScaleRows) {
+  const float rows[4] = {1, 0, 0, 1};
+  const float w[2] = {4, 0};
+  CovarianceAccumulator acc(2);
+  acc.Add(rows, 2, 2, w);
+  const std::vector<double> m = acc.Mean();
+  EXPECT_DOUBLE_EQ(m[0], 1.0);  // 4 * 1 / (4 + 0)
+  EXPECT_DOUBLE_EQ(m[3], 0.0);
+}
+
+TEST(CalibratorTest, KeyRotationFollowsPlantedQueryCovariance) {
+  // Queries with a planted covariance; keys/values isotropic. R_K's first column block must
+  // come from the planted eigenbasis: R_K = U H P, so U = R_K P^T H^T.
+  const uint32_t d = 64, T = 256, hq = 2, hkv = 1;
+  std::mt19937 rng(4);
+  const std::vector<double> u = RandomOrthogonal(d, rng);
+  std::vector<double> lambda(d), flat(d, 1.0);
+  for (uint32_t k = 0; k < d; ++k) lambda[k] = std::pow(0.85, k) * 4;
+  CalibrationOptions o;
+  o.clip_candidates.clear();
+  Calibrator cal(1, hq, hkv, d, o);
+  for (int w = 0; w < 20; ++w) {
+    const std::vector<float> q = PlantedRows(u, lambda, T, hq, rng);
+    const std::vector<float> k = PlantedRows(u, flat, T, hkv, rng);
+    const std::vector<float> v = PlantedRows(u, flat, T, hkv, rng);
+    cal.AccumulateCovariances({0, T, hq, hkv, d, q.data(), k.data(), v.data()});
+  }
+  ASSERT_TRUE(cal.BuildRotations().ok());
+  auto a = cal.Finish({});
+  ASSERT_TRUE(a.ok()) << a.status();
+  // Recover U from R: U = R * P^T * H^T (H symmetric, P an involution).
+  const float* r = a->rotations.matrix(0, KV::kKey, 0);
+  const std::vector<float> h = HadamardMatrix(d);
+  const std::vector<uint32_t> perm = BitReversalPermutation(d);
+  for (uint32_t k = 0; k < 6; ++k) {
+    double dot = 0;
+    for (uint32_t i = 0; i < d; ++i) {
+      double uik = 0;  // (R P^T H)_{ik} = sum_j R[i][perm^-1 ...]
+      for (uint32_t j = 0; j < d; ++j) uik += double(r[i * d + j]) * h[perm[j] * d + k];
+      dot += uik * u[i * d + k];
+    }
+    EXPECT_GT(std::fabs(dot), 0.95) << "eigenvector " << k;
+  }
+  EXPECT_EQ(a->metadata["calibration_tokens"], 20 * T);
+}
+
+}  // namespace
+}  // namespace oscarkv::calibrate

@@ -1,0 +1,70 @@
+#include "oscarkv/calibrate/artifact.h"
+
+#include <filesystem>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "oscarkv/engine/safetensors.h"
+
+namespace oscarkv::calibrate {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() / ("oscarkv_artifact_" + name + "_" +
+                                                     std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  return p.string();
+}
+
+RotationArtifact Sample() {
+  std::vector<float> u(64 * 64, 0.0f);
+  for (uint32_t i = 0; i < 64; ++i) u[i * 64 + (i * 7) % 64] = (i % 3) ? 1.0f : -1.0f;
+  const std::vector<float> r = ComposeOscarRotation(u, 64);
+  std::vector<float> m;
+  for (int i = 0; i < 3 * 2 * 2; ++i) m.insert(m.end(), r.begin(), r.end());
+  std::vector<float> clips = {1, 0.97f, 0.96f, 0.92f, 1, 1, 0.9f, 0.95f, 1, 0.99f, 0.98f, 1};
+  RotationArtifact a{*RotationSet::FromData(3, 2, 64, m, clips), {}, {}};
+  a.rotations.set_range_mode(2, KV::kValue, 1, RangeMode::kSearch);
+  a.eigenvalues.resize(3 * 2 * 2 * 64);
+  for (size_t i = 0; i < a.eigenvalues.size(); ++i) a.eigenvalues[i] = 1000.0f - i;
+  a.metadata["model"] = "test";
+  return a;
+}
+
+TEST(ArtifactTest, RoundTripsAndIsDeterministic) {
+  const std::string dir = TempDir("rt");
+  const RotationArtifact a = Sample();
+  ASSERT_TRUE(WriteArtifact(a, dir).ok());
+  auto b = ReadArtifact(dir);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->rotations.matrices(), a.rotations.matrices());
+  EXPECT_EQ(b->rotations.clips(), a.rotations.clips());
+  EXPECT_EQ(b->rotations.range_mode(2, KV::kValue, 1), RangeMode::kSearch);
+  EXPECT_EQ(b->rotations.Digest(), a.rotations.Digest());
+  EXPECT_EQ(b->eigenvalues, a.eigenvalues);
+  EXPECT_EQ(b->metadata["model"], "test");
+  const std::string dir2 = TempDir("rt2");
+  ASSERT_TRUE(WriteArtifact(*b, dir2).ok());
+  auto bytes1 = engine::ReadFileBytes(dir + "/rotations.safetensors");
+  auto bytes2 = engine::ReadFileBytes(dir2 + "/rotations.safetensors");
+  ASSERT_TRUE(bytes1.ok() && bytes2.ok());
+  EXPECT_EQ(*bytes1, *bytes2);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir2);
+}
+
+TEST(ArtifactTest, RejectsTamperedTensors) {
+  const std::string dir = TempDir("bad");
+  ASSERT_TRUE(WriteArtifact(Sample(), dir).ok());
+  auto bytes = engine::ReadFileBytes(dir + "/rotations.safetensors");
+  ASSERT_TRUE(bytes.ok());
+  (*bytes)[bytes->size() - 1] ^= 0x01;  // last clip ratio changes: digest mismatch
+  ASSERT_TRUE(engine::WriteFileBytes(dir + "/rotations.safetensors", bytes->data(), bytes->size()).ok());
+  auto r = ReadArtifact(dir);
+  EXPECT_FALSE(r.ok());
+  EXPECT_FALSE(ReadArtifact(dir + "/missing").ok());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace oscarkv::calibrate
