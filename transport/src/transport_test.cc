@@ -78,6 +78,18 @@ TEST(RegisterTest, RejectsBadBuffers) {
   EXPECT_GT((*ok)->exported().size(), 28u);
 }
 
+TEST(RegisterTest, AllocatesThroughUcx) {
+  auto ctx = Context::Create(Loopback("shm"));
+  ASSERT_TRUE(ctx.ok()) << ctx.status();
+  EXPECT_EQ((*ctx)->Allocate(0).status().code(), absl::StatusCode::kInvalidArgument);
+  auto region = (*ctx)->Allocate(3 << 20);
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_NE((*region)->base(), nullptr);
+  EXPECT_GE((*region)->length(), size_t{3} << 20);
+  (*region)->base()[(3 << 20) - 1] = 7;  // writable to its end
+  EXPECT_GT((*region)->exported().size(), 28u);
+}
+
 class EndpointTest : public ::testing::Test {
  protected:
   void SetUp() override {

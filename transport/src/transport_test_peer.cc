@@ -3,7 +3,8 @@
 // worker) until the control channel closes. Command "count-valid" replies with how many pool
 // slots hold a page whose checksum verifies.
 //
-//   transport_test_peer --tls=tcp --shape=refmodel --kind=int2 --pages=64 --seed=7 --control-fd=N
+//   transport_test_peer --tls=tcp --shape=refmodel --kind=int2 --pages=64 --seed=7 --alloc=user|ucx
+//                       --control-fd=N
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -30,7 +31,8 @@ int main(int argc, char** argv) {
   using namespace oscarkv::transport;
   std::map<std::string, std::string> opt = {{"tls", "tcp"},     {"shape", "refmodel"},
                                             {"kind", "int2"},    {"pages", "64"},
-                                            {"seed", "1"},       {"max-seconds", "120"}};
+                                            {"seed", "1"},       {"max-seconds", "120"},
+                                            {"alloc", "user"}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     const size_t eq = a.find('=');
@@ -60,23 +62,31 @@ int main(int argc, char** argv) {
   auto worker = Worker::Create(**ctx);
   if (!worker.ok()) return Fail(worker.status());
 
-  std::unique_ptr<uint8_t[]> pool(new uint8_t[page_bytes * pages]);
+  // --alloc=user: our memory, registered; --alloc=ucx: UCX-allocated (shm peers map it).
+  std::unique_ptr<uint8_t[]> user_pool;
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> region;
+  if (opt["alloc"] == "ucx") {
+    region = (*ctx)->Allocate(page_bytes * pages);
+  } else {
+    user_pool.reset(new uint8_t[page_bytes * pages]);
+    region = (*ctx)->Register(user_pool.get(), page_bytes * pages);
+  }
+  if (!region.ok()) return Fail(region.status());
+  uint8_t* pool = (*region)->base();
   for (uint32_t i = 0; i < pages; ++i) {
     if (absl::Status s = testing::FillPage(*profile, kind, seed, i,
-                                           {pool.get() + size_t{i} * page_bytes, page_bytes});
+                                           {pool + size_t{i} * page_bytes, page_bytes});
         !s.ok()) {
       return Fail(s);
     }
   }
-  auto region = (*ctx)->Register(pool.get(), page_bytes * pages);
-  if (!region.ok()) return Fail(region.status());
   if (absl::Status s = SendBlob(*fd, (*worker)->address()); !s.ok()) return Fail(s);
   if (absl::Status s = SendBlob(*fd, (*region)->exported()); !s.ok()) return Fail(s);
 
   absl::Status served = ServeUntilClosed(
       **worker, *fd, absl::Seconds(max_seconds), [&](const std::string& cmd) -> std::string {
         if (cmd == "count-valid") {
-          return absl::StrCat(testing::CountValidPages(pool.get(), page_bytes, pages));
+          return absl::StrCat(testing::CountValidPages(pool, page_bytes, pages));
         }
         if (cmd == "transports") return (*ctx)->capabilities().ToString();
         return "unknown command";
