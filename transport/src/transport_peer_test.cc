@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "oscarkv/kernels/page_codec.h"
@@ -288,6 +289,40 @@ TEST_P(PeerTest, PeerKilledMidBatchFailsInBoundAndNeverReportsBadPages) {
   auto again = StartPeer("refmodel", PageKind::kInt2, 16, 5);
   ASSERT_TRUE(again.ok()) << again.status();
   GetAndVerify(this, *again, "refmodel", PageKind::kInt2, 16, 5, *worker_, *ctx_);
+}
+
+// CPU seconds (user + system) used so far by process `pid`.
+double CpuSeconds(pid_t pid) {
+  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r");
+  if (f == nullptr) return -1;
+  char buf[2048];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  // Fields after the ")" of the command name: state is field 3; utime, stime are 14 and 15.
+  const char* p = std::strrchr(buf, ')');
+  if (p == nullptr) return -1;
+  std::vector<std::string> w = absl::StrSplit(p + 2, ' ');
+  double ut = 0, st = 0;
+  if (w.size() < 13 || !absl::SimpleAtod(w[11], &ut) || !absl::SimpleAtod(w[12], &st)) return -1;
+  return (ut + st) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+TEST_P(PeerTest, IdleServingAndWaitingDoNotSpin) {
+  auto peer = StartPeer("refmodel", PageKind::kInt2, 8, 1);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  GetAndVerify(this, *peer, "refmodel", PageKind::kInt2, 8, 1, *worker_, *ctx_);
+  // The peer serves (progress + sleep on its event fd) with nothing to do for a second.
+  const double before = CpuSeconds(peer->process.pid());
+  absl::SleepFor(absl::Seconds(1));
+  const double used = CpuSeconds(peer->process.pid()) - before;
+  ASSERT_GE(before, 0);
+  EXPECT_LT(used, 0.1) << "an idle serving peer used " << used << " CPU seconds in 1 s";
+  // Our own idle waiting: Worker::WaitForEvents for a second costs next to no CPU either.
+  const double self_before = CpuSeconds(getpid());
+  for (int i = 0; i < 10; ++i) worker_->WaitForEvents(absl::Milliseconds(100));
+  EXPECT_LT(CpuSeconds(getpid()) - self_before, 0.1);
+  std::printf("[ %s ] idle peer: %.3f CPU s per s\n", GetParam().name.c_str(), used);
 }
 
 INSTANTIATE_TEST_SUITE_P(
