@@ -136,6 +136,8 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   int bound_port = 0;
   builder.AddListeningPort(listen->ToGrpc(), grpc::InsecureServerCredentials(),
                            listen->unix_path.empty() ? &bound_port : nullptr);
+  // gRPC sets SO_REUSEPORT by default, which would let a second daemon share our port.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
   const int max_msg = static_cast<int>(std::min<uint64_t>(uint64_t{config.max_message_mb} << 20,
                                                           INT32_MAX));

@@ -1,0 +1,325 @@
+// Launches the real oscarkvd binary on free ports with a small pool and drives one store/load
+// round trip through the generated gRPC stub, the shared-memory mapping and ReadPages; checks
+// health, /metrics, survival of garbage bytes on the port, and a clean SIGTERM exit.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+#include <map>
+#include <sstream>
+
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "oscarkv/v1/oscarkv.grpc.pb.h"
+#include "test_pages.h"
+
+namespace oscarkv::service {
+namespace {
+
+using testing::Key;
+using testing::MakePage;
+using testing::TinyProfile;
+
+struct Daemon {
+  pid_t pid = -1;
+  std::map<std::string, std::string> ready;  // fields of the ready line
+  std::string line;
+};
+
+// Starts oscarkvd and waits (up to 20 s) for its ready line.
+Daemon Start(std::vector<std::string> extra) {
+  Daemon d;
+  int out[2];
+  if (pipe(out) != 0) return d;
+  std::vector<std::string> args = {OSCARKVD_PATH, "--listen", "127.0.0.1:0", "--metrics-listen",
+                                   "127.0.0.1:0", "--pool-mb", "32", "--log-level", "warn"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  d.pid = fork();
+  if (d.pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline && d.line.find('\n') == std::string::npos) {
+    pollfd p{out[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char buf[512];
+    const ssize_t n = read(out[0], buf, sizeof(buf));
+    if (n <= 0) break;
+    d.line.append(buf, n);
+  }
+  close(out[0]);
+  std::istringstream in(d.line.substr(0, d.line.find('\n')));
+  std::string word;
+  while (in >> word) {
+    if (auto eq = word.find('='); eq != std::string::npos) {
+      d.ready[word.substr(0, eq)] = word.substr(eq + 1);
+    }
+  }
+  return d;
+}
+
+// Exit code of `pid` once it exits (killing it after `ms`: then -1).
+int WaitExit(pid_t pid, int ms) {
+  int status = 0;
+  for (int i = 0; i < ms / 50; ++i) {
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    usleep(50000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+int StopAndWait(pid_t pid) {
+  kill(pid, SIGTERM);
+  int status = 0;
+  for (int i = 0; i < 200; ++i) {
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    usleep(50000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+TEST(DaemonSmoke, StoreLookupLoadAndCleanShutdown) {
+  Daemon d = Start({});
+  ASSERT_GT(d.pid, 0);
+  ASSERT_EQ(d.line.rfind("oscarkvd ready ", 0), 0u) << "no ready line: '" << d.line << "'";
+  ASSERT_TRUE(d.ready.count("listen") && d.ready.count("metrics") && d.ready.count("shm"));
+  EXPECT_EQ(d.ready["pool_bytes"], std::to_string(32 << 20));
+  const std::string shm = d.ready["shm"];
+  struct stat st;
+  ASSERT_EQ(stat(shm.c_str(), &st), 0) << shm;
+
+  auto channel = grpc::CreateChannel(d.ready["listen"], grpc::InsecureChannelCredentials());
+  auto stub = v1::KvCache::NewStub(channel);
+  grpc::Status s;
+  {
+    grpc::ClientContext ctx;
+    v1::HandshakeRequest req;
+    v1::HandshakeResponse resp;
+    req.set_wire_version(2);
+    s = stub->Handshake(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(s.error_message().find("2"), std::string::npos);
+  }
+  v1::HandshakeResponse hs;
+  {
+    grpc::ClientContext ctx;
+    v1::HandshakeRequest req;
+    req.set_wire_version(1);
+    req.set_client_name("smoke");
+    ASSERT_TRUE(stub->Handshake(&ctx, req, &hs).ok());
+    EXPECT_EQ(hs.shm_path(), shm);
+    EXPECT_EQ(hs.shm_bytes(), uint64_t{32} << 20);
+    EXPECT_EQ(hs.max_batch(), 4096u);
+  }
+  // Map the pool the way a same-host client does.
+  int fd = open(hs.shm_path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  auto* base = static_cast<uint8_t*>(
+      mmap(nullptr, hs.shm_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+  close(fd);
+  ASSERT_NE(base, MAP_FAILED);
+
+  std::string codec;
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterCodecRequest req;
+    *req.mutable_profile() = TinyProfile();
+    v1::RegisterCodecResponse resp;
+    ASSERT_TRUE(stub->RegisterCodec(&ctx, req, &resp).ok());
+    codec = resp.codec_id();
+    EXPECT_EQ(resp.int2_page_bytes(), 832u);
+  }
+  v1::ReserveResponse res;
+  {
+    grpc::ClientContext ctx;
+    v1::ReserveRequest req;
+    req.set_codec_id(codec);
+    for (int i = 0; i < 2; ++i) {
+      auto* it = req.add_items();
+      it->set_key(Key(i));
+      it->set_kind(v1::PAGE_KIND_INT2);
+    }
+    ASSERT_TRUE(stub->Reserve(&ctx, req, &res).ok());
+    ASSERT_EQ(res.results_size(), 2);
+    for (auto& r : res.results()) ASSERT_EQ(r.status().code(), 0) << r.status().message();
+  }
+  const std::string page0 = MakePage(TinyProfile(), PageKind::kInt2, 0);
+  const std::string page1 = MakePage(TinyProfile(), PageKind::kInt2, 1);
+  {
+    // Page 0 over the portable stream, in two chunks; page 1 through shared memory.
+    grpc::ClientContext ctx;
+    v1::WriteResponse wr;
+    auto writer = stub->WritePages(&ctx, &wr);
+    v1::WriteChunk c;
+    c.set_reservation_id(res.reservation_id());
+    c.set_key(Key(0));
+    c.set_offset(0);
+    c.set_data(page0.substr(0, 500));
+    ASSERT_TRUE(writer->Write(c));
+    c.set_offset(500);
+    c.set_data(page0.substr(500));
+    ASSERT_TRUE(writer->Write(c));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+    EXPECT_EQ(wr.bytes_written(), page0.size());
+    std::memcpy(base + res.results(1).slot().offset(), page1.data(), page1.size());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::CommitRequest req;
+    req.set_reservation_id(res.reservation_id());
+    v1::CommitResponse resp;
+    ASSERT_TRUE(stub->Commit(&ctx, req, &resp).ok());
+    ASSERT_EQ(resp.results_size(), 2);
+    for (auto& r : resp.results()) EXPECT_EQ(r.code(), 0) << r.message();
+  }
+  v1::LookupResponse look;
+  {
+    grpc::ClientContext ctx;
+    v1::LookupRequest req;
+    req.set_codec_id(codec);
+    for (int i = 0; i < 4; ++i) req.add_keys(Key(i));
+    req.set_pin(true);
+    ASSERT_TRUE(stub->Lookup(&ctx, req, &look).ok());
+    ASSERT_EQ(look.matched(), 2u);
+    ASSERT_NE(look.lease_id(), 0u);
+    // The fast path: a load is a copy out of the mapped pool.
+    EXPECT_EQ(std::string(reinterpret_cast<char*>(base + look.pages(0).offset()), 832), page0);
+    EXPECT_EQ(std::string(reinterpret_cast<char*>(base + look.pages(1).offset()), 832), page1);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ReadRequest req;
+    req.set_lease_id(look.lease_id());
+    auto reader = stub->ReadPages(&ctx, req);
+    std::map<std::string, std::string> got;
+    v1::ReadChunk c;
+    while (reader->Read(&c)) {
+      std::string& p = got[c.key()];
+      p.resize(c.page_bytes());
+      p.replace(c.offset(), c.data().size(), c.data());
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+    EXPECT_EQ(got[Key(0)], page0);
+    EXPECT_EQ(got[Key(1)], page1);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ReleaseRequest req;
+    req.set_lease_id(look.lease_id());
+    v1::ReleaseResponse resp;
+    EXPECT_TRUE(stub->Release(&ctx, req, &resp).ok());
+  }
+  munmap(base, hs.shm_bytes());
+
+  // Bad input gets a clear status; garbage bytes on the port do not hurt the daemon.
+  {
+    grpc::ClientContext ctx;
+    v1::LookupRequest req;
+    req.set_codec_id("short");
+    v1::LookupResponse resp;
+    EXPECT_EQ(stub->Lookup(&ctx, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  {
+    const std::string& listen = d.ready["listen"];
+    const int port = std::stoi(listen.substr(listen.rfind(':') + 1));
+    int sock = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    std::string junk(4096, '\0');
+    for (size_t i = 0; i < junk.size(); ++i) junk[i] = static_cast<char>(i * 131 + 7);
+    (void)!write(sock, junk.data(), junk.size());
+    close(sock);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::StatsResponse stats;
+    ASSERT_TRUE(stub->Stats(&ctx, {}, &stats).ok());
+    EXPECT_EQ(stats.pages(), 2u);
+    EXPECT_EQ(stats.hits(), 2u);
+    EXPECT_EQ(stats.leases(), 0u);
+    EXPECT_EQ(stats.bytes_written(), 832u);
+    EXPECT_EQ(stats.bytes_read(), 2u * 832u);
+  }
+  {
+    // grpc.health.v1.Health/Check with an empty request: SERVING is field 1 = 1.
+    grpc::GenericStub generic(channel);
+    grpc::ClientContext ctx;
+    grpc::ByteBuffer request, response;
+    grpc::Slice empty("", 0);
+    request = grpc::ByteBuffer(&empty, 1);
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                      &response, [&](grpc::Status st) { done.set_value(st); });
+    ASSERT_TRUE(done.get_future().get().ok());
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(response.Dump(&slices).ok());
+    std::string bytes;
+    for (auto& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+    EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+  }
+  {
+    httplib::Client http("http://" + d.ready["metrics"]);
+    auto r = http.Get("/metrics");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200);
+    EXPECT_NE(r->body.find("oscarkv_lookups_total 1\n"), std::string::npos);
+    EXPECT_NE(r->body.find("oscarkv_pages 2\n"), std::string::npos);
+    EXPECT_NE(r->body.find("oscarkv_rpc_duration_seconds_count{method=\"Lookup\"} 2"),
+              std::string::npos);
+    EXPECT_NE(r->body.find("oscarkv_rpcs_total{method=\"Lookup\",code=\"INVALID_ARGUMENT\"} 1"),
+              std::string::npos);
+  }
+  EXPECT_EQ(StopAndWait(d.pid), 0);
+  EXPECT_NE(stat(shm.c_str(), &st), 0) << "pool file left behind";
+}
+
+TEST(DaemonSmoke, BadFlagsAndBusyPortFailClearly) {
+  // A bad flag: exit code 2, nothing left in /dev/shm.
+  Daemon bad = Start({"--max-batch", "zero"});
+  EXPECT_EQ(WaitExit(bad.pid, 10000), 2);
+  // A second daemon on the first one's port: exit code 1 and its pool file removed.
+  Daemon first = Start({});
+  ASSERT_TRUE(first.ready.count("listen")) << first.line;
+  Daemon second = Start({"--listen", first.ready["listen"]});
+  EXPECT_EQ(WaitExit(second.pid, 10000), 1);
+  struct stat st;
+  const std::string second_shm = "/dev/shm/oscarkvd-" +
+                                 first.ready["listen"].substr(first.ready["listen"].rfind(':') + 1) +
+                                 "-" + std::to_string(second.pid);
+  EXPECT_NE(stat(second_shm.c_str(), &st), 0);
+  EXPECT_EQ(StopAndWait(first.pid), 0);
+}
+
+}  // namespace
+}  // namespace oscarkv::service
