@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "oscarkv/kernels/page_codec.h"
 #include "oscarkv/transport/bootstrap.h"
+#include "oscarkv/transport/staging.h"
 #include "oscarkv/transport/transport.h"
 #include "test_pages.h"
 
@@ -289,6 +290,47 @@ TEST_P(PeerTest, PeerKilledMidBatchFailsInBoundAndNeverReportsBadPages) {
   auto again = StartPeer("refmodel", PageKind::kInt2, 16, 5);
   ASSERT_TRUE(again.ok()) << again.status();
   GetAndVerify(this, *again, "refmodel", PageKind::kInt2, 16, 5, *worker_, *ctx_);
+}
+
+TEST_P(PeerTest, StagesUnregisteredBuffersThroughABounceBuffer) {
+  // Stand-in for GPU memory when UCX lacks CUDA: plain memory that is never registered, reached
+  // only through the staging copy function.
+  const uint32_t pages = 24, seed = 13;
+  auto peer = StartPeer("refmodel", PageKind::kInt2, pages, seed);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto profile = BuiltinProfile("refmodel");
+  const size_t bytes = GeometryFor(*profile, PageKind::kInt2).page_bytes();
+  // 3 pages of bounce: halves of 1.5 pages, so pages are split across chunks.
+  auto staging = StagingBuffer::Create(*ctx_, 3 * bytes);
+  ASSERT_TRUE(staging.ok()) << staging.status();
+  std::vector<uint8_t> device(bytes * pages, 0);
+  size_t copies = 0;
+  auto copy = [&](void* dst, const void* src, size_t n) {
+    ++copies;
+    std::memcpy(dst, src, n);
+    return absl::OkStatus();
+  };
+  std::vector<TransferDesc> descs;
+  for (uint32_t i = 0; i < pages; ++i) {  // reversed gather
+    descs.push_back({&device[i * bytes], peer->pool->base() + (pages - 1 - i) * bytes, bytes});
+  }
+  ASSERT_TRUE((*staging)->Get(*peer->ep, *peer->pool, descs, copy, absl::Seconds(30)).ok());
+  EXPECT_GT(copies, pages);  // split pages take two copies
+  for (uint32_t i = 0; i < pages; ++i) {
+    ExpectPage(*profile, PageKind::kInt2, &device[i * bytes], seed, pages - 1 - i);
+  }
+  // Put back in the original order, then the peer verifies every slot.
+  std::vector<TransferDesc> back;
+  for (uint32_t i = 0; i < pages; ++i) {
+    back.push_back({&device[i * bytes], peer->pool->base() + i * bytes, bytes});
+  }
+  ASSERT_TRUE((*staging)->Put(*peer->ep, *peer->pool, back, copy, absl::Seconds(30)).ok());
+  EXPECT_EQ(peer->Ask("count-valid"), absl::StrCat(pages));
+  EXPECT_EQ((*staging)->Get(*peer->ep, *peer->pool,
+                            std::vector<TransferDesc>{{device.data(), peer->pool->base() + 1, 0}},
+                            copy)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // CPU seconds (user + system) used so far by process `pid`.
