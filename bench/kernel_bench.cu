@@ -302,6 +302,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
 
   for (DecodeRow& d : r.decode) {
     for (bool all_bf16 : {true, false}) {
+      if (all_bf16 && !o.bf16_pages) continue;
       std::fprintf(stderr, "[bench] decode B=%d L=%d %s pages\n", d.batch, d.length,
                    all_bf16 ? "BF16" : "OSCAR INT2");
       PagedBatch pb;
@@ -323,7 +324,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
   }
 
   // Quantize-on-write: quant_tokens tokens of one layer, 8 KV heads, K and V.
-  {
+  if (o.quantize) {
     const CodecProfile prof = BenchProfile(o.layers);
     const int T = o.quant_tokens, pages = (T + kPageTokens - 1) / kPageTokens;
     for (PageKind kind : {PageKind::kInt2, PageKind::kBf16}) {

@@ -20,6 +20,8 @@ struct KernelBenchOptions {
   std::string sdpa_command = "python3 bench/sdpa_baseline.py";  // empty: skip the baseline
   bool precise_query = true;
   int quant_tokens = 32768;  // quantize-on-write: tokens of one layer (all 8 KV heads, K and V)
+  bool bf16_pages = true;    // measure the kernel on all-BF16 pages
+  bool quantize = true;      // measure quantize-on-write
 };
 
 struct DecodeRow {

@@ -22,7 +22,8 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("csv", "", "write the CSV here")
       .Option("plot", "", "write an SVG plot here")
       .Flag("fast-query", "single fp16 query part for INT2 scores (default: hi+lo)")
-      .Flag("json", "print the JSON summary after the table");
+      .Flag("json", "print the JSON summary after the table")
+      .Flag("int2-only", "decode on OSCAR INT2 pages only (no BF16 pages, no quantize bench)");
   if (absl::Status s = args.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 2;
@@ -55,6 +56,7 @@ int KernelBenchMain(int argc, char** argv) {
   o.quant_tokens = static_cast<int>(*qt);
   o.sdpa_command = args.str("sdpa");
   o.precise_query = !args.flag("fast-query");
+  if (args.flag("int2-only")) o.bf16_pages = o.quantize = false;
   auto report = RunKernelBench(o);
   if (!report.ok()) {
     std::fprintf(stderr, "bench kernels: %s\n", std::string(report.status().message()).c_str());

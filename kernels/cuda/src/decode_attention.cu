@@ -33,14 +33,18 @@ using namespace detail;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = 4;
-constexpr int kStageArea = 65536;      // INT2: 3 stages x 4 slots x 5120 B; BF16: 2 x 32 KB
 constexpr int kInt2Slot = 5120;        // one 64-token slice, K and V, codes + params (G >= 64)
-constexpr int kInt2Stages = 3;
 constexpr int kBf16Stage = 32768;      // one 64-token slice, K and V rows
-constexpr int kBf16Stages = 2;
+constexpr int kBf16Stages = 3;
 constexpr int kWStride = 72;           // halves per (group, query head) row of the W exchange
 constexpr int kWarpXchg = 2 * 8 * kWStride * 2;  // bytes per warp (2 groups x 8 heads)
-constexpr int kSmemBytes = kStageArea + kWarps * kWarpXchg + kMaxItemSlices * 12;
+constexpr int kInt2StageArea = kWarps * 3 * kInt2Slot;            // 60 KiB
+constexpr int kBf16StageArea = kBf16Stages * kBf16Stage;           // 96 KiB
+// Shared memory: stage area, then the per-warp W/P exchange, then the slice table.
+template <bool kInt2>
+constexpr int SmemBytes() {
+  return (kInt2 ? kInt2StageArea : kBf16StageArea) + kWarps * kWarpXchg + kMaxItemSlices * 12;
+}
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -82,6 +86,12 @@ __device__ __forceinline__ float WarpSumOverGid(float v) {
   return v;
 }
 
+__device__ __forceinline__ float Ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Online-softmax state of one warp: lane (gid, tig) owns query heads 2·tig and 2·tig+1.
 struct WarpState {
   float o[8][4];
@@ -93,7 +103,7 @@ struct WarpState {
 __device__ __forceinline__ float Rescale(WarpState& st, int e, float chunk_max, float* factor) {
   const float m_new = fmaxf(st.m[e], chunk_max);
   const float m_use = m_new == -INFINITY ? 0.f : m_new;
-  *factor = exp2f(st.m[e] - m_use);
+  *factor = Ex2(st.m[e] - m_use);
   st.m[e] = m_new;
   st.l[e] *= *factor;
   #pragma unroll
@@ -174,7 +184,8 @@ __device__ void LoadSliceTable(const DecodeParams& p, const DecodeWorkItem& it, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// INT2 slices.
+// INT2 slices. Each warp streams its own slices (w, w+4, ...) through a private 3-stage
+// cp.async ring, so warps never wait for each other.
 
 template <int G>
 struct Int2Layout {
@@ -182,11 +193,29 @@ struct Int2Layout {
   static constexpr int kCodes = 64 * 32;          // 64 rows x 32 bytes
   static constexpr int kParams = 64 * NG * 4;     // (scale, min) fp16 pairs
   static constexpr int kHalf = kCodes + kParams;  // K part, then V part
-  static constexpr int kChunksHalf = kHalf / 16;
-  static constexpr int kChunksSlot = 2 * kChunksHalf;
   // Byte offset inside a code row of word v (0, 1) of lane tig for the score product.
   __device__ static int KWordByte(int tig, int v) { return G == 128 ? 8 * tig + 4 * v : 16 * v + 4 * tig; }
 };
+constexpr int kInt2WarpStages = 3;
+
+// r = (w & mask) | magic in one LOP3 (the magic lives in a register).
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t AndOr(uint32_t w, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "n"(kMask), "r"(magic));
+  return r;
+}
+__device__ __forceinline__ void UnpackCodesM(uint32_t w, uint32_t magic, uint32_t (&r)[8]) {
+  const uint32_t w8 = w >> 8;
+  r[0] = AndOr<0x00030003u>(w, magic);
+  r[1] = AndOr<0x000C000Cu>(w, magic);
+  r[2] = AndOr<0x00300030u>(w, magic);
+  r[3] = AndOr<0x00C000C0u>(w, magic);
+  r[4] = AndOr<0x03000300u>(w, magic);
+  r[5] = AndOr<0x000C000Cu>(w8, magic);
+  r[6] = AndOr<0x00300030u>(w8, magic);
+  r[7] = AndOr<0x00C000C0u>(w8, magic);
+}
 
 template <int G>
 __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& it, uint8_t* smem,
@@ -200,18 +229,20 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   const size_t seg_k = geo.segment_offset(sh.layer, 0, it.kv_head);
   const size_t seg_v = geo.segment_offset(sh.layer, 1, it.kv_head);
   const int codes_bytes = static_cast<int>(geo.codes_bytes());
+  uint32_t magic;
+  asm volatile("mov.b32 %0, 0x64006400;" : "=r"(magic));
 
   // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
   const float* qrot = reinterpret_cast<const float*>(p.workspace) +
                       (size_t(it.seq) * sh.num_q_heads + size_t(it.kv_head) * gqa) * 128;
   uint32_t qhi[8][2], qlo[8][2];
   float q0[NG], q1[NG];  // Σ q (true) and Σ q·2^-k (as used), this lane's channels
-  #pragma unroll
+#pragma unroll
   for (int g = 0; g < NG; ++g) q0[g] = q1[g] = 0.f;
-  #pragma unroll
+#pragma unroll
   for (int s = 0; s < 8; ++s) {
     const int v = s >> 2, u = s & 3;
-    #pragma unroll
+#pragma unroll
     for (int b = 0; b < 2; ++b) {
       const int r = 2 * u + b;
       const int k = CodeShift(r);
@@ -236,104 +267,111 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       q0[g] += used * static_cast<float>(1 << k);
     }
   }
-  #pragma unroll
+#pragma unroll
   for (int g = 0; g < NG; ++g) {
     q0[g] += __shfl_xor_sync(0xffffffffu, q0[g], 1);
     q0[g] += __shfl_xor_sync(0xffffffffu, q0[g], 2);
     q1[g] += __shfl_xor_sync(0xffffffffu, q1[g], 1);
     q1[g] += __shfl_xor_sync(0xffffffffu, q1[g], 2);
   }
-  // Sums for the query heads of this lane's accumulator columns (2·tig, 2·tig+1).
-  float Q0[2][NG], Q1k[2][NG];
-  #pragma unroll
+  // For this lane's accumulator columns (query heads 2·tig, 2·tig+1): Σ q per group, and the
+  // accumulator start value −1024·Σ q·2^-k that removes the code offset inside the mma.
+  float Q0[2][NG], Cinit[2][NG];
+#pragma unroll
   for (int e = 0; e < 2; ++e) {
-    #pragma unroll
+#pragma unroll
     for (int g = 0; g < NG; ++g) {
       Q0[e][g] = __shfl_sync(0xffffffffu, q0[g], (2 * tig + e) * 4);
-      Q1k[e][g] = 1024.f * __shfl_sync(0xffffffffu, q1[g], (2 * tig + e) * 4);
+      Cinit[e][g] = -1024.f * __shfl_sync(0xffffffffu, q1[g], (2 * tig + e) * 4);
     }
   }
 
   WarpState st;
-  #pragma unroll
+#pragma unroll
   for (int i = 0; i < 8; ++i)
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < 4; ++j) st.o[i][j] = 0.f;
-  float sw[2][NG], pm[2][NG];  // Σ W16 and Σ p·min per (query head, group), lane partials
-  #pragma unroll
+  float sw[NG][4];  // 1024·Σ W per (group, accumulator column) from the extra "offset" mma
+  float pm[2][NG];  // Σ p·min per (query head, group), lane partials
+#pragma unroll
+  for (int g = 0; g < NG; ++g)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sw[g][j] = 0.f;
+#pragma unroll
   for (int e = 0; e < 2; ++e) {
     st.m[e] = -INFINITY;
     st.l[e] = 0.f;
-    #pragma unroll
-    for (int g = 0; g < NG; ++g) sw[e][g] = pm[e][g] = 0.f;
+#pragma unroll
+    for (int g = 0; g < NG; ++g) pm[e][g] = 0.f;
   }
-  __half* wx = reinterpret_cast<__half*>(smem + kStageArea + warp * kWarpXchg);
+  __half* wx = reinterpret_cast<__half*>(smem + kInt2StageArea + warp * kWarpXchg);
+  uint8_t* ring = smem + warp * (kInt2WarpStages * kInt2Slot);
 
   const int n = it.num_slices;
-  const int units = (n + kWarps - 1) / kWarps;
-  auto issue = [&](int unit, int stage) {
-    uint8_t* sbase = smem + stage * (kWarps * kInt2Slot);
-    for (int c = tid; c < kWarps * Lay::kChunksSlot; c += kThreads) {
-      const int w = c / Lay::kChunksSlot, r = c % Lay::kChunksSlot;
-      const int sl = unit * kWarps + w;
-      if (sl >= n) continue;
-      const int kv = r / Lay::kChunksHalf, rr = r % Lay::kChunksHalf;
-      const uint8_t* seg = tab.ptr[sl] + (kv ? seg_v : seg_k);
-      const int info = tab.info[sl], tok0 = info >> 16, valid = info & 0xffff;
-      const uint8_t* src;
-      bool ok;
-      if (rr < Lay::kCodes / 16) {
-        const int t = rr >> 1;
-        src = seg + (tok0 + t) * 32 + (rr & 1) * 16;
-        ok = t < valid;
-      } else {
-        const int q = rr - Lay::kCodes / 16;
-        const int t = q * 4 / NG;
-        src = seg + codes_bytes + tok0 * 4 * NG + q * 16;
-        ok = t < valid;
+  const int mine = n > warp ? (n - warp + kWarps - 1) / kWarps : 0;  // slices of this warp
+  auto issue = [&](int k) {
+    const int sl = warp + kWarps * k;
+    uint8_t* dst = ring + (k % kInt2WarpStages) * kInt2Slot;
+    const int info = tab.info[sl], tok0 = info >> 16, valid = info & 0xffff;
+    const uint8_t* page = tab.ptr[sl];
+#pragma unroll
+    for (int kv = 0; kv < 2; ++kv) {
+      const uint8_t* seg = page + (kv ? seg_v : seg_k);
+      const uint8_t* codes = seg + tok0 * 32;
+      uint8_t* d = dst + kv * Lay::kHalf;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int c = lane + 32 * i;  // 16-byte chunk of the 2048 code bytes; token c/2
+        const bool ok = (c >> 1) < valid;
+        CpAsync16(d + c * 16, ok ? codes + c * 16 : seg, ok);
       }
-      CpAsync16(sbase + w * kInt2Slot + kv * Lay::kHalf + rr * 16, ok ? src : seg, ok);
+      if (lane < 16 * NG) {  // params: 4·NG bytes per token, 16/(4·NG) tokens per chunk
+        const bool ok = lane * 4 / NG < valid;
+        CpAsync16(d + Lay::kCodes + lane * 16,
+                  ok ? seg + codes_bytes + tok0 * 4 * NG + lane * 16 : seg, ok);
+      }
     }
   };
 
-  for (int s = 0; s < kInt2Stages - 1; ++s) {
-    if (s < units) issue(s, s);
+#pragma unroll
+  for (int k = 0; k < kInt2WarpStages - 1; ++k) {
+    if (k < mine) issue(k);
     CpAsyncCommit();
   }
-  for (int u = 0; u < units; ++u) {
-    CpAsyncWait<kInt2Stages - 2>();
-    __syncthreads();
-    if (u + kInt2Stages - 1 < units) issue(u + kInt2Stages - 1, (u + kInt2Stages - 1) % kInt2Stages);
+  for (int k = 0; k < mine; ++k) {
+    CpAsyncWait<kInt2WarpStages - 2>();
+    __syncwarp();
+    if (k + kInt2WarpStages - 1 < mine) issue(k + kInt2WarpStages - 1);
     CpAsyncCommit();
-    const int sl = u * kWarps + warp;
-    if (sl >= n) continue;
-    const uint8_t* slot = smem + (u % kInt2Stages) * (kWarps * kInt2Slot) + warp * kInt2Slot;
+    const int sl = warp + kWarps * k;
+    const uint8_t* slot = ring + (k % kInt2WarpStages) * kInt2Slot;
     const uint8_t* kc = slot;
     const uint8_t* kp = slot + Lay::kCodes;
     const uint8_t* vc = slot + Lay::kHalf;
     const uint8_t* vp = vc + Lay::kCodes;
     const int valid = tab.info[sl] & 0xffff;
 
-    // Scores for the 64 tokens: s[mt][c] (c: row half r = c/2, head e = c%2).
+    // Scores for the 64 tokens: sc[mt][c] (c: row half r = c/2, head e = c%2).
     float sc[4][4];
-    #pragma unroll
+#pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
       float acc[NG][4];
-      #pragma unroll
-      for (int g = 0; g < NG; ++g)
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[g][j] = 0.f;
+#pragma unroll
+      for (int g = 0; g < NG; ++g) {
+        acc[g][0] = acc[g][2] = Cinit[0][g];
+        acc[g][1] = acc[g][3] = Cinit[1][g];
+      }
       const int r0 = mt * 16 + gid, r1 = r0 + 8;
-      #pragma unroll
+#pragma unroll
       for (int v = 0; v < 2; ++v) {
         const int off = Lay::KWordByte(tig, v);
         const uint32_t w0 = *reinterpret_cast<const uint32_t*>(kc + r0 * 32 + off);
         const uint32_t w1 = *reinterpret_cast<const uint32_t*>(kc + r1 * 32 + off);
         uint32_t a[8], b[8];
-        UnpackCodes(w0, a);
-        UnpackCodes(w1, b);
+        UnpackCodesM(w0, magic, a);
+        UnpackCodesM(w1, magic, b);
         const int g = (G == 64) ? v : 0;
-        #pragma unroll
+#pragma unroll
         for (int uu = 0; uu < 4; ++uu) {
           const int s = 4 * v + uu;
           MmaF16(acc[g], a[2 * uu], b[2 * uu], a[2 * uu + 1], b[2 * uu + 1], qhi[s][0], qhi[s][1]);
@@ -342,62 +380,76 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
           }
         }
       }
-      #pragma unroll
+#pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int t = r ? r1 : r0;
         float sv[2] = {0.f, 0.f};
-        #pragma unroll
+#pragma unroll
         for (int g = 0; g < NG; ++g) {
-          const __half2 sm = *reinterpret_cast<const __half2*>(kp + (t * NG + g) * 4);
-          const float scale = __low2float(sm), mn = __high2float(sm);
-          #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            sv[e] += scale * (acc[g][2 * r + e] - Q1k[e][g]) + mn * Q0[e][g];
-          }
+          const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(kp + (t * NG + g) * 4));
+#pragma unroll
+          for (int e = 0; e < 2; ++e) sv[e] += fmaf(sm.x, acc[g][2 * r + e], sm.y * Q0[e][g]);
         }
-        #pragma unroll
-        for (int e = 0; e < 2; ++e) sc[mt][2 * r + e] = t < valid ? sv[e] : -INFINITY;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) sc[mt][2 * r + e] = sv[e];
       }
     }
-    // Online softmax over the slice.
-    float mu[2];
-    #pragma unroll
+    if (valid < static_cast<int>(kSliceTokens)) {
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (mt * 16 + gid + 8 * (c >> 1) >= valid) sc[mt][c] = -INFINITY;
+    }
+    // Online softmax over the slice; rescale only when a running max grows.
+    float cm[2];
+#pragma unroll
     for (int e = 0; e < 2; ++e) {
-      float cm = -INFINITY;
-      #pragma unroll
-      for (int mt = 0; mt < 4; ++mt) cm = fmaxf(cm, fmaxf(sc[mt][e], sc[mt][2 + e]));
-      cm = WarpMaxOverGid(cm);
-      float f;
-      mu[e] = Rescale(st, e, cm, &f);
-      #pragma unroll
-      for (int g = 0; g < NG; ++g) {
-        sw[e][g] *= f;
-        pm[e][g] *= f;
+      float x = fmaxf(fmaxf(sc[0][e], sc[0][2 + e]), fmaxf(sc[1][e], sc[1][2 + e]));
+      x = fmaxf(x, fmaxf(fmaxf(sc[2][e], sc[2][2 + e]), fmaxf(sc[3][e], sc[3][2 + e])));
+      cm[e] = WarpMaxOverGid(x);
+    }
+    if (__any_sync(0xffffffffu, cm[0] > st.m[0] || cm[1] > st.m[1])) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float f;
+        Rescale(st, e, cm[e], &f);
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+          pm[e][g] *= f;
+          sw[g][e] *= f;
+          sw[g][2 + e] *= f;
+        }
       }
     }
-    #pragma unroll
+    float mu[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) mu[e] = st.m[e] == -INFINITY ? 0.f : st.m[e];
+#pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
-      #pragma unroll
+#pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int t = mt * 16 + gid + 8 * r;
-        #pragma unroll
+        float pr[2];
+#pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pr = exp2f(sc[mt][2 * r + e] - mu[e]);
-          st.l[e] += pr;
-          #pragma unroll
-          for (int g = 0; g < NG; ++g) {
-            const __half2 sm = *reinterpret_cast<const __half2*>(vp + (t * NG + g) * 4);
-            const __half w16 = __float2half_rn(pr * __low2float(sm));
-            sw[e][g] += __half2float(w16);
-            pm[e][g] += pr * __high2float(sm);
-            wx[(g * 8 + 2 * tig + e) * kWStride + t] = w16;
-          }
+          pr[e] = Ex2(sc[mt][2 * r + e] - mu[e]);
+          st.l[e] += pr[e];
+        }
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+          const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(vp + (t * NG + g) * 4));
+          const __half2 w2 = __floats2half2_rn(pr[0] * sm.x, pr[1] * sm.x);
+          pm[0][g] = fmaf(pr[0], sm.y, pm[0][g]);
+          pm[1][g] = fmaf(pr[1], sm.y, pm[1][g]);
+          wx[(g * 8 + 2 * tig) * kWStride + t] = __low2half(w2);
+          wx[(g * 8 + 2 * tig + 1) * kWStride + t] = __high2half(w2);
         }
       }
     }
     __syncwarp();
     // Values: O^T[channel][head] += V^T (codes, 16 channels x 16 tokens per tile) · W.
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int ta = 16 * j + 2 * tig, tb = ta + 8;
       uint32_t wa0, wa1, wb0, wb1;
@@ -417,20 +469,22 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
         wb0 = ld(tb);
         wb1 = ld(tb + 1);
       }
-      #pragma unroll
+#pragma unroll
       for (int half = 0; half < 2; ++half) {
         const uint32_t sel = half ? 0x7632u : 0x5410u;
         uint32_t ra[8], rb[8];
-        UnpackCodes(__byte_perm(wa0, wa1, sel), ra);
-        UnpackCodes(__byte_perm(wb0, wb1, sel), rb);
+        UnpackCodesM(__byte_perm(wa0, wa1, sel), magic, ra);
+        UnpackCodesM(__byte_perm(wb0, wb1, sel), magic, rb);
         const int g = (G == 64) ? half : 0;
         const uint32_t b0 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + ta);
         const uint32_t b1 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + tb);
-        #pragma unroll
+#pragma unroll
         for (int ii = 0; ii < 4; ++ii) {
           const int i = half * 4 + ii;
           MmaF16(st.o[i], ra[2 * ii], ra[2 * ii + 1], rb[2 * ii], rb[2 * ii + 1], b0, b1);
         }
+        // 1024·Σ W: the same product with every code 0 (exactly what the offsets added).
+        if (G == 64 || half == 0) MmaF16(sw[g], magic, magic, magic, magic, b0, b1);
       }
     }
     __syncwarp();
@@ -439,25 +493,22 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   __syncthreads();
 
   // Remove the code offsets and factors, add Σ p·min.
-  #pragma unroll
+#pragma unroll
   for (int e = 0; e < 2; ++e)
-    #pragma unroll
-    for (int g = 0; g < NG; ++g) {
-      sw[e][g] = WarpSumOverGid(sw[e][g]);
-      pm[e][g] = WarpSumOverGid(pm[e][g]);
-    }
-  #pragma unroll
+#pragma unroll
+    for (int g = 0; g < NG; ++g) pm[e][g] = WarpSumOverGid(pm[e][g]);
+#pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int half = i >> 2, ii = i & 3;
     const int g = (G == 64) ? half : 0;
-    #pragma unroll
+#pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int cidx = 2 * ii + r;
       const float inv = 1.0f / static_cast<float>(1 << CodeShift(cidx));
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& o = st.o[i][2 * r + e];
-        o = (o - 1024.f * sw[e][g]) * inv + pm[e][g];
+        o = (o - sw[g][e]) * inv + pm[e][g];
       }
     }
   }
@@ -508,7 +559,7 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     st.l[e] = 0.f;
   }
   // P exchange: [plane hi/lo][head 8][24] bf16 per warp.
-  __nv_bfloat16* px = reinterpret_cast<__nv_bfloat16*>(smem + kStageArea + warp * kWarpXchg);
+  __nv_bfloat16* px = reinterpret_cast<__nv_bfloat16*>(smem + kBf16StageArea + warp * kWarpXchg);
   constexpr int kPStride = 24;
 
   const int n = it.num_slices;
@@ -566,7 +617,7 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int e = c & 1, r = c >> 1;
-      const float pr = exp2f(sc[c] - mu[e]);
+      const float pr = Ex2(sc[c] - mu[e]);
       st.l[e] += pr;
       const __nv_bfloat16 h = __float2bfloat16_rn(pr);
       const __nv_bfloat16 lo = __float2bfloat16_rn(pr - __bfloat162float(h));
@@ -599,21 +650,28 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
              [&](int i, int r) { return 16 * i + gid + 8 * r; });
 }
 
+// One CTA per work item of one kind; blockIdx.x indexes the plan's per-kind order.
 template <int G>
-__global__ void __launch_bounds__(kThreads, 3) DecodeKernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
-  const int item = blockIdx.x;
+  const int item = p.item_order[blockIdx.x];
   const DecodeWorkItem it = p.items[item];
-  SliceTable tab{reinterpret_cast<const uint8_t**>(smem + kStageArea + kWarps * kWarpXchg),
-                 reinterpret_cast<int32_t*>(smem + kStageArea + kWarps * kWarpXchg +
-                                            kMaxItemSlices * 8)};
+  uint8_t* t = smem + kInt2StageArea + kWarps * kWarpXchg;
+  SliceTable tab{reinterpret_cast<const uint8_t**>(t), reinterpret_cast<int32_t*>(t + kMaxItemSlices * 8)};
   LoadSliceTable(p, it, tab);
   __syncthreads();
-  if (it.kind == static_cast<int>(PageKind::kInt2)) {
-    Int2Item<G>(p, item, it, smem, tab);
-  } else {
-    Bf16Item(p, item, it, smem, tab);
-  }
+  Int2Item<G>(p, item, it, smem, tab);
+}
+
+__global__ void __launch_bounds__(kThreads, 2) DecodeBf16Kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int item = p.item_order[p.num_int2_items + blockIdx.x];
+  const DecodeWorkItem it = p.items[item];
+  uint8_t* t = smem + kBf16StageArea + kWarps * kWarpXchg;
+  SliceTable tab{reinterpret_cast<const uint8_t**>(t), reinterpret_cast<int32_t*>(t + kMaxItemSlices * 8)};
+  LoadSliceTable(p, it, tab);
+  __syncthreads();
+  Bf16Item(p, item, it, smem, tab);
 }
 
 // q' = (q · R_K[h]) · softmax_scale · log2(e), one block per (sequence, query head).
@@ -636,9 +694,28 @@ __global__ void RotateQueryKernel(const DecodeParams p, float scale) {
 }
 
 // Merges the partials of every item of (sequence, KV head) for one query head; optionally
-// multiplies by R_Vᵀ.
-__global__ void MergeKernel(const DecodeParams p) {
+// multiplies by R_Vᵀ. Items are processed 128 at a time: weights 2^(m_i - M)·l_i in parallel,
+// then each thread (one channel) sums independent loads of the items' partial outputs.
+__device__ __forceinline__ float BlockReduce(float v, float* red, bool is_max) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = is_max ? fmaxf(v, o) : v + o;
+  }
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = red[0];
+#pragma unroll
+  for (int w = 1; w < 4; ++w) v = is_max ? fmaxf(v, red[w]) : v + red[w];
+  return v;
+}
+
+__global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
   __shared__ float os[128];
+  __shared__ float wsm[128];
+  __shared__ float red[4];
   const int sq = blockIdx.x;
   const int seq = sq / p.shape.num_q_heads, qh = sq % p.shape.num_q_heads;
   const int gqa = p.shape.gqa(), h = qh / gqa, j = qh % gqa;
@@ -652,17 +729,34 @@ __global__ void MergeKernel(const DecodeParams p) {
   const int i0 = p.item_indptr[seq * p.shape.num_kv_heads + h];
   const int i1 = p.item_indptr[seq * p.shape.num_kv_heads + h + 1];
   float mx = -INFINITY;
-  for (int i = i0; i < i1; ++i) mx = fmaxf(mx, part_ml[(size_t(i) * gqa + j) * 2]);
+  for (int i = i0 + t; i < i1; i += 128) {
+    if (part_ml[(size_t(i) * gqa + j) * 2 + 1] > 0.f) mx = fmaxf(mx, part_ml[(size_t(i) * gqa + j) * 2]);
+  }
+  mx = BlockReduce(mx, red, true);
   float L = 0.f, O = 0.f;
   if (mx != -INFINITY) {
-    for (int i = i0; i < i1; ++i) {
-      const float m = part_ml[(size_t(i) * gqa + j) * 2];
-      const float l = part_ml[(size_t(i) * gqa + j) * 2 + 1];
-      if (l <= 0.f) continue;
-      const float f = exp2f(m - mx) * l;
-      L += f;
-      O += f * part_o[(size_t(i) * gqa + j) * 128 + t];
+    for (int c0 = i0; c0 < i1; c0 += 128) {
+      const int i = c0 + t;
+      float w = 0.f;
+      if (i < i1) {
+        const float l = part_ml[(size_t(i) * gqa + j) * 2 + 1];
+        if (l > 0.f) w = exp2f(part_ml[(size_t(i) * gqa + j) * 2] - mx) * l;
+      }
+      __syncthreads();
+      wsm[t] = w;
+      L += w;
+      __syncthreads();
+      const int n = min(128, i1 - c0);
+      int k = 0;
+      for (; k + 4 <= n; k += 4) {
+        const float* base = part_o + (size_t(c0 + k) * gqa + j) * 128 + t;
+        const float o0 = base[0], o1 = base[size_t(gqa) * 128], o2 = base[size_t(2 * gqa) * 128],
+                    o3 = base[size_t(3 * gqa) * 128];
+        O += wsm[k] * o0 + wsm[k + 1] * o1 + wsm[k + 2] * o2 + wsm[k + 3] * o3;
+      }
+      for (; k < n; ++k) O += wsm[k] * part_o[(size_t(c0 + k) * gqa + j) * 128 + t];
     }
+    L = BlockReduce(L, red, false);
   }
   const float o = L > 0.f ? O / L : 0.f;
   if (t == 0 && p.lse != nullptr) p.lse[sq] = L > 0.f ? (mx + log2f(L)) * kLn2 : -INFINITY;
@@ -679,6 +773,7 @@ __global__ void MergeKernel(const DecodeParams p) {
   for (int i = warp; i < 128; i += 4) {
     const float4 rv = *reinterpret_cast<const float4*>(r + size_t(i) * 128 + 4 * lane);
     float s = ov.x * rv.x + ov.y * rv.y + ov.z * rv.z + ov.w * rv.w;
+#pragma unroll
     for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
     if (lane == 0) p.out[size_t(sq) * 128 + i] = s;
   }
@@ -689,7 +784,9 @@ __global__ void MergeKernel(const DecodeParams p) {
 absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
   if (absl::Status s = ValidateDecodeShape(p.shape); !s.ok()) return s;
   if (p.table.num_seqs <= 0) return absl::OkStatus();
-  if (p.items == nullptr && p.num_items > 0) return absl::InvalidArgumentError("no work items");
+  if (p.num_items > 0 && (p.items == nullptr || p.item_order == nullptr)) {
+    return absl::InvalidArgumentError("no work items / item order");
+  }
   if (p.q == nullptr || p.out == nullptr || p.workspace == nullptr || p.item_indptr == nullptr) {
     return absl::InvalidArgumentError("decode attention: q, out, workspace and plan are required");
   }
@@ -699,22 +796,19 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
   const float scale = p.softmax_scale > 0 ? p.softmax_scale : 1.0f / sqrtf(128.0f);
   const int sq = p.table.num_seqs * static_cast<int>(p.shape.num_q_heads);
   RotateQueryKernel<<<sq, 128, 0, stream>>>(p, scale);
-  if (p.num_items > 0) {
+  const int n2 = p.num_int2_items, nb = p.num_items - p.num_int2_items;
+  if (n2 > 0) {
     if (p.shape.group_size == 128) {
-      static bool configured = false;
-      if (!configured) {
-        cudaFuncSetAttribute(DecodeKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-        configured = true;
-      }
-      DecodeKernel<128><<<p.num_items, kThreads, kSmemBytes, stream>>>(p);
+      cudaFuncSetAttribute(DecodeInt2Kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+      DecodeInt2Kernel<128><<<n2, kThreads, SmemBytes<true>(), stream>>>(p);
     } else {
-      static bool configured = false;
-      if (!configured) {
-        cudaFuncSetAttribute(DecodeKernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-        configured = true;
-      }
-      DecodeKernel<64><<<p.num_items, kThreads, kSmemBytes, stream>>>(p);
+      cudaFuncSetAttribute(DecodeInt2Kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+      DecodeInt2Kernel<64><<<n2, kThreads, SmemBytes<true>(), stream>>>(p);
     }
+  }
+  if (nb > 0) {
+    cudaFuncSetAttribute(DecodeBf16Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<false>());
+    DecodeBf16Kernel<<<nb, kThreads, SmemBytes<false>(), stream>>>(p);
   }
   MergeKernel<<<sq, 128, 0, stream>>>(p);
   return CudaStatus(cudaGetLastError(), "decode attention launch");
@@ -723,11 +817,11 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
 int DecodeKernelOccupancy(int group_size) {
   int blocks = 0;
   if (group_size == 128) {
-    cudaFuncSetAttribute(DecodeKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeKernel<128>, kThreads, kSmemBytes);
+    cudaFuncSetAttribute(DecodeInt2Kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<128>, kThreads, SmemBytes<true>());
   } else {
-    cudaFuncSetAttribute(DecodeKernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeKernel<64>, kThreads, kSmemBytes);
+    cudaFuncSetAttribute(DecodeInt2Kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<64>, kThreads, SmemBytes<true>());
   }
   return blocks;
 }

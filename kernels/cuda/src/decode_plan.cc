@@ -63,7 +63,7 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
     total_cost += (kinds[id] == static_cast<uint8_t>(PageKind::kInt2) ? kInt2Cost : kBf16Cost) * spp;
   }
   total_cost *= H;
-  if (target_ctas <= 0) target_ctas = std::max(1, num_sms) * 3 * 2;  // ~2 waves of 3 CTAs/SM
+  if (target_ctas <= 0) target_ctas = std::max(1, num_sms) * 3;  // one wave of 3 CTAs/SM
   // Work per item, in cost units; INT2 items are rounded to whole 4-slice units.
   int64_t budget = std::max<int64_t>(4, (total_cost + target_ctas - 1) / target_ctas);
   budget = (budget + 3) / 4 * 4;
@@ -103,6 +103,13 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
       }
       plan.item_indptr.push_back(static_cast<int32_t>(plan.items.size()));
     }
+  }
+  for (int pass = 0; pass < 2; ++pass) {
+    const int32_t kind = pass == 0 ? static_cast<int32_t>(PageKind::kInt2) : static_cast<int32_t>(PageKind::kBf16);
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+      if (plan.items[i].kind == kind) plan.order.push_back(static_cast<int32_t>(i));
+    }
+    if (pass == 0) plan.num_int2_items = static_cast<int32_t>(plan.order.size());
   }
   return plan;
 }

@@ -72,6 +72,8 @@ struct DecodeWorkItem {
 struct DecodePlan {
   std::vector<DecodeWorkItem> items;  // ordered by (seq, kv_head)
   std::vector<int32_t> item_indptr;   // [num_seqs * num_kv_heads + 1] into items
+  std::vector<int32_t> order;         // item indices: the INT2 items, then the BF16 items
+  int32_t num_int2_items = 0;
   size_t int2_slices = 0, bf16_slices = 0;
   // Bytes the decode kernel reads from the pages (K and V segments of the attended layer).
   size_t page_bytes_read = 0;
@@ -102,6 +104,8 @@ struct DecodeParams {
   const DecodeWorkItem* items = nullptr;  // the plan, copied to the device
   int32_t num_items = 0;
   const int32_t* item_indptr = nullptr;   // [num_seqs * num_kv_heads + 1]
+  const int32_t* item_order = nullptr;    // plan.order (INT2 items first)
+  int32_t num_int2_items = 0;
   const float* q = nullptr;               // [num_seqs][num_q_heads][head_dim], unrotated
   const float* rot_k = nullptr;  // [num_kv_heads][d][d] R_K of `layer` (nullptr: q already rotated)
   const float* rot_v = nullptr;  // [num_kv_heads][d][d] R_V, used when unrotate_output

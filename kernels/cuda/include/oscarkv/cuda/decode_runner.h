@@ -27,6 +27,9 @@ class PagedDecoder {
     if (!items.ok()) return items.status();
     auto ip = DeviceBuffer::FromHost(d.plan_.item_indptr);
     if (!ip.ok()) return ip.status();
+    auto ord = DeviceBuffer::FromHost(d.plan_.order);
+    if (!ord.ok()) return ord.status();
+    d.order_ = *std::move(ord);
     auto ws = DeviceBuffer::Create(DecodeWorkspaceBytes(shape, d.num_seqs_,
                                                         static_cast<int32_t>(d.plan_.items.size())));
     if (!ws.ok()) return ws.status();
@@ -44,6 +47,8 @@ class PagedDecoder {
     p.items = items_.as<DecodeWorkItem>();
     p.num_items = static_cast<int32_t>(plan_.items.size());
     p.item_indptr = item_indptr_.as<int32_t>();
+    p.item_order = order_.as<int32_t>();
+    p.num_int2_items = plan_.num_int2_items;
     p.workspace = workspace_.get();
     p.table.num_seqs = num_seqs_;
     return p;
@@ -55,7 +60,7 @@ class PagedDecoder {
   DecodeShape shape_;
   int32_t num_seqs_ = 0;
   DecodePlan plan_;
-  DeviceBuffer items_, item_indptr_, workspace_;
+  DeviceBuffer items_, item_indptr_, order_, workspace_;
 };
 
 }  // namespace oscarkv::cuda
