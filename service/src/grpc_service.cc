@@ -38,23 +38,32 @@ class CallTimer {
 
 }  // namespace
 
+#define OSCARKV_CALLBACK(Name, Req, Resp)                                              \
+  grpc::ServerUnaryReactor* KvCacheService::Name(grpc::CallbackServerContext* ctx,       \
+                                                 const pb::Req* req, pb::Resp* resp) {   \
+    CallTimer t(metrics_, Rpc::k##Name);                                               \
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();                         \
+    reactor->Finish(t.Done(cache_->Name(*req, resp)));                                 \
+    return reactor;                                                                    \
+  }
 #define OSCARKV_UNARY(Name, Req, Resp)                                                       \
   grpc::Status KvCacheService::Name(grpc::ServerContext*, const pb::Req* req, pb::Resp* resp) { \
     CallTimer t(metrics_, Rpc::k##Name);                                                     \
     return t.Done(cache_->Name(*req, resp));                                                 \
   }
 
-OSCARKV_UNARY(Handshake, HandshakeRequest, HandshakeResponse)
-OSCARKV_UNARY(RegisterCodec, RegisterCodecRequest, RegisterCodecResponse)
-OSCARKV_UNARY(Lookup, LookupRequest, LookupResponse)
-OSCARKV_UNARY(Reserve, ReserveRequest, ReserveResponse)
+OSCARKV_CALLBACK(Handshake, HandshakeRequest, HandshakeResponse)
+OSCARKV_CALLBACK(RegisterCodec, RegisterCodecRequest, RegisterCodecResponse)
+OSCARKV_CALLBACK(Lookup, LookupRequest, LookupResponse)
+OSCARKV_CALLBACK(Reserve, ReserveRequest, ReserveResponse)
+OSCARKV_CALLBACK(Abort, AbortRequest, AbortResponse)
+OSCARKV_CALLBACK(Release, ReleaseRequest, ReleaseResponse)
+OSCARKV_CALLBACK(RenewLease, RenewLeaseRequest, RenewLeaseResponse)
+OSCARKV_CALLBACK(Delete, DeleteRequest, DeleteResponse)
+OSCARKV_CALLBACK(Stats, StatsRequest, StatsResponse)
 OSCARKV_UNARY(Commit, CommitRequest, CommitResponse)
-OSCARKV_UNARY(Abort, AbortRequest, AbortResponse)
-OSCARKV_UNARY(Release, ReleaseRequest, ReleaseResponse)
-OSCARKV_UNARY(RenewLease, RenewLeaseRequest, RenewLeaseResponse)
-OSCARKV_UNARY(Delete, DeleteRequest, DeleteResponse)
 OSCARKV_UNARY(Clear, ClearRequest, ClearResponse)
-OSCARKV_UNARY(Stats, StatsRequest, StatsResponse)
+#undef OSCARKV_CALLBACK
 #undef OSCARKV_UNARY
 
 grpc::Status KvCacheService::WritePages(grpc::ServerContext* ctx,
