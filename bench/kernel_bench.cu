@@ -117,7 +117,7 @@ struct PagedBatch {
   int copies = 1;
 };
 
-absl::Status BuildBatch(const KernelBenchOptions& o, int B, int L, bool all_bf16, int sms,
+absl::Status BuildBatch(const KernelBenchOptions& o, int B, int L, bool all_bf16, int sms, int target,
                         const DeviceBuffer& ksrc, const DeviceBuffer& vsrc, const void* rot_frag,
                         const float* clips, PagedBatch* out) {
   const CodecProfile prof = BenchProfile(o.layers);
@@ -137,7 +137,7 @@ absl::Status BuildBatch(const KernelBenchOptions& o, int B, int L, bool all_bf16
     indptr.push_back(static_cast<int32_t>(ids.size()));
   }
   cuda::DecodeShape shape{static_cast<uint32_t>(o.layers), kKvHeads, kQHeads, kHeadDim, 128, kPageTokens, 0};
-  auto dec = cuda::PagedDecoder::Create(shape, indptr, ids, kinds, sms);
+  auto dec = cuda::PagedDecoder::Create(shape, indptr, ids, kinds, sms, target);
   if (!dec.ok()) return dec.status();
   out->decoder = std::make_unique<cuda::PagedDecoder>(*std::move(dec));
   const double bytes = out->decoder->plan().page_bytes_read;
@@ -306,8 +306,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       std::fprintf(stderr, "[bench] decode B=%d L=%d %s pages\n", d.batch, d.length,
                    all_bf16 ? "BF16" : "OSCAR INT2");
       PagedBatch pb;
-      BENCH_RETURN_IF_ERROR(BuildBatch(o, d.batch, d.length, all_bf16, r.sms, *ksrc, *vsrc,
-                                       frags->get(), clips->as<float>(), &pb));
+      BENCH_RETURN_IF_ERROR(BuildBatch(o, d.batch, d.length, all_bf16, r.sms, o.target_ctas[0],
+                                       *ksrc, *vsrc, frags->get(), clips->as<float>(), &pb));
       auto us = TimeDecode(o, pb, d.batch, rot_k);
       if (!us.ok()) return us.status();
       const auto& plan = pb.decoder->plan();
@@ -315,10 +315,32 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         d.bf16_us = *us;
         d.bf16_bytes = plan.page_bytes_read;
         d.bf16_items = static_cast<int>(plan.items.size());
-      } else {
-        d.int2_us = *us;
-        d.int2_bytes = plan.page_bytes_read;
-        d.int2_items = static_cast<int>(plan.items.size());
+        continue;
+      }
+      d.int2_us = *us;
+      d.int2_bytes = plan.page_bytes_read;
+      d.int2_items = static_cast<int>(plan.items.size());
+      // Other plan targets on the same pages (re-planned; the pages stay).
+      for (size_t ti = 1; ti < o.target_ctas.size(); ++ti) {
+        cuda::DecodeShape shape{static_cast<uint32_t>(o.layers), kKvHeads, kQHeads, kHeadDim, 128,
+                                kPageTokens, 0};
+        std::vector<int32_t> indptr, ids;
+        std::vector<uint8_t> kinds;
+        {
+          auto ip = pb.indptr.ToHost<int32_t>();
+          auto id = pb.ids.ToHost<int32_t>();
+          auto kk = pb.kinds.ToHost<uint8_t>();
+          if (!ip.ok() || !id.ok() || !kk.ok()) return absl::InternalError("download table");
+          indptr = *ip;
+          ids = *id;
+          kinds = *kk;
+        }
+        auto dec = cuda::PagedDecoder::Create(shape, indptr, ids, kinds, r.sms, o.target_ctas[ti]);
+        if (!dec.ok()) return dec.status();
+        pb.decoder = std::make_unique<cuda::PagedDecoder>(*std::move(dec));
+        auto t = TimeDecode(o, pb, d.batch, rot_k);
+        if (!t.ok()) return t.status();
+        d.int2_by_target.push_back({o.target_ctas[ti], *t});
       }
     }
   }
@@ -346,12 +368,13 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       if (!d_ptrs.ok() || !d_kinds.ok() || !d_dp.ok() || !d_ds.ok()) return absl::InternalError("upload");
       struct Variant {
         const char* name;
-        bool rotate, clip;
+        bool rotate, clip, precise = true;
       };
       std::vector<Variant> variants;
       if (kind == PageKind::kInt2) {
         variants = {{"int2 rotate+clip", true, true},
                     {"int2 rotate", true, false},
+                    {"int2 rotate (R fp16 only)", true, false, false},
                     {"int2 prerotated (flush / R_V absorbed)", false, false},
                     {"int2 prerotated+clip", false, true}};
       } else {
@@ -373,6 +396,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         q.dst_slot = d_ds->as<int32_t>();
         q.rot_fragments = v.rotate ? frags->get() : nullptr;
         q.clips = v.clip ? clips->as<float>() : nullptr;
+        q.precise_rotation = v.precise;
         auto us = TimeMedianUs([&] { return cuda::LaunchQuantizeWrite(q, nullptr); }, o.samples);
         if (!us.ok()) return us.status();
         const double row_out = kind == PageKind::kInt2 ? 32 + 4 : 256;

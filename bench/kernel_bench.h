@@ -20,6 +20,7 @@ struct KernelBenchOptions {
   std::string sdpa_command = "python3 bench/sdpa_baseline.py";  // empty: skip the baseline
   bool precise_query = true;
   int quant_tokens = 32768;  // quantize-on-write: tokens of one layer (all 8 KV heads, K and V)
+  std::vector<int> target_ctas = {0};  // decode plan CTA targets to measure (0 = default)
   bool bf16_pages = true;    // measure the kernel on all-BF16 pages
   bool quantize = true;      // measure quantize-on-write
 };
@@ -29,6 +30,7 @@ struct DecodeRow {
   double sdpa_us = 0, bf16_us = 0, int2_us = 0;       // medians, 0 = not measured
   double sdpa_bytes = 0, bf16_bytes = 0, int2_bytes = 0;  // bytes of K/V read per call
   int int2_items = 0, bf16_items = 0;
+  std::vector<std::pair<int, double>> int2_by_target;  // (target_ctas, µs) when several
 };
 
 struct QuantRow {

@@ -19,6 +19,7 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("layers", "4", "layers per page (one is read)")
       .Option("sdpa", "python3 bench/sdpa_baseline.py", "baseline command ('' to skip)")
       .Option("quant-tokens", "32768", "tokens written by the quantize-on-write bench")
+      .Option("target-ctas", "0", "decode plan CTA targets, comma list; the first is reported (0 = default)")
       .Option("csv", "", "write the CSV here")
       .Option("plot", "", "write an SVG plot here")
       .Flag("fast-query", "single fp16 query part for INT2 scores (default: hi+lo)")
@@ -55,6 +56,16 @@ int KernelBenchMain(int argc, char** argv) {
   o.layers = static_cast<int>(*layers);
   o.quant_tokens = static_cast<int>(*qt);
   o.sdpa_command = args.str("sdpa");
+  o.target_ctas.clear();
+  for (absl::string_view t : absl::StrSplit(args.str("target-ctas"), ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (!absl::SimpleAtoi(t, &v) || v < 0) {
+      std::fprintf(stderr, "bad --target-ctas\n");
+      return 2;
+    }
+    o.target_ctas.push_back(v);
+  }
+  if (o.target_ctas.empty()) o.target_ctas.push_back(0);
   o.precise_query = !args.flag("fast-query");
   if (args.flag("int2-only")) o.bf16_pages = o.quantize = false;
   auto report = RunKernelBench(o);

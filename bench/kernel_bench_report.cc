@@ -67,6 +67,12 @@ std::string FormatTable(const KernelBenchReport& r) {
         Gbps(d.int2_bytes, d.int2_us), 100 * Ratio(Gbps(d.int2_bytes, d.int2_us), r.copy_gbps),
         Ratio(d.sdpa_us, d.int2_us), d.int2_items, d.bf16_items);
   }
+  for (const auto& d : r.decode) {
+    for (auto [target, us] : d.int2_by_target) {
+      s += absl::StrFormat("  INT2 B=%d L=%d with target_ctas=%d: %.1f us (%.2fx SDPA)\n", d.batch,
+                           d.length, target, us, Ratio(d.sdpa_us, us));
+    }
+  }
   s += "quantize-on-write (bf16 rows in -> page rows out, one layer, 8 KV heads, K and V)\n";
   for (const auto& q : r.quant) {
     s += absl::StrFormat("  %-40s %9.1f us %8.0f GB/s %5.0f%% of copy\n", q.name, q.us,

@@ -81,25 +81,31 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
       int32_t s = 0;
       const int32_t total_slices = (p1 - p0) * static_cast<int32_t>(spp);
       while (s < total_slices) {
+        // A maximal run of one kind, split into equal items of at most the budget.
         const uint8_t kind = kinds[ids[p0 + s / static_cast<int32_t>(spp)]];
+        int32_t run_end = s;
+        while (run_end < total_slices && kinds[ids[p0 + run_end / static_cast<int32_t>(spp)]] == kind) {
+          ++run_end;
+        }
         const int64_t unit_cost = kind == static_cast<uint8_t>(PageKind::kInt2) ? kInt2Cost : kBf16Cost;
         const int32_t max_slices = static_cast<int32_t>(
             std::clamp<int64_t>(budget / unit_cost, 1, kMaxItemSlices));
-        int32_t e = s;
-        while (e < total_slices && e - s < max_slices &&
-               kinds[ids[p0 + e / static_cast<int32_t>(spp)]] == kind) {
-          ++e;
+        const int32_t run = run_end - s;
+        const int32_t parts = (run + max_slices - 1) / max_slices;
+        for (int32_t part = 0; part < parts; ++part) {
+          const int32_t b0 = s + static_cast<int32_t>(int64_t{run} * part / parts);
+          const int32_t b1 = s + static_cast<int32_t>(int64_t{run} * (part + 1) / parts);
+          plan.items.push_back({static_cast<int32_t>(b), static_cast<int32_t>(h),
+                                static_cast<int32_t>(kind), b0, b1 - b0});
+          if (kind == static_cast<uint8_t>(PageKind::kInt2)) {
+            plan.int2_slices += b1 - b0;
+            plan.page_bytes_read += size_t(b1 - b0) * int2_slice_bytes;
+          } else {
+            plan.bf16_slices += b1 - b0;
+            plan.page_bytes_read += size_t(b1 - b0) * bf16_slice_bytes;
+          }
         }
-        plan.items.push_back({static_cast<int32_t>(b), static_cast<int32_t>(h),
-                              static_cast<int32_t>(kind), s, e - s});
-        if (kind == static_cast<uint8_t>(PageKind::kInt2)) {
-          plan.int2_slices += e - s;
-          plan.page_bytes_read += size_t(e - s) * int2_slice_bytes;
-        } else {
-          plan.bf16_slices += e - s;
-          plan.page_bytes_read += size_t(e - s) * bf16_slice_bytes;
-        }
-        s = e;
+        s = run_end;
       }
       plan.item_indptr.push_back(static_cast<int32_t>(plan.items.size()));
     }

@@ -162,15 +162,14 @@ __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWr
   const int codes_bytes = static_cast<int>(g2.codes_bytes());
   const int tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
 
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  // Loads the lane's 32 input channels of rows gid and gid+8 of a tile (16 bf16x2 words each).
+  auto load = [&](int tile, uint32_t (&xw)[2][16]) {
     const int t0 = tile * kTileTokens + warp * 16;
-    int tok[2] = {t0 + gid, t0 + gid + 8};
-    // Lane's 32 input channels of each row, as 16 bf16x2 words.
-    uint32_t xw[2][16];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      if (tok[r] < p.num_tokens) {
-        const uint4* src = reinterpret_cast<const uint4*>(base + tok[r] * p.src_token_stride + 32 * tig);
+      const int tk = t0 + gid + 8 * r;
+      if (tile < tiles && tk < p.num_tokens) {
+        const uint4* src = reinterpret_cast<const uint4*>(base + tk * p.src_token_stride + 32 * tig);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const uint4 v = src[q];
@@ -184,6 +183,15 @@ __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWr
         for (int q = 0; q < 16; ++q) xw[r][q] = 0u;
       }
     }
+  };
+  uint32_t xw[2][16];
+  load(blockIdx.x, xw);
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int t0 = tile * kTileTokens + warp * 16;
+    int tok[2] = {t0 + gid, t0 + gid + 8};
+    // Prefetch the next tile's rows while this one is rotated and quantized.
+    uint32_t xn[2][16];
+    load(tile + gridDim.x, xn);
     float y[2][32];
     if (rotate) {
       uint32_t a[2][16];  // fp16x2 of the same words
@@ -200,9 +208,14 @@ __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWr
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
-          const uint4 b = frag[(j * 8 + s) * 32 + lane];
-          MmaF16(acc, a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1], b.x, b.y);
-          MmaF16(acc, a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1], b.z, b.w);
+          if (p.precise_rotation) {
+            const uint4 b = frag[(j * 8 + s) * 32 + lane];
+            MmaF16(acc, a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1], b.x, b.y);
+            MmaF16(acc, a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1], b.z, b.w);
+          } else {
+            const uint2 b = *reinterpret_cast<const uint2*>(&frag[(j * 8 + s) * 32 + lane]);
+            MmaF16(acc, a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1], b.x, b.y);
+          }
         }
         y[0][2 * j] = acc[0];
         y[0][2 * j + 1] = acc[1];
@@ -263,6 +276,10 @@ __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWr
         QuantizeStore<G>(dummy, tig, scratch, scratch);
       }
     }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int q = 0; q < 16; ++q) xw[r][q] = xn[r][q];
   }
 }
 

@@ -37,7 +37,7 @@
 namespace oscarkv::cuda {
 
 inline constexpr uint32_t kSliceTokens = 64;  // token granularity of work items
-inline constexpr int32_t kMaxItemSlices = 128;  // slices per work item, at most
+inline constexpr int32_t kMaxItemSlices = 192;  // slices per work item, at most
 
 struct DecodeShape {
   uint32_t num_layers = 0;

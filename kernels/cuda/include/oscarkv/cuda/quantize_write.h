@@ -53,6 +53,9 @@ struct QuantizeWriteParams {
   const void* rot_fragments = nullptr;
   // Clip ratios [layer_count][2][num_kv_heads] applied to INT2 rows; nullptr: no clipping.
   const float* clips = nullptr;
+  // R as fp16 high + low parts (rotation error ~1e-6 relative); false uses the high part only
+  // (~2^-12 relative: below bf16 storage rounding and INT2 steps, half the fragment traffic).
+  bool precise_rotation = true;
 };
 
 absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& params, cudaStream_t stream);
