@@ -157,12 +157,15 @@ absl::StatusOr<LatencyStats> ClosedLoop(const Env& env, std::vector<std::unique_
   return Summarize(all, duration_s);
 }
 
-// Open loop: request k is due at T0 + k/rate and goes out through client k % n; one scheduler
-// thread sends on time with the non-blocking LookupAsync (no response is waited for before the
-// next send), and each latency is completion time minus DUE time, so a backlog shows up as
-// latency instead of vanishing.
+// Open loop: request k is due at T0 + k/rate and goes out through client k % n, and each
+// latency is completion time minus DUE time, so a backlog shows up as latency instead of
+// vanishing. Senders: `async_senders` = one scheduler thread sending on time with the
+// non-blocking LookupAsync (nothing waits for a response before the next send); else one thread
+// per client sending its share with the blocking Lookup (a client whose previous lookup is still
+// out sends late, and the lateness is counted).
 absl::StatusOr<LatencyStats> OpenLoop(const Env& env, std::vector<std::unique_ptr<Client>>& cs,
-                                      int n, double rate, double duration_s, double* achieved) {
+                                      int n, double rate, double duration_s, bool async_senders,
+                                      double* achieved) {
   const uint64_t total = static_cast<uint64_t>(rate * duration_s);
   const double interval = 1.0 / rate;
   std::vector<double> lat(total, -1);
@@ -171,7 +174,30 @@ absl::StatusOr<LatencyStats> OpenLoop(const Env& env, std::vector<std::unique_pt
   std::atomic<int64_t> last_done_ns{0};
   ::prctl(PR_SET_TIMERSLACK, 1000UL);  // wake within ~1 us of each due time, not 50 us
   const Clock::time_point t0 = Clock::now() + std::chrono::milliseconds(50);
-  for (uint64_t k = 0; k < total && !failed.load(std::memory_order_relaxed); ++k) {
+  if (!async_senders) {
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        ::prctl(PR_SET_TIMERSLACK, 1000UL);
+        for (uint64_t k = static_cast<uint64_t>(i); k < total && !failed; k += n) {
+          const auto due = t0 + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(double(k) * interval));
+          if (Clock::now() < due) std::this_thread::sleep_until(due);
+          auto r = cs[i]->Lookup(env.codec, env.lookup_keys);
+          const auto done = Clock::now();
+          if (!r.ok() || r->matched != env.lookup_keys.size()) failed = true;
+          lat[k] = Seconds(done - due);
+          const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(done - t0).count();
+          int64_t prev = last_done_ns.load();
+          while (ns > prev && !last_done_ns.compare_exchange_weak(prev, ns)) {
+          }
+          completed.fetch_add(1);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  for (uint64_t k = 0; async_senders && k < total && !failed.load(std::memory_order_relaxed); ++k) {
     const auto due = t0 + std::chrono::duration_cast<Clock::duration>(
                               std::chrono::duration<double>(double(k) * interval));
     if (Clock::now() < due) std::this_thread::sleep_until(due);
@@ -264,10 +290,14 @@ int RunBenchService(int argc, char** argv) {
   a.Option("duration-s", "3", "seconds per measured phase (7 phases)");
   a.Option("daemon", "", "oscarkvd binary (default: next to this oscarkv, or $OSCARKVD)");
   a.Option("pool-mb", "512", "daemon pool size");
+  a.Option("listen", "127.0.0.1:0", "daemon gRPC address: loopback TCP, or unix:/path for a Unix socket");
   a.Option("batch", "64", "pages per load batch (Qwen3-8B INT2 pages, 1,327,168 bytes each)");
   a.Option("lookup-keys", "32", "block keys per lookup (32 = a 2048-token prompt), all cached");
   a.Option("rate", "10000", "open-loop offered load, lookups per second over all clients");
   a.Option("clients", "1,8,64", "closed-loop client counts; the open loop uses the largest");
+  a.Option("open-loop-senders", "async",
+           "async: one thread sends every open-loop lookup on schedule with LookupAsync; "
+           "threads: each client thread sends its share with the blocking Lookup");
   a.Flag("dedicated-connections",
          "one TCP connection per client (default: the clients of this process share one, as "
          "Clients in one engine process do)");
@@ -299,6 +329,10 @@ int RunBenchService(int argc, char** argv) {
     std::fprintf(stderr, "oscarkv bench service: bad option value (see --help)\n");
     return 2;
   }
+  if (a.str("open-loop-senders") != "async" && a.str("open-loop-senders") != "threads") {
+    std::fprintf(stderr, "oscarkv bench service: --open-loop-senders is async or threads\n");
+    return 2;
+  }
   const bool as_json = a.flag("json");
   auto fail = [](const std::string& what, const absl::Status& s) {
     std::fprintf(stderr, "oscarkv bench service: %s: %s\n", what.c_str(), s.ToString().c_str());
@@ -323,7 +357,7 @@ int RunBenchService(int argc, char** argv) {
   dopt.binary = a.str("daemon");
   const std::string log_path = absl::StrCat("/tmp/oscarkv-bench-", ::getpid(), ".log");
   dopt.log_path = log_path;
-  dopt.flags = {"--pool-mb", std::to_string(*pool_mb), "--metrics-listen", "off",
+  dopt.flags = {"--listen", a.str("listen"), "--pool-mb", std::to_string(*pool_mb), "--metrics-listen", "off",
                 "--shm-name", absl::StrCat("oscarkv-bench-", ::getpid())};
   progress("starting oscarkvd");
   auto daemon = client::LocalDaemon::Start(dopt);
@@ -391,7 +425,8 @@ int RunBenchService(int argc, char** argv) {
   progress(absl::StrCat("open-loop lookups, ", *rate, "/s over ", max_clients, " clients").c_str());
   double achieved = 0;
   auto open = WithCpu((*daemon)->pid(), [&] {
-    return OpenLoop(env, *lookup_clients, max_clients, *rate, *duration, &achieved);
+    return OpenLoop(env, *lookup_clients, max_clients, *rate, *duration,
+                    a.str("open-loop-senders") == "async", &achieved);
   });
   if (!open.ok()) return fail("open loop", open.status());
   lookup_clients->clear();
@@ -484,6 +519,7 @@ int RunBenchService(int argc, char** argv) {
         {"duration_s", *duration},
         {"closed_loop", cl},
         {"open_loop", {{"offered_per_s", *rate}, {"achieved_per_s", achieved},
+                       {"senders", a.str("open-loop-senders")},
                        {"clients", max_clients}, {"p50_ms", open->p50_ms},
                        {"p99_ms", open->p99_ms}, {"p999_ms", open->p999_ms},
                        {"max_ms", open->max_ms}, {"count", open->count},

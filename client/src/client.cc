@@ -647,6 +647,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);  // calls are not retried transparently: less work per call
   if (options.dedicated_connection) args.SetInt("grpc.use_local_subchannel_pool", 1);
   auto channel =
       grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);

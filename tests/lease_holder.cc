@@ -1,0 +1,42 @@
+// Test helper process: connects to oscarkvd, pins the given keys of the refmodel codec under a
+// lease of the daemon's default length, prints "pinned N lease=ID" and then just waits (at most
+// 60 s) -- the test kills it with SIGKILL so the lease is never released.
+//   lease_holder ADDR KEYHEX [KEYHEX...]
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "oscarkv/client/client.h"
+
+int main(int argc, char** argv) {
+  using namespace oscarkv;
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: lease_holder ADDR KEYHEX...\n");
+    return 2;
+  }
+  client::ConnectOptions o;
+  o.address = argv[1];
+  o.client_name = "lease_holder";
+  auto c = client::Client::Connect(o);
+  if (!c.ok()) {
+    std::fprintf(stderr, "lease_holder: %s\n", c.status().ToString().c_str());
+    return 1;
+  }
+  auto codec = (*c)->RegisterCodec(*BuiltinProfile("refmodel"));
+  if (!codec.ok()) {
+    std::fprintf(stderr, "lease_holder: %s\n", codec.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<BlockKey> keys;
+  for (int i = 2; i < argc; ++i) keys.push_back(*BlockKey::FromHex(argv[i]));
+  auto r = (*c)->Lookup(*codec, keys, {.pin = true});
+  if (!r.ok()) {
+    std::fprintf(stderr, "lease_holder: %s\n", r.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("pinned %u lease=%llu\n", r->matched,
+              static_cast<unsigned long long>(r->lease_ids.empty() ? 0 : r->lease_ids[0]));
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(60));
+  return 0;
+}

@@ -1,0 +1,79 @@
+// Helpers for the integration tests: a real oscarkvd child per test, connected clients, and
+// real encoded pages with deterministic content.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "oscarkv/client/client.h"
+#include "oscarkv/client/local_daemon.h"
+#include "oscarkv/kernels/page_codec.h"
+
+namespace oscarkv::testing {
+
+// Starts oscarkvd (the one this build made) on 127.0.0.1, port 0, with its own shm segment.
+inline std::unique_ptr<client::LocalDaemon> StartDaemon(std::vector<std::string> flags = {}) {
+  static int seq = 0;
+  client::LocalDaemonOptions o;
+  o.binary = OSCARKVD_PATH;
+  o.flags = {"--metrics-listen", "off", "--shm-name",
+             "oscarkv-it-" + std::to_string(::getpid()) + "-" + std::to_string(seq++)};
+  bool has_pool = false;
+  for (const auto& f : flags) has_pool |= f == "--pool-mb";
+  if (!has_pool) o.flags.insert(o.flags.end(), {"--pool-mb", "64"});
+  o.flags.insert(o.flags.end(), flags.begin(), flags.end());
+  auto d = client::LocalDaemon::Start(o);
+  EXPECT_TRUE(d.ok()) << d.status();
+  return d.ok() ? *std::move(d) : nullptr;
+}
+
+inline std::unique_ptr<client::Client> Connect(const std::string& addr,
+                                               client::DataPath path = client::DataPath::kAuto,
+                                               bool verify = true) {
+  client::ConnectOptions o;
+  o.address = addr;
+  o.data_path = path;
+  o.verify_checksums = verify;
+  auto c = client::Client::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+inline uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// A real page of `profile` whose content is a pure function of `seed` (one block of
+// page_tokens tokens, rows uniform in [-2, 2), already "rotated").
+inline std::vector<uint8_t> MakePage(const CodecProfile& p, PageKind kind, uint64_t seed) {
+  const uint32_t T = p.page_tokens;
+  std::vector<float> kv(size_t{p.num_layers} * 2 * T * p.num_kv_heads * p.head_dim);
+  for (size_t i = 0; i < kv.size(); ++i) {
+    kv[i] = static_cast<float>(SplitMix(seed * 0x100000001b3ull + i) >> 40) / (1 << 22) - 2.0f;
+  }
+  KVSequenceView view{kv.data(), p.num_layers, p.num_kv_heads, p.head_dim, T};
+  auto page = EncodePage(p, nullptr, kind, view, 0, T);
+  EXPECT_TRUE(page.ok()) << page.status();
+  return page.ok() ? *std::move(page) : std::vector<uint8_t>{};
+}
+
+// Token ids of a synthetic request: `n` tokens, ids a function of (seed, position).
+inline std::vector<uint32_t> Tokens(uint64_t seed, size_t n) {
+  std::vector<uint32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint32_t>(SplitMix(seed * 1000003 + i) % 151936);
+  return t;
+}
+
+inline client::Codec RegisterRefmodel(client::Client& c) {
+  auto codec = c.RegisterCodec(*BuiltinProfile("refmodel"));
+  EXPECT_TRUE(codec.ok()) << codec.status();
+  return codec.ok() ? *codec : client::Codec{};
+}
+
+}  // namespace oscarkv::testing
