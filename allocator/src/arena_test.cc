@@ -10,6 +10,10 @@
 
 #include "gtest/gtest.h"
 
+#if defined(OSCARKV_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
 namespace oscarkv {
 namespace {
 
@@ -97,6 +101,39 @@ TEST(ShmArena, RejectsBadNamesAndSizes) {
   o.bytes = size_t{1} << 50;
   EXPECT_EQ(CreateShmArena(o).status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_FALSE(FileExists("/dev/shm/" + o.name));
+}
+
+TEST(ShmArena, RegisteredWithCudaWhenAGpuIsPresent) {
+#if defined(OSCARKV_HAVE_CUDA)
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    GTEST_SKIP() << "no GPU: the arena is plain shared memory";
+  }
+  ShmArenaOptions o;
+  o.name = UniqueName("cuda");
+  o.bytes = 64 << 20;
+  auto a = CreateShmArena(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE((*a)->cuda_registered());
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, (*a)->base()), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost);
+  // A device-to-host copy lands in the shared pages.
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, 1 << 20), cudaSuccess);
+  ASSERT_EQ(cudaMemset(dev, 0x5A, 1 << 20), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy((*a)->base() + (8 << 20), dev, 1 << 20, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  cudaFree(dev);
+  EXPECT_EQ((*a)->base()[(8 << 20) + 12345], 0x5A);
+  o.name = UniqueName("nocuda");
+  o.try_cuda_register = false;
+  auto b = CreateShmArena(o);
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE((*b)->cuda_registered());
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
 }
 
 }  // namespace
