@@ -232,6 +232,64 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   uint32_t magic;
   asm volatile("mov.b32 %0, 0x64006400;" : "=r"(magic));
 
+  WarpState st;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) st.o[i][j] = 0.f;
+  float sw[NG][4];  // 1024·Σ W per (group, accumulator column) from the extra "offset" mma
+  float pm[2][NG];  // Σ p·min per (query head, group), lane partials
+#pragma unroll
+  for (int g = 0; g < NG; ++g)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sw[g][j] = 0.f;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    st.m[e] = -INFINITY;
+    st.l[e] = 0.f;
+#pragma unroll
+    for (int g = 0; g < NG; ++g) pm[e][g] = 0.f;
+  }
+  __half* wx = reinterpret_cast<__half*>(smem + kInt2StageArea + warp * kWarpXchg);
+  uint8_t* ring = smem + warp * (kInt2WarpStages * kInt2Slot);
+
+  const int n = it.num_slices;
+  const int mine = n > warp ? (n - warp + kWarps - 1) / kWarps : 0;  // slices of this warp
+  const size_t v_minus_k = seg_v - seg_k;
+  const uint32_t ring_addr = SmemAddr(ring) + lane * 16;
+  // Copies slice k of this warp into stage `stage`: the K codes (2 KiB contiguous), K params,
+  // V codes, V params. Chunks past the valid tokens are zero-filled (src-size 0) and not read.
+  auto issue = [&](int k, int stage) {
+    const int sl = warp + kWarps * k;
+    const int info = tab.info[sl], tok0 = info >> 16, valid = info & 0xffff;
+    const uint8_t* pk = tab.ptr[sl] + seg_k;
+    const uint8_t* ck = pk + tok0 * 32 + lane * 16;
+    const uint8_t* cv = ck + v_minus_k;
+    const uint32_t d = ring_addr + stage * kInt2Slot;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int bytes = ((lane >> 1) + 16 * i) < valid ? 16 : 0;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + 512 * i),
+                   "l"(ck + 512 * i), "r"(bytes));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + Lay::kHalf + 512 * i),
+                   "l"(cv + 512 * i), "r"(bytes));
+    }
+    if (lane < 16 * NG) {  // params: 4·NG bytes per token, 16/(4·NG) tokens per chunk
+      const int bytes = lane * 4 / NG < valid ? 16 : 0;
+      const uint8_t* pp = pk + codes_bytes + tok0 * 4 * NG + lane * 16;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + Lay::kCodes),
+                   "l"(pp), "r"(bytes));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + Lay::kHalf + Lay::kCodes),
+                   "l"(pp + v_minus_k), "r"(bytes));
+    }
+  };
+
+  // Start the first copies, then build the query fragments while they are in flight.
+#pragma unroll
+  for (int k = 0; k < kInt2WarpStages - 1; ++k) {
+    if (k < mine) issue(k, k);
+    CpAsyncCommit();
+  }
   // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
   const float* qrot = reinterpret_cast<const float*>(p.workspace) +
                       (size_t(it.seq) * sh.num_q_heads + size_t(it.kv_head) * gqa) * 128;
@@ -286,65 +344,17 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
   }
 
-  WarpState st;
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) st.o[i][j] = 0.f;
-  float sw[NG][4];  // 1024·Σ W per (group, accumulator column) from the extra "offset" mma
-  float pm[2][NG];  // Σ p·min per (query head, group), lane partials
-#pragma unroll
-  for (int g = 0; g < NG; ++g)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) sw[g][j] = 0.f;
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    st.m[e] = -INFINITY;
-    st.l[e] = 0.f;
-#pragma unroll
-    for (int g = 0; g < NG; ++g) pm[e][g] = 0.f;
-  }
-  __half* wx = reinterpret_cast<__half*>(smem + kInt2StageArea + warp * kWarpXchg);
-  uint8_t* ring = smem + warp * (kInt2WarpStages * kInt2Slot);
-
-  const int n = it.num_slices;
-  const int mine = n > warp ? (n - warp + kWarps - 1) / kWarps : 0;  // slices of this warp
-  auto issue = [&](int k) {
-    const int sl = warp + kWarps * k;
-    uint8_t* dst = ring + (k % kInt2WarpStages) * kInt2Slot;
-    const int info = tab.info[sl], tok0 = info >> 16, valid = info & 0xffff;
-    const uint8_t* page = tab.ptr[sl];
-#pragma unroll
-    for (int kv = 0; kv < 2; ++kv) {
-      const uint8_t* seg = page + (kv ? seg_v : seg_k);
-      const uint8_t* codes = seg + tok0 * 32;
-      uint8_t* d = dst + kv * Lay::kHalf;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int c = lane + 32 * i;  // 16-byte chunk of the 2048 code bytes; token c/2
-        const bool ok = (c >> 1) < valid;
-        CpAsync16(d + c * 16, ok ? codes + c * 16 : seg, ok);
-      }
-      if (lane < 16 * NG) {  // params: 4·NG bytes per token, 16/(4·NG) tokens per chunk
-        const bool ok = lane * 4 / NG < valid;
-        CpAsync16(d + Lay::kCodes + lane * 16,
-                  ok ? seg + codes_bytes + tok0 * 4 * NG + lane * 16 : seg, ok);
-      }
-    }
-  };
-
-#pragma unroll
-  for (int k = 0; k < kInt2WarpStages - 1; ++k) {
-    if (k < mine) issue(k);
-    CpAsyncCommit();
-  }
+  int stage_c = 0;                         // stage of the slice computed next
+  int stage_i = kInt2WarpStages - 1;       // stage the next issue writes
   for (int k = 0; k < mine; ++k) {
     CpAsyncWait<kInt2WarpStages - 2>();
     __syncwarp();
-    if (k + kInt2WarpStages - 1 < mine) issue(k + kInt2WarpStages - 1);
+    if (k + kInt2WarpStages - 1 < mine) issue(k + kInt2WarpStages - 1, stage_i);
     CpAsyncCommit();
+    stage_i = stage_i + 1 == kInt2WarpStages ? 0 : stage_i + 1;
     const int sl = warp + kWarps * k;
-    const uint8_t* slot = ring + (k % kInt2WarpStages) * kInt2Slot;
+    const uint8_t* slot = ring + stage_c * kInt2Slot;
+    stage_c = stage_c + 1 == kInt2WarpStages ? 0 : stage_c + 1;
     const uint8_t* kc = slot;
     const uint8_t* kp = slot + Lay::kCodes;
     const uint8_t* vc = slot + Lay::kHalf;
@@ -779,6 +789,11 @@ __global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
   }
 }
 
+template <typename K>
+bool SetSmem(K kernel, int bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+}
+
 }  // namespace
 
 absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
@@ -799,15 +814,18 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
   const int n2 = p.num_int2_items, nb = p.num_items - p.num_int2_items;
   if (n2 > 0) {
     if (p.shape.group_size == 128) {
-      cudaFuncSetAttribute(DecodeInt2Kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+      static const bool once = SetSmem(DecodeInt2Kernel<128>, SmemBytes<true>());
+      (void)once;
       DecodeInt2Kernel<128><<<n2, kThreads, SmemBytes<true>(), stream>>>(p);
     } else {
-      cudaFuncSetAttribute(DecodeInt2Kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+      static const bool once = SetSmem(DecodeInt2Kernel<64>, SmemBytes<true>());
+      (void)once;
       DecodeInt2Kernel<64><<<n2, kThreads, SmemBytes<true>(), stream>>>(p);
     }
   }
   if (nb > 0) {
-    cudaFuncSetAttribute(DecodeBf16Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<false>());
+    static const bool once = SetSmem(DecodeBf16Kernel, SmemBytes<false>());
+    (void)once;
     DecodeBf16Kernel<<<nb, kThreads, SmemBytes<false>(), stream>>>(p);
   }
   MergeKernel<<<sq, 128, 0, stream>>>(p);
