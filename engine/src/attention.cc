@@ -30,6 +30,20 @@ RowMat Gather(const float* src, uint32_t tokens, uint32_t heads, uint32_t head, 
 
 }  // namespace
 
+extern "C" void openblas_set_num_threads(int);
+
+void UseSingleThreadedBlas() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
+
+MixedPrecisionAttention::MixedPrecisionAttention(KvCodec codec) : codec_(std::move(codec)) {
+  UseSingleThreadedBlas();
+}
+
 void QuantizeDequantizeRow(const RotationSet& rotations, uint32_t layer, KV kv, uint32_t head,
                            uint32_t group, float* row) {
   const uint32_t d = rotations.head_dim();

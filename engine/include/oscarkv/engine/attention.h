@@ -61,13 +61,17 @@ class AttentionBackend {
 // blocked over query rows and parallel over heads (OpenMP). Stateless between calls.
 class MixedPrecisionAttention : public AttentionBackend {
  public:
-  explicit MixedPrecisionAttention(KvCodec codec) : codec_(std::move(codec)) {}
+  explicit MixedPrecisionAttention(KvCodec codec);
   absl::Status Attend(const AttentionInputs& in, float* out) override;
   const KvCodec& codec() const { return codec_; }
 
  private:
   KvCodec codec_;
 };
+
+// The engine parallelises with OpenMP above BLAS, so BLAS itself must run single-threaded;
+// Model::Load and the CPU backend call this (idempotent).
+void UseSingleThreadedBlas();
 
 // The codec's INT2 write path for one rotated row (clip at the set's ratio, quantize with the
 // set's range mode, dequantize) in place. Exposed for calibration and tests.
