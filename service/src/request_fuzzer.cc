@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "google/protobuf/stubs/logging.h"
 #include "oscarkv/service/page_cache.h"
 
 namespace {
@@ -27,6 +28,9 @@ struct FuzzState {
   uint64_t last_reservation = 0;
   uint64_t last_lease = 0;
   FuzzState() {
+    // Invalid UTF-8 in string fields makes parsing fail, as it should; don't log each one.
+    google::protobuf::SetLogHandler([](google::protobuf::LogLevel, const char*, int,
+                                       const std::string&) {});
     PagePoolOptions po;
     po.chunk_bytes = 64 << 10;
     pool = std::move(*PagePool::Create(std::move(*CreateHeapArena(2 << 20)), po));
