@@ -231,7 +231,14 @@ absl::StatusOr<LatencyStats> OpenLoop(const Env& env, std::vector<std::unique_pt
 struct LoadStats {
   double path_gbps = 0, memcpy_gbps = 0;
   int iterations = 0;
+  double load_ms_p50 = 0, copy_ms_p50 = 0, lease_rtt_ms_p50 = 0;  // per batch
 };
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
 
 // Alternates one batch load through `c` and one plain memcpy of the same pool bytes into the
 // same destination buffers, for duration_s; each side's GB/s is its bytes over its own time.
@@ -255,6 +262,7 @@ absl::StatusOr<LoadStats> LoadVsMemcpy(const Env& env, Client& c, const uint8_t*
     copy();
   }
   Clock::duration t_load{}, t_copy{};
+  std::vector<double> load_ms, copy_ms, rtt_ms;
   LoadStats s;
   const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(duration_s));
@@ -266,8 +274,21 @@ absl::StatusOr<LoadStats> LoadVsMemcpy(const Env& env, Client& c, const uint8_t*
     auto e = Clock::now();
     t_load += b - a;
     t_copy += e - b;
+    load_ms.push_back(1e3 * Seconds(b - a));
+    copy_ms.push_back(1e3 * Seconds(e - b));
     ++s.iterations;
   }
+  // The control-plane share of a load: pin the batch and release it, no copy.
+  for (int i = 0; i < 20; ++i) {
+    auto a = Clock::now();
+    auto pin = c.Lookup(env.codec, keys, {.pin = true});
+    if (!pin.ok()) return pin.status();
+    OSCARKV_RETURN_IF_ERROR(c.Release(*pin));
+    rtt_ms.push_back(1e3 * Seconds(Clock::now() - a));
+  }
+  s.load_ms_p50 = Median(load_ms);
+  s.copy_ms_p50 = Median(copy_ms);
+  s.lease_rtt_ms_p50 = Median(rtt_ms);
   s.path_gbps = double(batch_bytes) * s.iterations / Seconds(t_load) / 1e9;
   s.memcpy_gbps = double(batch_bytes) * s.iterations / Seconds(t_copy) / 1e9;
   return s;
@@ -503,6 +524,9 @@ int RunBenchService(int argc, char** argv) {
   std::fprintf(out, "%-34s %12.2f %14.2f %9.0f%%\n",
               absl::StrCat("gRPC streaming, ", *batch, " pages").c_str(), grpc->path_gbps,
               grpc->memcpy_gbps, 100 * grpc_ratio);
+  std::fprintf(out, "per batch (median): shm load %.2f ms, memcpy %.2f ms, pin+release of the "
+               "batch alone %.2f ms\n",
+               shm->load_ms_p50, shm->copy_ms_p50, shm->lease_rtt_ms_p50);
   std::fprintf(out, "\npeak lookups/s (closed loop): %.0f; daemon stopped %s\n", peak.per_s,
               stop.ok() && *stop == 0 ? "cleanly" : "with an error");
   if (as_json) {
@@ -528,7 +552,9 @@ int RunBenchService(int argc, char** argv) {
         {"load", {{"batch_pages", *batch}, {"page_bytes", page_bytes},
                   {"shm_gbps", shm->path_gbps}, {"shm_memcpy_gbps", shm->memcpy_gbps},
                   {"grpc_gbps", grpc->path_gbps}, {"grpc_memcpy_gbps", grpc->memcpy_gbps},
-                  {"shm_iterations", shm->iterations}, {"grpc_iterations", grpc->iterations}}},
+                  {"shm_iterations", shm->iterations}, {"grpc_iterations", grpc->iterations},
+                  {"shm_load_ms_p50", shm->load_ms_p50}, {"memcpy_ms_p50", shm->copy_ms_p50},
+                  {"pin_release_ms_p50", shm->lease_rtt_ms_p50}}},
         {"shm_load_vs_memcpy", shm_ratio},
         {"grpc_load_vs_memcpy", grpc_ratio},
         {"lookup_p99_ms_at_10k", open->p99_ms},

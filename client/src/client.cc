@@ -561,7 +561,10 @@ class GrpcClient final : public Client {
       absl::Status s = m == 0 ? absl::OkStatus()
                        : shm_  ? ReadShm(resp, out)
                                : ReadStream(resp, keys.subspan(begin, m), out);
-      Release(resp.lease_id()).IgnoreError();  // the lease expires anyway if this fails
+      // Synchronous on purpose: when Load returns, the pages are no longer pinned (a Delete or
+      // Clear right after it behaves as expected). A failed release only means the lease runs
+      // to its deadline.
+      Release(resp.lease_id()).IgnoreError();
       OSCARKV_RETURN_IF_ERROR(s);
       for (size_t j = 0; j < m; ++j) {
         const PageKind kind = resp.pages(static_cast<int>(j)).kind() == pb::PAGE_KIND_BF16
