@@ -183,6 +183,38 @@ __device__ void LoadSliceTable(const DecodeParams& p, const DecodeWorkItem& it, 
   }
 }
 
+// q' = q · R_K[kv head] · softmax_scale · log2(e) for the item's GQA query heads, into shared
+// memory (qs, [gqa][128]); qin is scratch. All threads of the CTA take part.
+__device__ void RotateQueries(const DecodeParams& p, const DecodeWorkItem& it, float* qin, float* qs) {
+  const int gqa = static_cast<int>(p.shape.gqa());
+  const int t = threadIdx.x;
+  const float* q = p.q + (size_t(it.seq) * p.shape.num_q_heads + size_t(it.kv_head) * gqa) * 128;
+  for (int i = t; i < gqa * 128; i += kThreads) qin[i] = q[i];
+  __syncthreads();
+  const float scale = (p.softmax_scale > 0 ? p.softmax_scale : 0.08838834764831845f) * kLog2e;
+  float acc[8];
+#pragma unroll
+  for (int h = 0; h < 8; ++h) acc[h] = 0.f;
+  if (p.rot_k != nullptr) {
+    const float* r = p.rot_k + size_t(it.kv_head) * 128 * 128 + t;
+#pragma unroll 8
+    for (int i = 0; i < 128; ++i) {
+      const float rv = r[i * 128];
+#pragma unroll
+      for (int h = 0; h < 8; ++h)
+        if (h < gqa) acc[h] = fmaf(qin[h * 128 + i], rv, acc[h]);
+    }
+  } else {
+#pragma unroll
+    for (int h = 0; h < 8; ++h)
+      if (h < gqa) acc[h] = qin[h * 128 + t];
+  }
+#pragma unroll
+  for (int h = 0; h < 8; ++h)
+    if (h < gqa) qs[h * 128 + t] = acc[h] * scale;
+  __syncthreads();
+}
+
 // ---------------------------------------------------------------------------------------------
 // INT2 slices. Each warp streams its own slices (w, w+4, ...) through a private 3-stage
 // cp.async ring, so warps never wait for each other.
@@ -291,8 +323,9 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     CpAsyncCommit();
   }
   // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
-  const float* qrot = reinterpret_cast<const float*>(p.workspace) +
-                      (size_t(it.seq) * sh.num_q_heads + size_t(it.kv_head) * gqa) * 128;
+  float* qs = reinterpret_cast<float*>(smem + kInt2StageArea);
+  RotateQueries(p, it, qs + 8 * 128, qs);
+  const float* qrot = qs;
   uint32_t qhi[8][2], qlo[8][2];
   float q0[NG], q1[NG];  // Σ q (true) and Σ q·2^-k (as used), this lane's channels
 #pragma unroll
@@ -343,6 +376,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       Cinit[e][g] = -1024.f * __shfl_sync(0xffffffffu, q1[g], (2 * tig + e) * 4);
     }
   }
+  __syncthreads();  // the query area becomes the W exchange
 
   int stage_c = 0;                         // stage of the slice computed next
   int stage_i = kInt2WarpStages - 1;       // stage the next issue writes
@@ -558,6 +592,7 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
                             __float2bfloat16_rn(x1 - __bfloat162float(h1)));
     }
   }
+  __syncthreads();  // the query area becomes the P exchange
   WarpState st;
   #pragma unroll
   for (int i = 0; i < 8; ++i)
@@ -664,6 +699,9 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 template <int G>
 __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
+  // The BF16 kernel (launched next, programmatic serialization) does not depend on this one:
+  // let it start as soon as SMs free up.
+  asm volatile("griddepcontrol.launch_dependents;");
   const int item = p.item_order[blockIdx.x];
   const DecodeWorkItem it = p.items[item];
   uint8_t* t = smem + kInt2StageArea + kWarps * kWarpXchg;
@@ -682,25 +720,6 @@ __global__ void __launch_bounds__(kThreads, 2) DecodeBf16Kernel(const DecodePara
   LoadSliceTable(p, it, tab);
   __syncthreads();
   Bf16Item(p, item, it, smem, tab);
-}
-
-// q' = (q · R_K[h]) · softmax_scale · log2(e), one block per (sequence, query head).
-__global__ void RotateQueryKernel(const DecodeParams p, float scale) {
-  __shared__ float qs[128];
-  const int sq = blockIdx.x;  // seq * Hq + qh
-  const int qh = sq % p.shape.num_q_heads, h = qh / p.shape.gqa();
-  const int j = threadIdx.x;
-  qs[j] = p.q[size_t(sq) * 128 + j];
-  __syncthreads();
-  float acc;
-  if (p.rot_k != nullptr) {
-    const float* r = p.rot_k + size_t(h) * 128 * 128;
-    acc = 0.f;
-    for (int i = 0; i < 128; ++i) acc = fmaf(qs[i], r[i * 128 + j], acc);
-  } else {
-    acc = qs[j];
-  }
-  reinterpret_cast<float*>(p.workspace)[size_t(sq) * 128 + j] = acc * scale * kLog2e;
 }
 
 // Merges the partials of every item of (sequence, KV head) for one query head; optionally
@@ -810,7 +829,7 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
   }
   const float scale = p.softmax_scale > 0 ? p.softmax_scale : 1.0f / sqrtf(128.0f);
   const int sq = p.table.num_seqs * static_cast<int>(p.shape.num_q_heads);
-  RotateQueryKernel<<<sq, 128, 0, stream>>>(p, scale);
+  (void)scale;
   const int n2 = p.num_int2_items, nb = p.num_items - p.num_int2_items;
   if (n2 > 0) {
     if (p.shape.group_size == 128) {
@@ -826,7 +845,20 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
   if (nb > 0) {
     static const bool once = SetSmem(DecodeBf16Kernel, SmemBytes<false>());
     (void)once;
-    DecodeBf16Kernel<<<nb, kThreads, SmemBytes<false>(), stream>>>(p);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(nb);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = SmemBytes<false>();
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (absl::Status st = CudaStatus(cudaLaunchKernelEx(&cfg, DecodeBf16Kernel, p), "bf16 decode launch");
+        !st.ok()) {
+      return st;
+    }
   }
   MergeKernel<<<sq, 128, 0, stream>>>(p);
   return CudaStatus(cudaGetLastError(), "decode attention launch");
