@@ -242,6 +242,19 @@ absl::Status PagePool::CheckSlot(uint64_t offset, SizeClassId* cls) const {
   return absl::OkStatus();
 }
 
+absl::Status PagePool::SpanOfSlot(uint64_t offset, SpanInfo* info) const {
+  SizeClassId cls;
+  if (absl::Status s = CheckSlot(offset, &cls); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  Span* s = SpanOf(offset);
+  if (s == nullptr) return absl::NotFoundError("slot was freed");
+  info->start = s->start;
+  info->slot_bytes = s->cls->slot_bytes;
+  info->slots = s->slots;
+  info->cls = s->cls->id;
+  return absl::OkStatus();
+}
+
 void PagePool::Ref(uint64_t offset) {
   Span* s = SpanOf(offset);
   s->refs[(offset - s->start) / s->cls->slot_bytes].fetch_add(1, std::memory_order_relaxed);

@@ -83,6 +83,23 @@ TEST(PagePool, ExactCapacityAndReuseAcrossClasses) {
   EXPECT_FALSE(pool->Allocate(b).ok());
 }
 
+TEST(PagePool, SpanOfSlotDescribesTheSpan) {
+  auto pool = MakePool(1 << 20, SmallChunks(64 << 10, 64 << 10));
+  SizeClassId a = *pool->SizeClassFor(16 << 10);
+  uint64_t first = *pool->Allocate(a);
+  uint64_t second = *pool->Allocate(a);
+  SpanInfo info;
+  ASSERT_TRUE(pool->SpanOfSlot(second, &info).ok());
+  EXPECT_EQ(info.start, first);
+  EXPECT_EQ(info.slot_bytes, 16u << 10);
+  EXPECT_EQ(info.slots, 4u);
+  EXPECT_EQ(info.cls, a);
+  EXPECT_FALSE(pool->SpanOfSlot(second + 64, &info).ok());
+  pool->Unref(first);
+  pool->Unref(second);
+  EXPECT_FALSE(pool->SpanOfSlot(second, &info).ok());
+}
+
 TEST(PagePool, RefcountsFreeAtZeroOnly) {
   auto pool = MakePool(1 << 20, SmallChunks(64 << 10, 64 << 10));
   SizeClassId a = *pool->SizeClassFor(4096);

@@ -241,9 +241,9 @@ absl::Status PageCache::Lookup(const pb::LookupRequest& req, pb::LookupResponse*
   return absl::OkStatus();
 }
 
-bool PageCache::EvictOne() {
-  // Caller holds evict_mu_. Visit shards round-robin; in each, run its clock hand for at most
-  // one revolution. Two full rounds without a victim mean nothing is evictable.
+bool PageCache::EvictOne(SizeClassId want) {
+  // Visit shards round-robin; in each, run its clock hand for at most one revolution. Two full
+  // rounds without a victim mean nothing is evictable.
   const size_t nshards = options_.index_shards;
   for (size_t visited = 0; visited < 2 * nshards; ++visited) {
     Shard& shard = shards_[evict_shard_];
@@ -279,18 +279,55 @@ bool PageCache::EvictOne() {
       }
     }
     if (found) {
+      SpanInfo span;
+      const bool other_class = pool_->SpanOfSlot(victim, &span).ok() && span.cls != want;
       pool_->Unref(victim);
       counters_.evictions.fetch_add(1, std::memory_order_relaxed);
+      if (other_class) EvictSpanMates(span, victim);
       return true;
     }
   }
   return false;
 }
 
+void PageCache::EvictSpanMates(const SpanInfo& span, uint64_t victim) {
+  for (uint32_t i = 0; i < span.slots; ++i) {
+    const uint64_t off = span.start + uint64_t{i} * span.slot_bytes;
+    if (off == victim) continue;
+    IndexKey key;
+    {
+      absl::MutexLock lock(&offsets_mu_);
+      auto it = key_at_.find(off);
+      if (it == key_at_.end()) continue;  // free, reserved, or already gone
+      key = it->second;
+    }
+    bool evicted = false;
+    {
+      Shard& shard = ShardFor(key);
+      absl::MutexLock lock(&shard.mu);
+      auto it = shard.map.find(key);
+      if (it != shard.map.end() && it->second.committed && it->second.offset == off &&
+          it->second.pins == 0) {
+        EraseCommittedLocked(shard, it);
+        evicted = true;
+      }
+    }
+    if (evicted) {
+      pool_->Unref(off);
+      counters_.evictions.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
 void PageCache::EraseCommittedLocked(Shard& shard,
                                      absl::flat_hash_map<IndexKey, Entry>::iterator it) {
   if (it->second.pins > 0) counters_.pinned_pages.fetch_sub(1, std::memory_order_relaxed);
   counters_.pages.fetch_sub(1, std::memory_order_relaxed);
+  {
+    absl::MutexLock lock(&offsets_mu_);
+    auto k = key_at_.find(it->second.offset);
+    if (k != key_at_.end() && k->second == it->first) key_at_.erase(k);
+  }
   shard.map.erase(it);
   // The ring slot goes stale and is dropped when a hand passes it.
 }
@@ -302,7 +339,7 @@ absl::StatusOr<uint64_t> PageCache::AllocateSlot(SizeClassId cls) {
   for (;;) {
     off = pool_->Allocate(cls);
     if (off.ok()) return off;
-    if (!EvictOne()) {
+    if (!EvictOne(cls)) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "pool full: every page is pinned or being stored (", pool_->bytes_used(), " of ",
           pool_->capacity_bytes(), " bytes in use)"));
@@ -465,6 +502,10 @@ absl::Status PageCache::Commit(const pb::CommitRequest& req, pb::CommitResponse*
     it->second.referenced = true;
     it->second.reservation_id = 0;
     shard.ring.push_back({item.key, item.gen});
+    {
+      absl::MutexLock off_lock(&offsets_mu_);
+      key_at_[item.offset] = item.key;
+    }
     item.committed = true;
     --res->pending;
     counters_.pages.fetch_add(1, std::memory_order_relaxed);

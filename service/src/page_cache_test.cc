@@ -427,6 +427,47 @@ TEST_F(PageCacheTest, EvictsUnpinnedPagesOnlyAndPrefersCold) {
   EXPECT_EQ(st.pages(), pinned.size());
 }
 
+TEST_F(PageCacheTest, AnotherPageSizeEvictsWholeSpansNotTheWholeCache) {
+  // Fill the pool with INT2 pages, then store BF16 pages: each needs a span of its own size,
+  // which only appears when a whole INT2 span is free.
+  uint32_t n = 0;
+  while (cache_->counters().evictions.load() == 0) {
+    Store({n++});
+    ASSERT_LT(n, 5000u);
+  }
+  const uint64_t int2_pages = n - 1;
+  const PagePoolStats st = pool_->Stats();
+  size_t int2_span_slots = 0;
+  for (const auto& c : st.classes) {
+    if (c.slot_bytes == 832) int2_span_slots = c.slots_per_span;
+  }
+  ASSERT_GT(int2_span_slots, 0u);
+  // Make three of four pages hot, so cold pages are scattered over every span: evicting cold
+  // pages one at a time would never free a span.
+  for (uint32_t i = 0; i < n; ++i) {
+    if (i % 4 == 0) continue;
+    auto l = Lookup({Key(i)}, true);
+    if (l.lease_id() != 0) ReleaseLease(l.lease_id());
+  }
+  const uint64_t ev0 = cache_->counters().evictions.load();
+  for (uint32_t i = 0; i < 8; ++i) {
+    auto r = Reserve({Key(50000 + i)}, v1::PAGE_KIND_BF16);
+    ASSERT_EQ(r.results(0).status().code(), 0) << r.results(0).status().message();
+    ASSERT_TRUE(Write(r.reservation_id(), Key(50000 + i),
+                      MakePage(TinyProfile(), PageKind::kBf16, i)).ok());
+    ASSERT_EQ(Commit(r.reservation_id()).results(0).code(), 0);
+  }
+  const uint64_t evicted = cache_->counters().evictions.load() - ev0;
+  EXPECT_GT(evicted, 0u);
+  // Eight 4160-byte pages fit in a span or two freed by INT2 evictions.
+  EXPECT_LE(evicted, 2 * int2_span_slots) << "of " << int2_pages << " INT2 pages";
+  v1::StatsResponse stats;
+  ASSERT_TRUE(cache_->Stats({}, &stats).ok());
+  EXPECT_EQ(stats.pages(), int2_pages - evicted + 8);
+  EXPECT_EQ(pool_->slots_used(), stats.pages());
+  for (uint32_t i = 0; i < 8; ++i) EXPECT_EQ(Lookup({Key(50000 + i)}, false).matched(), 1u);
+}
+
 TEST_F(PageCacheTest, DeleteAndClearRespectPins) {
   Store({1, 2, 3, 4});
   auto l = Lookup({Key(1)}, true);

@@ -47,6 +47,14 @@ struct SizeClassStats {
   size_t slots_used = 0;
 };
 
+// The span holding a slot: its slots are at start + i * slot_bytes, i < slots.
+struct SpanInfo {
+  uint64_t start = 0;
+  size_t slot_bytes = 0;
+  uint32_t slots = 0;
+  SizeClassId cls = 0;
+};
+
 struct PagePoolStats {
   size_t arena_bytes = 0;
   size_t chunk_bytes = 0;
@@ -82,6 +90,10 @@ class PagePool {
   uint32_t RefCount(uint64_t offset) const;
   // OK if `offset` is the start of an allocated slot; then *cls is its class.
   absl::Status CheckSlot(uint64_t offset, SizeClassId* cls = nullptr) const;
+
+  // The span containing the allocated slot at `offset` (NOT_FOUND otherwise). Eviction uses it
+  // to free whole spans when another size class needs room.
+  absl::Status SpanOfSlot(uint64_t offset, SpanInfo* info) const;
 
   uint8_t* Data(uint64_t offset) const { return arena_->base() + offset; }
   const Arena& arena() const { return *arena_; }

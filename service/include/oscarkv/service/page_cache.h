@@ -9,7 +9,9 @@
 //   Release, or until the lease deadline passes and Reap() expires it. Reservations expire the
 //   same way, so a client that dies frees its pins and slots.
 // * Eviction: when the pool has no free slot, CLOCK over COMMITTED pages with no pins (per-shard
-//   clock hands, shards visited round-robin). Pinned and reserved pages are never evicted.
+//   clock hands, shards visited round-robin). Pinned and reserved pages are never evicted. When
+//   the victim has another page size than the one needed, the unpinned pages of its whole span
+//   go too, so memory moves between INT2 and BF16 slots without emptying the cache.
 // * Pages stay readable while referenced: Delete/Clear/eviction drop the index entry's pool
 //   reference; a lease or an in-flight ReadPages keeps its own until it ends.
 //
@@ -180,7 +182,10 @@ class PageCache {
   ReservationShard& ResShardFor(uint64_t id) { return res_shards_[id % kLeaseShards]; }
   uint64_t NewId();
   absl::StatusOr<uint64_t> AllocateSlot(SizeClassId cls);
-  bool EvictOne();
+  // Evicts one CLOCK victim; if it belongs to another size class than `want`, also evicts the
+  // unpinned pages sharing its span, so the span's chunks return to the pool for `want`.
+  bool EvictOne(SizeClassId want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
+  void EvictSpanMates(const SpanInfo& span, uint64_t victim);
   void ReleaseLease(Lease& lease);
   void AbortReservation(Reservation& res, bool expired);
   void UnpinPage(const PinnedPage& p);
@@ -205,6 +210,10 @@ class PageCache {
   ReservationShard res_shards_[kLeaseShards];
   std::atomic<uint64_t> next_id_;
   std::atomic<uint64_t> next_gen_{1};
+
+  // Committed slot offset -> key, for evicting whole spans (a leaf lock, taken under shard locks).
+  absl::Mutex offsets_mu_;
+  absl::flat_hash_map<uint64_t, IndexKey> key_at_ ABSL_GUARDED_BY(offsets_mu_);
 
   absl::Mutex evict_mu_;
   size_t evict_shard_ ABSL_GUARDED_BY(evict_mu_) = 0;
