@@ -166,7 +166,7 @@ int RunStats(int argc, char** argv) {
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("oscarkvd %s  node %s  at %s\n", s->server_version.c_str(), s->node_id.c_str(),
+  std::printf("%s  node %s  at %s\n", s->server_version.c_str(), s->node_id.c_str(),
               a.str("addr").c_str());
   std::printf("  pool        %s used of %s (%.1f%%)\n", Mb(s->pool_used_bytes).c_str(),
               Mb(s->pool_bytes).c_str(),
@@ -208,7 +208,7 @@ int RunHealth(int argc, char** argv) {
   }
   if (!s.ok()) return Fail("health", s.status());
   const auto& info = (*c)->server();
-  std::printf("ok: oscarkvd %s node %s at %s, %llu pages, pool %s of %s used, max batch %u%s\n",
+  std::printf("ok: %s node %s at %s, %llu pages, pool %s of %s used, max batch %u%s\n",
               info.server_version.c_str(), info.node_id.c_str(), a.str("addr").c_str(),
               (unsigned long long)s->pages, Mb(s->pool_used_bytes).c_str(),
               Mb(s->pool_bytes).c_str(), info.max_batch,

@@ -1,0 +1,139 @@
+// The `oscarkv` tool against a real oscarkvd: operator subcommands (health, stats, lookup,
+// evict, clear) with their exit codes and JSON, clear errors when the daemon is down, the demo
+// (the README's main job) and a short `bench service --json`.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "nlohmann/json.hpp"
+#include "test_util.h"
+
+namespace oscarkv::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+
+struct CmdResult {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs `oscarkv <args>` through the shell, capturing stdout and stderr.
+CmdResult Oscarkv(const std::string& args) {
+  const std::string err_path = ::testing::TempDir() + "/cli_err_" + std::to_string(::getpid());
+  const std::string cmd = std::string(OSCARKV_CLI_PATH) + " " + args + " 2>" + err_path;
+  CmdResult r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  std::ifstream f(err_path);
+  r.err.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  std::remove(err_path.c_str());
+  return r;
+}
+
+TEST(CliTest, DaemonDownIsOneReadableLineAndExit1) {
+  for (const char* cmd : {"health", "stats", "lookup --keys 5d55a8bf9ffbceec922d5a1b7acc1d7f",
+                          "evict --keys 5d55a8bf9ffbceec922d5a1b7acc1d7f", "clear --all"}) {
+    CmdResult r = Oscarkv(std::string(cmd) + " --addr 127.0.0.1:1 --timeout-ms 2000");
+    EXPECT_EQ(r.code, 1) << cmd;
+    EXPECT_THAT(r.err, HasSubstr("cannot reach oscarkvd at 127.0.0.1:1")) << cmd;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << cmd << ": " << r.err;
+  }
+  CmdResult j = Oscarkv("health --addr 127.0.0.1:1 --json");
+  EXPECT_EQ(j.code, 1);
+  EXPECT_FALSE(json::parse(j.out).at("healthy").get<bool>());
+}
+
+TEST(CliTest, UsageErrors) {
+  EXPECT_EQ(Oscarkv("clear").code, 2);                // must say which pages
+  EXPECT_EQ(Oscarkv("stats --no-such-flag").code, 2);
+  CmdResult h = Oscarkv("lookup --help");
+  EXPECT_EQ(h.code, 0);
+  EXPECT_THAT(h.out, HasSubstr("--tokens-file"));
+}
+
+TEST(CliTest, OperatorCommandsAgainstDaemon) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const std::string addr = " --addr " + daemon->address();
+  auto c = Connect(daemon->address());
+  ASSERT_NE(c, nullptr);
+  const client::Codec codec = RegisterRefmodel(*c);
+  const auto tokens = Tokens(77, 5 * 64 + 10);  // 5 full blocks
+  const auto keys = client::Client::BlockKeys(codec, tokens);
+  std::vector<std::vector<uint8_t>> pages;
+  std::vector<client::PageWrite> writes;
+  for (size_t i = 0; i < 3; ++i) pages.push_back(MakePage(codec.profile, PageKind::kInt2, i));
+  for (size_t i = 0; i < 3; ++i) writes.push_back({keys[i], PageKind::kInt2, pages[i]});
+  ASSERT_EQ(c->Store(codec, writes)->stored, 3u);  // the first 3 of 5 blocks are cached
+  const std::string tokens_file = ::testing::TempDir() + "/tokens_" + std::to_string(::getpid());
+  {
+    std::ofstream f(tokens_file);
+    for (uint32_t t : tokens) f << t << (t % 3 ? ' ' : '\n');
+  }
+
+  CmdResult health = Oscarkv("health" + addr);
+  EXPECT_EQ(health.code, 0) << health.err;
+  EXPECT_THAT(health.out, HasSubstr("ok:"));
+
+  CmdResult look = Oscarkv("lookup --json --shape refmodel --tokens-file " + tokens_file + addr);
+  ASSERT_EQ(look.code, 0) << look.err;
+  json lj = json::parse(look.out);
+  EXPECT_EQ(lj.at("matched").get<int>(), 3);
+  EXPECT_EQ(lj.at("keys").get<int>(), 5);
+  EXPECT_EQ(lj.at("tokens").get<int>(), 5 * 64 + 10);
+  EXPECT_EQ(lj.at("blocks")[0].at("key").get<std::string>(), keys[0].Hex());
+
+  CmdResult by_key = Oscarkv("lookup --codec " + codec.id.Hex() + " --keys " + keys[0].Hex() + "," +
+                       keys[1].Hex() + addr);
+  EXPECT_EQ(by_key.code, 0) << by_key.err;
+  EXPECT_THAT(by_key.out, HasSubstr("2 of 2 blocks cached"));
+
+  CmdResult stats = Oscarkv("stats --json" + addr);
+  ASSERT_EQ(stats.code, 0) << stats.err;
+  json sj = json::parse(stats.out);
+  EXPECT_EQ(sj.at("pages").get<int>(), 3);
+  EXPECT_GE(sj.at("hits").get<int>(), 5);
+
+  CmdResult evict = Oscarkv("evict --json --shape refmodel --keys " + keys[0].Hex() + "," + keys[4].Hex() + addr);
+  ASSERT_EQ(evict.code, 0) << evict.err;
+  json ej = json::parse(evict.out);
+  EXPECT_EQ(ej.at("removed").get<int>(), 1);
+  EXPECT_EQ(ej.at("not_cached").get<int>(), 1);
+
+  CmdResult clear = Oscarkv("clear --json --shape refmodel" + addr);
+  ASSERT_EQ(clear.code, 0) << clear.err;
+  EXPECT_EQ(json::parse(clear.out).at("pages_removed").get<int>(), 2);
+  EXPECT_EQ(c->GetStats()->pages, 0u);
+  std::remove(tokens_file.c_str());
+}
+
+// The README's main job: starts its own daemon and checks byte identity itself.
+TEST(CliTest, DemoRunsEndToEnd) {
+  CmdResult r = Oscarkv("demo");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("byte-identical to A's pages: yes"));
+  EXPECT_THAT(r.out, HasSubstr("oscarkvd stopped cleanly"));
+}
+
+TEST(CliTest, BenchServiceJsonHasAcceptanceFields) {
+  CmdResult r = Oscarkv("bench service --json --duration-s 0.3 --batch 8 --lookup-keys 8 --pool-mb 64 --rate 1000 --clients 1,4");
+  ASSERT_EQ(r.code, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_GT(j.at("shm_load_vs_memcpy").get<double>(), 0.0);
+  EXPECT_GT(j.at("lookup_peak_per_s").get<double>(), 0.0);
+  EXPECT_TRUE(j.at("lookup_p99_ms_at_10k").is_null());  // --rate 1000: not measured at 10k
+  EXPECT_GT(j.at("open_loop").at("p99_ms").get<double>(), 0.0);
+  EXPECT_EQ(j.at("closed_loop").size(), 2u);
+}
+
+}  // namespace
+}  // namespace oscarkv::testing
