@@ -98,6 +98,17 @@ size_t CountValid(const uint8_t* pool, size_t bytes, size_t count, std::string* 
   return ok;
 }
 
+// The 1-minute load average: benchmarks on a shared machine are only as good as its quiet.
+std::string LoadAverage() {
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (f == nullptr) return "?";
+  char buf[128] = {0};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  std::string s(buf, n);
+  return s.substr(0, s.find(' '));
+}
+
 ContextOptions LoopbackContext(const std::string& tls) {
   ContextOptions o;
   o.tls = tls;
@@ -326,14 +337,13 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
   EndpointOptions eo;
   eo.name = absl::StrCat(name, "-peer");
   eo.peer_timeout = absl::Seconds(5);
-  auto ep = worker->Connect(blobs[0], eo);
   rep.error_handling = "peer";
-  if (!ep.ok() && absl::IsUnavailable(ep.status())) {
-    // posix/sysv shared memory cannot report a dead peer in this UCX: fall back to the watchdog.
+  if (!ctx->capabilities().peer_failure_detection) {
+    // posix/sysv shared memory cannot report a dead peer in this UCX: the watchdog does.
     eo.error_handling = EndpointOptions::ErrorHandling::kNone;
     rep.error_handling = "none (watchdog)";
-    ep = worker->Connect(blobs[0], eo);
   }
+  auto ep = worker->Connect(blobs[0], eo);
   if (!ep.ok()) return ep.status();
   OSCARKV_ASSIGN_OR_RETURN(auto remote_int2, (*ep)->ImportRemote(blobs[1]));
   OSCARKV_ASSIGN_OR_RETURN(auto remote_bf16, (*ep)->ImportRemote(blobs[2]));
@@ -350,7 +360,11 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
   // Page-batch bandwidth: batches of `batch_pages` INT2 pages, `bw_pages` in total. Distinct
   // pages at both ends (a real batch, DRAM to DRAM) or, as ucx_perftest does, one page buffer at
   // each end reused by every op (cache-resident: the like-for-like comparison with perftest).
-  auto bandwidth = [&](Direction d, bool same_buffer) -> absl::StatusOr<double> {
+  // At least bw_pages pages and at least min_time, so fast transports are not timed over a few
+  // milliseconds; `pages_moved` (optional) gets the count, which ucx_perftest then also uses.
+  const absl::Duration min_time = absl::Milliseconds(250);
+  auto bandwidth = [&](Direction d, bool same_buffer,
+                       int64_t* pages_moved = nullptr) -> absl::StatusOr<double> {
     std::vector<TransferDesc> descs;
     for (int64_t i = 0; i < cfg.batch_pages; ++i) {
       const int64_t slot = same_buffer ? 0 : i;
@@ -361,12 +375,15 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
     int2_used = std::max<size_t>(int2_used, same_buffer ? 1 : cfg.batch_pages);
     OSCARKV_RETURN_IF_ERROR((*ep)->Run(d, *local_int2, *remote_int2, descs, absl::Seconds(60)));
     const absl::Time start = absl::Now();
-    for (int64_t b = 0; b < batches; ++b) {
+    int64_t done = 0;
+    while (done < batches || absl::Now() - start < min_time) {
       OSCARKV_RETURN_IF_ERROR((*ep)->Run(d, *local_int2, *remote_int2, descs, absl::Seconds(60)));
+      ++done;
     }
     const double secs = absl::ToDoubleSeconds(absl::Now() - start);
-    if (d == Direction::kGet && !same_buffer) rep.batch_get_ms = secs * 1e3 / batches;
-    return double(batches) * cfg.batch_pages * int2_bytes / secs / 1e9;
+    if (d == Direction::kGet && !same_buffer) rep.batch_get_ms = secs * 1e3 / done;
+    if (pages_moved != nullptr) *pages_moved = done * cfg.batch_pages;
+    return double(done) * cfg.batch_pages * int2_bytes / secs / 1e9;
   };
   // The raw bound of a batch on this machine: memcpy of the same distinct pages, in-process.
   HostBuffer scratch(int2_bytes * cfg.batch_pages);
@@ -427,21 +444,26 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
     rep.get_gbps = std::max(rep.get_gbps, g);
     OSCARKV_ASSIGN_OR_RETURN(double p, bandwidth(Direction::kPut, false));
     rep.put_gbps = std::max(rep.put_gbps, p);
-    OSCARKV_ASSIGN_OR_RETURN(double g1, bandwidth(Direction::kGet, true));
+    int64_t get_msgs = 0, put_msgs = 0;
+    OSCARKV_ASSIGN_OR_RETURN(double g1, bandwidth(Direction::kGet, true, &get_msgs));
     rep.get1_gbps = std::max(rep.get1_gbps, g1);
-    OSCARKV_ASSIGN_OR_RETURN(double p1, bandwidth(Direction::kPut, true));
+    OSCARKV_ASSIGN_OR_RETURN(double p1, bandwidth(Direction::kPut, true, &put_msgs));
     rep.put1_gbps = std::max(rep.put1_gbps, p1);
     rep.memcpy_gbps = std::max(rep.memcpy_gbps, memcpy_bound());
     OSCARKV_ASSIGN_OR_RETURN(
-        auto pg, RunPerftest(cfg.perftest, rep.tls, "ucp_get", int2_bytes, cfg.bw_pages,
+        auto pg, RunPerftest(cfg.perftest, rep.tls, "ucp_get", int2_bytes, get_msgs,
                              cfg.port + 2 * r, cfg.perftest_outstanding));
     rep.perftest_get_gbps = std::max(rep.perftest_get_gbps, pg.gbps);
     rep.perftest_get_cmd = pg.command;
     OSCARKV_ASSIGN_OR_RETURN(
-        auto pp, RunPerftest(cfg.perftest, rep.tls, "ucp_put_bw", int2_bytes, cfg.bw_pages,
+        auto pp, RunPerftest(cfg.perftest, rep.tls, "ucp_put_bw", int2_bytes, put_msgs,
                              cfg.port + 2 * r + 1, cfg.perftest_outstanding));
     rep.perftest_put_gbps = std::max(rep.perftest_put_gbps, pp.gbps);
     rep.perftest_put_cmd = pp.command;
+    std::fprintf(stderr,
+                 "[%s]   batch get %.3f put %.3f | same-buffer get %.3f put %.3f | perftest get "
+                 "%.3f put %.3f GB/s\n",
+                 name.c_str(), g, p, g1, p1, pg.gbps, pp.gbps);
   }
   for (int64_t r = 0; r < cfg.reps; ++r) {
     std::fprintf(stderr, "[%s] rep %lld/%lld: %u-token handoff, INT2 page set then all-BF16\n",
@@ -544,6 +566,7 @@ int RunBenchTransfer(int argc, char** argv) {
   }
   cfg.port = static_cast<int>(*port);
 
+  const std::string load_before = LoadAverage();
   std::vector<TransportReport> reports;
   int index = 0;
   for (absl::string_view t : absl::StrSplit(args.str("transports"), ',', absl::SkipEmpty())) {
@@ -573,11 +596,12 @@ int RunBenchTransfer(int argc, char** argv) {
   const size_t bf16_bytes = GeometryFor(*profile, PageKind::kBf16).page_bytes();
   const std::string note = absl::StrCat(
       "bandwidth: RMA get/put of batches of ", cfg.batch_pages, " INT2 pages (", int2_bytes,
-      " B each), ", cfg.bw_pages, " pages per measurement, best of ", cfg.reps,
+      " B each), at least ", cfg.bw_pages, " pages and 0.25 s per measurement, best of ",
+      cfg.reps,
       "; 'distinct pages' moves real batches DRAM to DRAM; 'one reused buffer' repeats one page "
       "buffer per end like ucx_perftest (cache-resident) and is what ucx_vs_perftest compares"
-      "; ucx_perftest ucp_get/ucp_put_bw -s ", int2_bytes, " -n ", cfg.bw_pages,
-      " on 127.0.0.1 with the same UCX_TLS. handoff: one ", cfg.handoff_tokens,
+      "; ucx_perftest ucp_get/ucp_put_bw -s ", int2_bytes,
+      " -n <the page count of our same-buffer run> on 127.0.0.1 with the same UCX_TLS. handoff: one ", cfg.handoff_tokens,
       "-token request, every page fetched by RMA get; all-BF16 moves every page's full bytes "
       "but cycles over ", cfg.bf16_distinct, " distinct ", bf16_bytes,
       "-byte slots at each end to cap memory.");
@@ -590,6 +614,9 @@ int RunBenchTransfer(int argc, char** argv) {
     j["int2_page_bytes"] = int2_bytes;
     j["bf16_page_bytes"] = bf16_bytes;
     j["note"] = note;
+    j["load_average_1m_before"] = load_before;
+    j["load_average_1m_after"] = LoadAverage();
+    j["cpus"] = sysconf(_SC_NPROCESSORS_ONLN);
     for (const auto& r : reports) {
       j["transports"][r.name] = {
           {"ucx_tls", r.tls},
@@ -652,6 +679,8 @@ int RunBenchTransfer(int argc, char** argv) {
               "handoff_speedup_int2_vs_bf16 %.2f   (worst transport)\n",
               vs_perftest, bytes_ratio, speedup);
   std::printf("note: %s\n", note.c_str());
+  std::printf("machine: %ld CPUs, 1-minute load average %s before, %s after\n",
+              sysconf(_SC_NPROCESSORS_ONLN), load_before.c_str(), LoadAverage().c_str());
   return 0;
 }
 

@@ -72,7 +72,8 @@ bool Capabilities::HasTransport(absl::string_view name) const {
 std::string Capabilities::ToString() const {
   return absl::StrCat("tls=", tls_requested.empty() ? "(default)" : tls_requested,
                       " transports=[", absl::StrJoin(transports, ","),
-                      "] cuda_memory=", cuda_memory ? "yes" : "no");
+                      "] cuda_memory=", cuda_memory ? "yes" : "no",
+                      " peer_failure_detection=", peer_failure_detection ? "yes" : "no");
 }
 
 absl::StatusOr<std::unique_ptr<Context>> Context::Create(const ContextOptions& options) {
@@ -121,6 +122,9 @@ absl::StatusOr<std::unique_ptr<Context>> Context::Create(const ContextOptions& o
                                  ? (std::getenv("UCX_TLS") ? std::getenv("UCX_TLS") : "")
                                  : options.tls;
   ctx->caps_.transports = ParseTransports(raw);
+  for (const char* tl : {"tcp", "rc_verbs", "rc_mlx5", "ud_verbs", "ud_mlx5", "dc_mlx5"}) {
+    ctx->caps_.peer_failure_detection |= ctx->caps_.HasTransport(tl);
+  }
   if (ctx->caps_.transports.empty()) {
     return absl::UnavailableError(absl::StrCat("UCX opened no transport for UCX_TLS=",
                                                ctx->caps_.tls_requested));

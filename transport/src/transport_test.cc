@@ -45,6 +45,14 @@ TEST(ContextTest, ReportsTheTransportsItGot) {
               (*shm)->capabilities().HasTransport("sysv"))
       << (*shm)->capabilities().ToString();
   EXPECT_FALSE((*shm)->capabilities().HasTransport("tcp"));
+  EXPECT_TRUE(caps.peer_failure_detection);
+  EXPECT_FALSE((*shm)->capabilities().peer_failure_detection);
+  // An shm-only context refuses a peer-failure endpoint up front, with advice.
+  auto w = Worker::Create(**shm);
+  ASSERT_TRUE(w.ok());
+  auto ep = (*w)->Connect((*w)->address());
+  EXPECT_EQ(ep.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(ep.status().message()), ::testing::HasSubstr("kNone"));
 }
 
 TEST(ContextTest, UnknownTransportIsAnError) {

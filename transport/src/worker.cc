@@ -90,6 +90,13 @@ absl::StatusOr<std::unique_ptr<Endpoint>> Worker::Connect(absl::string_view peer
   if (options.peer_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("Connect: peer_timeout must be positive");
   }
+  if (options.error_handling == EndpointOptions::ErrorHandling::kPeer &&
+      !context_->capabilities().peer_failure_detection) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Connect: no transport of UCX_TLS=", context_->capabilities().tls_requested,
+        " can detect peer failure (posix/sysv shared memory cannot in this UCX); add tcp to "
+        "UCX_TLS or use EndpointOptions::ErrorHandling::kNone"));
+  }
   std::unique_ptr<Endpoint> ep(new Endpoint());
   ep->worker_ = this;
   ep->options_ = options;

@@ -72,6 +72,9 @@ struct Capabilities {
   std::string tls_requested;            // "" if UCX's default
   std::vector<std::string> transports;  // "tcp/lo", "posix/memory", "cma/memory", ... (deduped)
   bool cuda_memory = false;  // UCX can register and move cudaMalloc'd memory itself
+  // Some transport can report a dead peer (tcp, ib rc/ud/dc), so endpoints can use
+  // EndpointOptions::ErrorHandling::kPeer. Not with posix/sysv shared memory alone.
+  bool peer_failure_detection = false;
   bool HasTransport(absl::string_view name) const;  // name before the '/': "tcp", "posix", ...
   // GPU buffers must go through pinned host memory (UCX lacks CUDA).
   bool needs_gpu_staging() const { return !cuda_memory; }
