@@ -576,8 +576,9 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   const size_t seg_k = geo.segment_offset(sh.layer, 0, it.kv_head);
   const size_t seg_v = geo.segment_offset(sh.layer, 1, it.kv_head);
 
-  const float* qrot = reinterpret_cast<const float*>(p.workspace) +
-                      (size_t(it.seq) * sh.num_q_heads + size_t(it.kv_head) * gqa) * 128;
+  float* qs = reinterpret_cast<float*>(smem + kBf16StageArea);
+  RotateQueries(p, it, qs + 8 * 128, qs);
+  const float* qrot = qs;
   uint32_t qhi[8][2], qlo[8][2];
   #pragma unroll
   for (int s = 0; s < 8; ++s) {
