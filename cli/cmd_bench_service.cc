@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "command.h"
 #include "nlohmann/json.hpp"
 #include "oscarkv/client/client.h"
@@ -355,6 +356,9 @@ int RunBenchService(int argc, char** argv) {
     return 2;
   }
   const bool as_json = a.flag("json");
+  // Debian's Abseil keeps a deadlock graph on every absl::Mutex acquisition (gRPC's locks
+  // included); oscarkvd turns it off, and an engine process would too. Same for the clients here.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   auto fail = [](const std::string& what, const absl::Status& s) {
     std::fprintf(stderr, "oscarkv bench service: %s: %s\n", what.c_str(), s.ToString().c_str());
     return 1;
