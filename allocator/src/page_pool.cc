@@ -50,9 +50,14 @@ PagePool::PagePool(std::unique_ptr<Arena> arena, PagePoolOptions options)
 
 PagePool::~PagePool() {
   absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < num_chunks_; ++i) {
+  for (size_t i = 0; i < num_chunks_;) {
     Span* s = chunk_owner_[i].load();
-    if (s != nullptr && s->first_chunk == i) delete s;
+    if (s == nullptr) {
+      ++i;
+      continue;
+    }
+    i = s->first_chunk + s->cls->span_chunks;  // every chunk of the span points at it
+    delete s;
   }
 }
 
