@@ -1,7 +1,9 @@
 #include "oscarkv/service/daemon.h"
 
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/statvfs.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -41,6 +43,20 @@ uint64_t ShmFreeBytes() {
   struct statvfs vfs;
   if (statvfs("/dev/shm", &vfs) != 0) return 0;
   return static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+}
+
+// True when something accepts connections on the unix socket `path` (gRPC would otherwise
+// unlink a live daemon's socket and take it over).
+bool UnixSocketLive(const std::string& path) {
+  if (access(path.c_str(), F_OK) != 0) return false;
+  const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  const bool live = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return live;
 }
 
 class MetricsServer {
@@ -92,6 +108,10 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   auto metrics_addr = ParseListenAddress(config.metrics_listen, true, false);
   if (!metrics_addr.ok()) return metrics_addr.status();
 
+  if (!listen->unix_path.empty() && UnixSocketLive(listen->unix_path)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", config.listen,
+                                               ": another process is serving on it"));
+  }
   // Pool size: explicit, or 25% of RAM but no more than /dev/shm can hold.
   uint64_t pool_mb = config.pool_mb;
   if (pool_mb == 0) {
@@ -214,6 +234,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   const auto drain_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                             std::chrono::steady_clock::now() - t0)
                             .count();
+  if (!listen->unix_path.empty()) unlink(listen->unix_path.c_str());
   pb::StatsResponse st;
   (void)cache.Stats({}, &st);
   LogEvent(LogLevel::kInfo, "stopped",

@@ -313,7 +313,25 @@ TEST(DaemonSmoke, BadFlagsAndBusyPortFailClearly) {
   ASSERT_TRUE(first.ready.count("listen")) << first.line;
   Daemon second = Start({"--listen", first.ready["listen"]});
   EXPECT_EQ(WaitExit(second.pid, 10000), 1);
+  // The same for a unix socket: a live daemon's socket is never taken over.
+  const std::string sock = ::testing::TempDir() + "/oscarkvd_smoke_" + std::to_string(getpid());
+  Daemon on_unix = Start({"--listen", "unix:" + sock});
+  ASSERT_EQ(on_unix.ready["listen"], "unix:" + sock) << on_unix.line;
+  Daemon thief = Start({"--listen", "unix:" + sock});
+  EXPECT_EQ(WaitExit(thief.pid, 10000), 1);
+  {
+    auto channel = grpc::CreateChannel("unix:" + sock, grpc::InsecureChannelCredentials());
+    auto stub = v1::KvCache::NewStub(channel);
+    grpc::ClientContext ctx;
+    v1::HandshakeRequest req;
+    req.set_wire_version(1);
+    v1::HandshakeResponse resp;
+    ASSERT_TRUE(stub->Handshake(&ctx, req, &resp).ok());
+    EXPECT_EQ(resp.shm_path(), on_unix.ready["shm"]);
+  }
+  EXPECT_EQ(StopAndWait(on_unix.pid), 0);
   struct stat st;
+  EXPECT_NE(stat(sock.c_str(), &st), 0) << "socket file left behind";
   const std::string second_shm = "/dev/shm/oscarkvd-" +
                                  first.ready["listen"].substr(first.ready["listen"].rfind(':') + 1) +
                                  "-" + std::to_string(second.pid);
