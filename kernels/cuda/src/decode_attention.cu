@@ -14,7 +14,8 @@
 //   scores  q·x̂ = scale·(Σ q_i 2^-k_i (1024 + 2^k_i c_i) − 1024·Σ q_i 2^-k_i) + min·Σ q_i
 //   values  Σ_t p_t x̂_t = 2^-k·(Σ_t W_t (1024 + 2^k c_t) − 1024·Σ_t W_t) + Σ_t p_t·min_t,
 //           W_t = fp16(p_t·scale_t),
-// where the tensor cores compute the first sums. Channel orders inside the mma tiles are
+// where the tensor cores compute the first sums; the score offset is removed by starting the
+// accumulators at −1024·Σ q·2^-k, and 1024·Σ W comes from one more mma with every code 0. Channel orders inside the mma tiles are
 // permuted so each lane's operands come from contiguous bytes; the query fragments and the
 // output mapping use the same permutation.
 #include <cuda_bf16.h>
@@ -52,21 +53,6 @@ constexpr float kLn2 = 0.6931471805599453f;
 // byte 0 (bits 0,2,4,6), code 0 of byte 1 (bit 8), then codes 1..3 of byte 1 after a shift by
 // 8 (bits 2,4,6).
 __host__ __device__ constexpr int CodeShift(int r) { return r < 4 ? 2 * r : (r == 4 ? 8 : 2 * (r - 4)); }
-
-// Unpacks a 32-bit word whose two 16-bit halves each hold 8 codes (channel c of a half at bits
-// 2c..2c+1) into 8 fp16x2 registers: r[c] = (1024 + 2^CodeShift(c)·code_c) for both halves.
-__device__ __forceinline__ void UnpackCodes(uint32_t w, uint32_t (&r)[8]) {
-  constexpr uint32_t kMag = 0x64006400u;
-  const uint32_t w8 = w >> 8;
-  r[0] = (w & 0x00030003u) | kMag;
-  r[1] = (w & 0x000C000Cu) | kMag;
-  r[2] = (w & 0x00300030u) | kMag;
-  r[3] = (w & 0x00C000C0u) | kMag;
-  r[4] = (w & 0x03000300u) | kMag;
-  r[5] = (w8 & 0x000C000Cu) | kMag;
-  r[6] = (w8 & 0x00300030u) | kMag;
-  r[7] = (w8 & 0x00C000C0u) | kMag;
-}
 
 struct SliceTable {
   const uint8_t** ptr;  // page base per slice of the item
@@ -142,8 +128,7 @@ __device__ void FinishItem(const DecodeParams& p, int item, WarpState& st, uint8
   }
   __syncthreads();
   const int t = threadIdx.x;  // channel
-  const size_t qrot_bytes =
-      (sizeof(float) * size_t(p.table.num_seqs) * p.shape.num_q_heads * 128 + 255) / 256 * 256;
+  const size_t qrot_bytes = 0;
   float* part_o = reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) + qrot_bytes);
   const size_t po_bytes = (sizeof(float) * size_t(p.num_items) * gqa * 128 + 255) / 256 * 256;
   float* part_ml = reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) + qrot_bytes + po_bytes);
@@ -237,6 +222,8 @@ __device__ __forceinline__ uint32_t AndOr(uint32_t w, uint32_t magic) {
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "n"(kMask), "r"(magic));
   return r;
 }
+// Unpacks a 32-bit word whose two 16-bit halves each hold 8 codes (channel c of a half at bits
+// 2c..2c+1) into 8 fp16x2 registers: r[c] = 1024 + 2^CodeShift(c)·code_c for both halves.
 __device__ __forceinline__ void UnpackCodesM(uint32_t w, uint32_t magic, uint32_t (&r)[8]) {
   const uint32_t w8 = w >> 8;
   r[0] = AndOr<0x00030003u>(w, magic);
@@ -576,6 +563,23 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   const size_t seg_k = geo.segment_offset(sh.layer, 0, it.kv_head);
   const size_t seg_v = geo.segment_offset(sh.layer, 1, it.kv_head);
 
+  // Start the first copies, then rotate the query while they are in flight.
+  const int n = it.num_slices;
+  auto issue = [&](int unit, int stage) {
+    uint8_t* sbase = smem + stage * kBf16Stage;
+    const int info = tab.info[unit], tok0 = info >> 16, valid = info & 0xffff;
+    const uint8_t* page = tab.ptr[unit];
+    for (int c = tid; c < 2048; c += kThreads) {
+      const int kv = c >> 10, t = (c >> 4) & 63, j = c & 15;
+      const uint8_t* src = page + (kv ? seg_v : seg_k) + size_t(tok0 + t) * 256 + j * 16;
+      const bool ok = t < valid;
+      CpAsync16(sbase + kv * 16384 + t * 256 + ((j ^ (t & 7)) * 16), ok ? src : page, ok);
+    }
+  };
+  for (int s = 0; s < kBf16Stages - 1; ++s) {
+    if (s < n) issue(s, s);
+    CpAsyncCommit();
+  }
   float* qs = reinterpret_cast<float*>(smem + kBf16StageArea);
   RotateQueries(p, it, qs + 8 * 128, qs);
   const float* qrot = qs;
@@ -608,22 +612,6 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   __nv_bfloat16* px = reinterpret_cast<__nv_bfloat16*>(smem + kBf16StageArea + warp * kWarpXchg);
   constexpr int kPStride = 24;
 
-  const int n = it.num_slices;
-  auto issue = [&](int unit, int stage) {
-    uint8_t* sbase = smem + stage * kBf16Stage;
-    const int info = tab.info[unit], tok0 = info >> 16, valid = info & 0xffff;
-    const uint8_t* page = tab.ptr[unit];
-    for (int c = tid; c < 2048; c += kThreads) {
-      const int kv = c >> 10, t = (c >> 4) & 63, j = c & 15;
-      const uint8_t* src = page + (kv ? seg_v : seg_k) + size_t(tok0 + t) * 256 + j * 16;
-      const bool ok = t < valid;
-      CpAsync16(sbase + kv * 16384 + t * 256 + ((j ^ (t & 7)) * 16), ok ? src : page, ok);
-    }
-  };
-  for (int s = 0; s < kBf16Stages - 1; ++s) {
-    if (s < n) issue(s, s);
-    CpAsyncCommit();
-  }
   for (int u = 0; u < n; ++u) {
     CpAsyncWait<kBf16Stages - 2>();
     __syncthreads();
@@ -750,8 +738,7 @@ __global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
   const int seq = sq / p.shape.num_q_heads, qh = sq % p.shape.num_q_heads;
   const int gqa = p.shape.gqa(), h = qh / gqa, j = qh % gqa;
   const int t = threadIdx.x;
-  const size_t qrot_bytes =
-      (sizeof(float) * size_t(p.table.num_seqs) * p.shape.num_q_heads * 128 + 255) / 256 * 256;
+  const size_t qrot_bytes = 0;
   const float* part_o = reinterpret_cast<const float*>(static_cast<const uint8_t*>(p.workspace) + qrot_bytes);
   const size_t po_bytes = (sizeof(float) * size_t(p.num_items) * gqa * 128 + 255) / 256 * 256;
   const float* part_ml =

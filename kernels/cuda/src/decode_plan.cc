@@ -122,10 +122,11 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
 
 size_t DecodeWorkspaceBytes(const DecodeShape& shape, int32_t num_seqs, int32_t num_items) {
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
-  const size_t qrot = align(sizeof(float) * size_t(num_seqs) * shape.num_q_heads * shape.head_dim);
+  // Partial outputs [item][gqa][d], then (max, sum) pairs [item][gqa][2].
   const size_t po = align(sizeof(float) * size_t(num_items) * shape.gqa() * shape.head_dim);
   const size_t pml = align(sizeof(float) * 2 * size_t(num_items) * shape.gqa());
-  return qrot + po + pml;
+  (void)num_seqs;
+  return po + pml;
 }
 
 }  // namespace oscarkv::cuda

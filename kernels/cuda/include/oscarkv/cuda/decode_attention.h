@@ -11,10 +11,11 @@
 // Launch = plan (host) + run (device):
 //   * PlanDecode splits every (sequence, KV head) into work items: runs of consecutive
 //     64-token slices of one page kind, sized so the whole batch fills the GPU (split-KV).
-//   * LaunchDecodeAttention rotates the queries (q' = q·R_K, times softmax scale), runs one CTA
-//     per work item -- all GQA query heads of the KV head served from one read of each K/V
-//     slice, INT2 dequantized in registers into tensor-core operands -- and merges the partial
-//     results with their log-sum-exp, optionally multiplying the output by R_Vᵀ.
+//   * LaunchDecodeAttention runs one CTA per work item (an INT2 kernel and a BF16 kernel that
+//     overlap): the CTA rotates its GQA queries (q' = q·R_K, times the softmax scale), then all
+//     query heads of the KV head are served from one read of each K/V slice, INT2 codes turned
+//     into tensor-core operands in registers (no dequantization pass); a merge kernel combines
+//     the partial results with their log-sum-exp and optionally multiplies by R_Vᵀ.
 //
 // Supported: head_dim 128, group 128 or 64, page_tokens a multiple of 64 (64..256), GQA ratio
 // (query heads per KV head) 1..8. Output and LSE are fp32; LSE is the natural log of the sum of
@@ -114,7 +115,7 @@ struct DecodeParams {
   // Splits each query into an fp16 high and low part for the INT2 score product (~fp32
   // accuracy); false uses one fp16 part (fewer tensor-core ops, ~1e-3 relative score error).
   bool precise_query = true;
-  // Workspace (DecodeWorkspaceBytes bytes, 256-byte aligned).
+  // Workspace for the partial results (DecodeWorkspaceBytes bytes, 256-byte aligned).
   void* workspace = nullptr;
   float* out = nullptr;  // [num_seqs][num_q_heads][head_dim]
   float* lse = nullptr;  // [num_seqs][num_q_heads] (may be nullptr)
@@ -122,7 +123,7 @@ struct DecodeParams {
 
 size_t DecodeWorkspaceBytes(const DecodeShape& shape, int32_t num_seqs, int32_t num_items);
 
-// Enqueues the three kernels on `stream`. Errors: InvalidArgument for an unsupported shape or
+// Enqueues the kernels on `stream` (INT2 items, BF16 items, merge). Errors: InvalidArgument for an unsupported shape or
 // missing buffers; Internal for a CUDA launch error.
 absl::Status LaunchDecodeAttention(const DecodeParams& params, cudaStream_t stream);
 

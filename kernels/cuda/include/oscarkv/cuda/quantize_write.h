@@ -10,6 +10,9 @@
 // computed in a different order than RotateRow (and with R to ~2^-22 relative), so rotated rows
 // agree with the CPU to ~1e-6 relative, not bit for bit; unrotated writes are bit-exact.
 //
+// Range selection: the kernel implements RangeMode::kMinMax (the format's default rule). The CPU
+// codec's write-time kSearch/kUnbiased modes (quantize.h) are not mirrored here yet; pages they
+// write are read by the decode kernel like any other (the format is unchanged).
 // Page headers are not written here: the caller owns header fields and the checksum.
 // Supported: head_dim 128, group 128 or 64; |x| < 65504 for rotated writes (fp16 operands).
 #pragma once
