@@ -475,6 +475,7 @@ absl::Status PageCache::Commit(const pb::CommitRequest& req, pb::CommitResponse*
     for (uint32_t i = 0; i < res->items.size(); ++i) todo.push_back(i);
   }
   auto commit_one = [&](uint32_t i) -> absl::Status {
+    res->mu.AssertHeld();  // held by res_lock above; tells the thread-safety analysis
     Reservation::Item& item = res->items[i];
     if (item.committed) return absl::OkStatus();
     if (item.released) return absl::NotFoundError("slot was released (aborted or expired)");
