@@ -311,6 +311,7 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
   TransportReport rep;
   rep.name = name;
   rep.tls = name;
+  std::replace(rep.tls.begin(), rep.tls.end(), '+', ',');
   const size_t int2_bytes = GeometryFor(profile, PageKind::kInt2).page_bytes();
   const size_t bf16_bytes = GeometryFor(profile, PageKind::kBf16).page_bytes();
   const std::vector<PlannedPage> plan = PlanSequencePages(profile, cfg.handoff_tokens);
@@ -515,10 +516,13 @@ int RunBenchTransfer(int argc, char** argv) {
             "(sink + recent BF16, history INT2) vs all-BF16 pages over the same path.");
   args.Flag("json", "print JSON (ucx_vs_perftest, handoff_bytes_ratio, "
                     "handoff_speedup_int2_vs_bf16, per-transport details)")
-      .Option("transports", "tcp,shm", "UCX_TLS values to measure, comma-separated")
+      .Option("transports", "tcp,shm",
+              "UCX_TLS values to measure, comma-separated ('+' joins transports inside one "
+              "value: posix+cma)")
       .Option("shape", "qwen3-8b", "model shape (page geometry)")
       .Option("batch-pages", "64", "INT2 pages per RMA batch in the bandwidth test")
-      .Option("bw-pages", "512", "INT2 pages moved per bandwidth measurement (and perftest -n)")
+      .Option("bw-pages", "512",
+              "minimum INT2 pages per bandwidth measurement (each also runs >= 0.25 s)")
       .Option("reps", "3", "repetitions; each figure is the best of them")
       .Option("handoff-tokens", "32768", "tokens of the handed-off request")
       .Option("bf16-distinct", "64",
