@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 #include "oscarkv/service/log.h"
 
 namespace oscarkv::service {
@@ -52,7 +53,19 @@ class CallTimer {
     return t.Done(cache_->Name(*req, resp));                                                 \
   }
 
-OSCARKV_CALLBACK(Handshake, HandshakeRequest, HandshakeResponse)
+grpc::ServerUnaryReactor* KvCacheService::Handshake(grpc::CallbackServerContext* ctx,
+                                                    const pb::HandshakeRequest* req,
+                                                    pb::HandshakeResponse* resp) {
+  CallTimer t(metrics_, Rpc::kHandshake);
+  absl::Status s = cache_->Handshake(*req, resp);
+  LogEvent(s.ok() ? LogLevel::kInfo : LogLevel::kWarn, s.ok() ? "handshake" : "handshake_refused",
+           {{"client", req->client_name().substr(0, 128)},
+            {"peer", ctx->peer()},
+            {"wire_version", absl::StrCat(req->wire_version())}});
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(t.Done(s));
+  return reactor;
+}
 OSCARKV_CALLBACK(RegisterCodec, RegisterCodecRequest, RegisterCodecResponse)
 OSCARKV_CALLBACK(Lookup, LookupRequest, LookupResponse)
 OSCARKV_CALLBACK(Reserve, ReserveRequest, ReserveResponse)
