@@ -63,11 +63,17 @@ absl::StatusOr<engine::KvCodec> ParseCodecSpec(const std::string& spec, const en
           }
           set.set_clip(l, kv.first == "ck" ? KV::kKey : KV::kValue, h, v);
         } else if (kv.first == "rk" || kv.first == "rv") {
-          if (kv.second != "search" && kv.second != "minmax") {
+          RangeMode m;
+          if (kv.second == "minmax") {
+            m = RangeMode::kMinMax;
+          } else if (kv.second == "search") {
+            m = RangeMode::kSearch;
+          } else if (kv.second == "unbiased") {
+            m = RangeMode::kUnbiased;
+          } else {
             return absl::InvalidArgumentError("bad range mode in codec spec '" + spec + "'");
           }
-          set.set_range_mode(l, kv.first == "rk" ? KV::kKey : KV::kValue, h,
-                             kv.second == "search" ? RangeMode::kSearch : RangeMode::kMinMax);
+          set.set_range_mode(l, kv.first == "rk" ? KV::kKey : KV::kValue, h, m);
         } else {
           return absl::InvalidArgumentError("unknown modifier '" + kv.first + "' in '" + spec + "'");
         }

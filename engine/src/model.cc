@@ -23,7 +23,7 @@ using MutMap = Eigen::Map<RowMat>;
 void Linear(const float* x, uint32_t n, uint32_t in, const std::vector<float>& w, uint32_t out,
             float* y) {
   const int64_t chunks = std::min<int64_t>(omp_get_max_threads(), (n + 63) / 64);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) {
     const uint32_t r0 = static_cast<uint32_t>(n * c / chunks), r1 = static_cast<uint32_t>(n * (c + 1) / chunks);
     if (r1 == r0) continue;
@@ -160,7 +160,7 @@ void Model::AttentionProjections(uint32_t l, const float* x, uint32_t n,
   Linear(h.data(), n, H, w.wv, c.kv_dim(), v);
   // Per-head RMSNorm then rotate-half RoPE, in place.
   auto norm_rope = [&](float* buf, uint32_t heads, const std::vector<float>& nw) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= 16)
     for (int64_t i = 0; i < int64_t{n}; ++i) {
       std::vector<float> tmp(D);
       for (uint32_t hh = 0; hh < heads; ++hh) {

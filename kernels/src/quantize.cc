@@ -104,6 +104,48 @@ void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, RangeMode mode,
     mx = std::clamp(mx, -65504.0f, 65504.0f);
     const float width = mx - mn;
     GroupParams best_p = ComputeRangeParams(mn, mx);
+    if (mode == RangeMode::kUnbiased) {
+      double best_err = 0;
+      for (uint32_t i = 0; i < kRangeSearchCandidates; ++i) {
+        const float f = static_cast<float>(i) / 32.0f;
+        GroupParams p = ComputeRangeParams(i == 0 ? mn : mn + f * width, i == 0 ? mx : mx - f * width);
+        GroupCodes(xg, group, p, cand);
+        double s1 = 0, s2 = 0, c1 = 0, x1 = 0;
+        for (uint32_t j = 0; j < group; ++j) {
+          const double xj = xg[j], cj = cand[j];
+          s1 += xj;
+          s2 += xj * xj;
+          c1 += cj;
+          x1 += cj * xj;
+        }
+        const double n = group, det = n * x1 - c1 * s1;
+        if (det > 0) {
+          const double scale = (n * s2 - s1 * s1) / det;
+          if (scale > 0) {
+            const double mn_fit = (s1 - scale * c1) / n;
+            const auto sat = [](double v) { return static_cast<float>(std::clamp(v, -65504.0, 65504.0)); };
+            p = {FloatToHalf(sat(scale)), FloatToHalf(sat(mn_fit))};
+          }
+        }
+        const double minf = HalfToFloat(p.min16), sf = HalfToFloat(p.scale16);
+        double err = 0;
+        for (uint32_t j = 0; j < group; ++j) {
+          const double e = minf + cand[j] * sf - xg[j];
+          err += e * e;
+        }
+        if (i == 0 || err < best_err) {
+          best_err = err;
+          best_p = p;
+          std::copy_n(cand, group, best);
+        }
+      }
+      scale_min[2 * gi] = best_p.scale16;
+      scale_min[2 * gi + 1] = best_p.min16;
+      for (uint32_t j = 0; j < group; ++j) {
+        codes[(g0 + j) / 4] |= static_cast<uint8_t>(best[j] << (2 * ((g0 + j) % 4)));
+      }
+      continue;
+    }
     GroupCodes(xg, group, best_p, best);
     const float s0 = HalfToFloat(best_p.scale16);
     if (s0 > 0) {

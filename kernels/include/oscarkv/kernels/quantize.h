@@ -36,7 +36,17 @@ void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, uint8_t* codes,
 // the i = 0 scale; element terms saturate at 65535 before squaring) and keeps the first
 // candidate with the smallest score. The stored (scale16, min16) are the chosen candidate's,
 // so readers need nothing new and the format is unchanged (2 + 32/G bits per element).
-enum class RangeMode : uint8_t { kMinMax = 0, kSearch = 1 };
+//
+// kUnbiased: the same 8 candidate ranges, but each candidate's codes c_j are then refit:
+// (min, scale) solve  sum_j (x_hat_j - x_j) = 0  and  sum_j (x_hat_j - x_j) x_j = 0, i.e. the
+// error is orthogonal to the row and to the constant, so q.x_hat is an unbiased estimate of
+// q.x for q along x (clipping alone shrinks every logit, which costs long-range recall). With
+// sums in fp64 in ascending channel order: S1 = sum x, S2 = sum x^2, C1 = sum c, X1 = sum c x,
+// det = G*X1 - C1*S1; if det > 0 and the solution scale = (G*S2 - S1^2)/det is > 0, then
+// min = (S1 - scale*C1)/G and both are stored as fp16 round-to-nearest (saturated); otherwise
+// the candidate keeps its range parameters. The candidate with the smallest fp64 sum of
+// squared errors of its stored parameters wins (first on ties).
+enum class RangeMode : uint8_t { kMinMax = 0, kSearch = 1, kUnbiased = 2 };
 inline constexpr uint32_t kRangeSearchCandidates = 8;
 
 void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, RangeMode mode, uint8_t* codes,
