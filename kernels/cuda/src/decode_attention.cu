@@ -224,6 +224,19 @@ __device__ __forceinline__ uint32_t AndOr(uint32_t w, uint32_t magic) {
 }
 // Unpacks a 32-bit word whose two 16-bit halves each hold 8 codes (channel c of a half at bits
 // 2c..2c+1) into 8 fp16x2 registers: r[c] = 1024 + 2^CodeShift(c)·code_c for both halves.
+// Register r (0..7) of UnpackCodesM, from the word and the word >> 8 (r is a constant).
+__device__ __forceinline__ uint32_t CodeReg(int r, uint32_t w, uint32_t w8, uint32_t magic) {
+  switch (r) {
+    case 0: return AndOr<0x00030003u>(w, magic);
+    case 1: return AndOr<0x000C000Cu>(w, magic);
+    case 2: return AndOr<0x00300030u>(w, magic);
+    case 3: return AndOr<0x00C000C0u>(w, magic);
+    case 4: return AndOr<0x03000300u>(w, magic);
+    case 5: return AndOr<0x000C000Cu>(w8, magic);
+    case 6: return AndOr<0x00300030u>(w8, magic);
+    default: return AndOr<0x00C000C0u>(w8, magic);
+  }
+}
 __device__ __forceinline__ void UnpackCodesM(uint32_t w, uint32_t magic, uint32_t (&r)[8]) {
   const uint32_t w8 = w >> 8;
   r[0] = AndOr<0x00030003u>(w, magic);
@@ -382,47 +395,64 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     const uint8_t* vp = vc + Lay::kCodes;
     const int valid = tab.info[sl] & 0xffff;
 
-    // Scores for the 64 tokens: sc[mt][c] (c: row half r = c/2, head e = c%2).
+    // Scores for the 64 tokens: sc[mt][c] (c: row half r = c/2, head e = c%2). The k-step
+    // loop is outside the m-tile loop so the four accumulator chains interleave.
     float sc[4][4];
+    {
+      float acc[4][NG][4];
+      uint32_t wd[4][2][2], w8[4][2][2];  // [m-tile][row gid / gid+8][word v], and >> 8
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
-      float acc[NG][4];
+      for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
-      for (int g = 0; g < NG; ++g) {
-        acc[g][0] = acc[g][2] = Cinit[0][g];
-        acc[g][1] = acc[g][3] = Cinit[1][g];
+        for (int g = 0; g < NG; ++g) {
+          acc[mt][g][0] = acc[mt][g][2] = Cinit[0][g];
+          acc[mt][g][1] = acc[mt][g][3] = Cinit[1][g];
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int v = 0; v < 2; ++v) {
+            wd[mt][r][v] = *reinterpret_cast<const uint32_t*>(kc + (mt * 16 + gid + 8 * r) * 32 +
+                                                              Lay::KWordByte(tig, v));
+            w8[mt][r][v] = wd[mt][r][v] >> 8;
+          }
       }
-      const int r0 = mt * 16 + gid, r1 = r0 + 8;
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
-        const int off = Lay::KWordByte(tig, v);
-        const uint32_t w0 = *reinterpret_cast<const uint32_t*>(kc + r0 * 32 + off);
-        const uint32_t w1 = *reinterpret_cast<const uint32_t*>(kc + r1 * 32 + off);
-        uint32_t a[8], b[8];
-        UnpackCodesM(w0, magic, a);
-        UnpackCodesM(w1, magic, b);
         const int g = (G == 64) ? v : 0;
 #pragma unroll
         for (int uu = 0; uu < 4; ++uu) {
           const int s = 4 * v + uu;
-          MmaF16(acc[g], a[2 * uu], b[2 * uu], a[2 * uu + 1], b[2 * uu + 1], qhi[s][0], qhi[s][1]);
-          if (p.precise_query) {
-            MmaF16(acc[g], a[2 * uu], b[2 * uu], a[2 * uu + 1], b[2 * uu + 1], qlo[s][0], qlo[s][1]);
+#pragma unroll
+          for (int mt = 0; mt < 4; ++mt) {
+            uint32_t a[2][2];  // [row][even/odd register]
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              a[r][0] = CodeReg(2 * uu, wd[mt][r][v], w8[mt][r][v], magic);
+              a[r][1] = CodeReg(2 * uu + 1, wd[mt][r][v], w8[mt][r][v], magic);
+            }
+            MmaF16(acc[mt][g], a[0][0], a[1][0], a[0][1], a[1][1], qhi[s][0], qhi[s][1]);
+            if (p.precise_query) {
+              MmaF16(acc[mt][g], a[0][0], a[1][0], a[0][1], a[1][1], qlo[s][0], qlo[s][1]);
+            }
           }
         }
       }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int t = r ? r1 : r0;
-        float sv[2] = {0.f, 0.f};
+      for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
-        for (int g = 0; g < NG; ++g) {
-          const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(kp + (t * NG + g) * 4));
+        for (int r = 0; r < 2; ++r) {
+          const int t = mt * 16 + gid + 8 * r;
+          float sv[2] = {0.f, 0.f};
 #pragma unroll
-          for (int e = 0; e < 2; ++e) sv[e] += fmaf(sm.x, acc[g][2 * r + e], sm.y * Q0[e][g]);
+          for (int g = 0; g < NG; ++g) {
+            const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(kp + (t * NG + g) * 4));
+#pragma unroll
+            for (int e = 0; e < 2; ++e) sv[e] += fmaf(sm.x, acc[mt][g][2 * r + e], sm.y * Q0[e][g]);
+          }
+#pragma unroll
+          for (int e = 0; e < 2; ++e) sc[mt][2 * r + e] = sv[e];
         }
-#pragma unroll
-        for (int e = 0; e < 2; ++e) sc[mt][2 * r + e] = sv[e];
       }
     }
     if (valid < static_cast<int>(kSliceTokens)) {

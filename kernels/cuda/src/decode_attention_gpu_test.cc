@@ -8,6 +8,8 @@
 // hi+lo. Against the double-precision reference that leaves ~1e-4 relative error; we require
 // |out - ref| <= 2e-3 * (1 + |ref|) and |lse - ref| <= 2e-3.
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <cstring>
 #include <random>
 #include <string>
@@ -16,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "oscarkv/cuda/decode_runner.h"
 #include "oscarkv/cuda/reference.h"
+#include "oscarkv/kernels/numeric.h"
 #include "oscarkv/kernels/page_set.h"
 
 namespace oscarkv::cuda {
@@ -40,57 +43,19 @@ struct Case {
   }
 };
 
-void RunCase(const Case& c) {
-  SCOPED_TRACE(c.Name());
-  CodecProfile prof;
-  prof.model_id = "test";
-  prof.model_revision = "1";
-  prof.num_layers = 2;
-  prof.num_kv_heads = c.kv_heads;
-  prof.head_dim = 128;
-  prof.page_tokens = c.page_tokens;
-  prof.group_size = c.group;
-  prof.sink_tokens = c.sink;
-  prof.recent_tokens = c.recent;
-  ASSERT_TRUE(prof.Validate().ok());
-  const uint32_t layer = 1, d = 128, H = c.kv_heads, Hq = H * c.gqa;
-  RotationSet rot = RotationSet::Hadamard(prof.num_layers, H, d, 0.95f, 0.92f);
-  std::mt19937 rng(c.seed);
-  std::normal_distribution<float> nd;
-
-  // Pages of every sequence.
-  std::vector<std::vector<uint8_t>> pages;
-  std::vector<uint8_t> kinds;
-  std::vector<uint16_t> counts;
-  HostPagedKV host;
-  host.seq_page_indptr.push_back(0);
-  for (uint32_t n : c.lengths) {
-    std::vector<float> kvdata(size_t{prof.num_layers} * 2 * n * H * d);
-    for (auto& v : kvdata) v = nd(rng) * 0.8f + 0.1f;
-    KVSequenceView view{kvdata.data(), prof.num_layers, H, d, n};
-    std::vector<PlannedPage> plan = PlanSequencePages(prof, n);
-    if (c.mode != Case::kPlanned) {
-      plan.clear();
-      for (uint32_t t = 0; t < n; t += c.page_tokens) {
-        plan.push_back({c.mode == Case::kAllInt2 ? PageKind::kInt2 : PageKind::kBf16, t,
-                        std::min(c.page_tokens, n - t)});
-      }
-    }
-    for (const PlannedPage& pp : plan) {
-      auto page = EncodePage(prof, &rot, pp.kind, view, pp.first_token, pp.token_count);
-      ASSERT_TRUE(page.ok()) << page.status();
-      host.seq_page_ids.push_back(static_cast<int32_t>(pages.size()));
-      pages.push_back(*std::move(page));
-      kinds.push_back(static_cast<uint8_t>(pp.kind));
-      counts.push_back(static_cast<uint16_t>(pp.token_count));
-    }
-    host.seq_page_indptr.push_back(static_cast<int32_t>(host.seq_page_ids.size()));
-  }
-  for (const auto& pg : pages) host.pages.emplace_back(pg);
-  const size_t B = c.lengths.size();
-  std::vector<float> q(B * Hq * d);
-  for (auto& v : q) v = nd(rng) * 2.0f;
-
+// Runs the GPU kernel on `pages` (uploaded here) for two plan targets and compares with
+// ReferencePagedDecode; the output is poisoned before every launch.
+void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
+                             const std::vector<std::vector<uint8_t>>& pages,
+                             const std::vector<uint8_t>& kinds, const std::vector<uint16_t>& counts,
+                             const HostPagedKV& host, const std::vector<float>& q, uint32_t layer,
+                             uint32_t Hq, bool unrotate, bool precise) {
+  const uint32_t d = prof.head_dim, H = prof.num_kv_heads;
+  const size_t B = host.seq_page_indptr.size() - 1;
+  struct {
+    bool unrotate, precise;
+    uint32_t group, page_tokens;
+  } c{unrotate, precise, prof.group_size, prof.page_tokens};
   auto ref = ReferencePagedDecode(prof, rot, host, layer, q, Hq, c.unrotate);
   ASSERT_TRUE(ref.ok()) << ref.status();
 
@@ -170,6 +135,60 @@ void RunCase(const Case& c) {
   }
 }
 
+void RunCase(const Case& c) {
+  SCOPED_TRACE(c.Name());
+  CodecProfile prof;
+  prof.model_id = "test";
+  prof.model_revision = "1";
+  prof.num_layers = 2;
+  prof.num_kv_heads = c.kv_heads;
+  prof.head_dim = 128;
+  prof.page_tokens = c.page_tokens;
+  prof.group_size = c.group;
+  prof.sink_tokens = c.sink;
+  prof.recent_tokens = c.recent;
+  ASSERT_TRUE(prof.Validate().ok());
+  const uint32_t layer = 1, d = 128, H = c.kv_heads, Hq = H * c.gqa;
+  RotationSet rot = RotationSet::Hadamard(prof.num_layers, H, d, 0.95f, 0.92f);
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> nd;
+
+  // Pages of every sequence.
+  std::vector<std::vector<uint8_t>> pages;
+  std::vector<uint8_t> kinds;
+  std::vector<uint16_t> counts;
+  HostPagedKV host;
+  host.seq_page_indptr.push_back(0);
+  for (uint32_t n : c.lengths) {
+    std::vector<float> kvdata(size_t{prof.num_layers} * 2 * n * H * d);
+    for (auto& v : kvdata) v = nd(rng) * 0.8f + 0.1f;
+    KVSequenceView view{kvdata.data(), prof.num_layers, H, d, n};
+    std::vector<PlannedPage> plan = PlanSequencePages(prof, n);
+    if (c.mode != Case::kPlanned) {
+      plan.clear();
+      for (uint32_t t = 0; t < n; t += c.page_tokens) {
+        plan.push_back({c.mode == Case::kAllInt2 ? PageKind::kInt2 : PageKind::kBf16, t,
+                        std::min(c.page_tokens, n - t)});
+      }
+    }
+    for (const PlannedPage& pp : plan) {
+      auto page = EncodePage(prof, &rot, pp.kind, view, pp.first_token, pp.token_count);
+      ASSERT_TRUE(page.ok()) << page.status();
+      host.seq_page_ids.push_back(static_cast<int32_t>(pages.size()));
+      pages.push_back(*std::move(page));
+      kinds.push_back(static_cast<uint8_t>(pp.kind));
+      counts.push_back(static_cast<uint16_t>(pp.token_count));
+    }
+    host.seq_page_indptr.push_back(static_cast<int32_t>(host.seq_page_ids.size()));
+  }
+  for (const auto& pg : pages) host.pages.emplace_back(pg);
+  const size_t B = c.lengths.size();
+  std::vector<float> q(B * Hq * d);
+  for (auto& v : q) v = nd(rng) * 2.0f;
+
+  CompareGpuWithReference(prof, rot, pages, kinds, counts, host, q, layer, Hq, c.unrotate, c.precise);
+}
+
 TEST(DecodeAttentionGpu, MixedPagesGqa4) {
   SKIP_WITHOUT_GPU();
   Case c;
@@ -242,6 +261,68 @@ TEST(DecodeAttentionGpu, SingleFp16QueryWithinLooserTolerance) {
   c.precise = false;
   c.lengths = {3000};
   RunCase(c);
+}
+
+// Real K/V: post-RoPE keys/values and last-position queries of the reference model (layers 0
+// and 7 over the first 700 bytes of val.txt; bench/testdata/refmodel_kv.bin, written by
+// oscarkv_kv_dump from the CPU engine), Hadamard rotations with OSCAR's clips, sink + INT2
+// history + BF16 tail pages, groups 128 and 64.
+TEST(DecodeAttentionGpu, RealKvOfTheReferenceModel) {
+  SKIP_WITHOUT_GPU();
+  std::string path = "bench/testdata/refmodel_kv.bin";
+  if (const char* src = std::getenv("OSCARKV_SOURCE_DIR")) path = std::string(src) + "/" + path;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) GTEST_SKIP() << "no " << path;
+  char magic[8];
+  uint32_t hdr[5];
+  in.read(magic, 8);
+  in.read(reinterpret_cast<char*>(hdr), sizeof hdr);
+  ASSERT_EQ(std::string(magic, 8), "OKVDUMP1");
+  const uint32_t nl = hdr[0], n = hdr[1], Hq = hdr[2], H = hdr[3], d = hdr[4];
+  ASSERT_EQ(d, 128u);
+  for (uint32_t li = 0; li < nl; ++li) {
+    uint32_t layer_index;
+    in.read(reinterpret_cast<char*>(&layer_index), 4);
+    std::vector<uint16_t> k(size_t{n} * H * d), v(k.size());
+    std::vector<float> q(size_t{Hq} * d);
+    in.read(reinterpret_cast<char*>(k.data()), k.size() * 2);
+    in.read(reinterpret_cast<char*>(v.data()), v.size() * 2);
+    in.read(reinterpret_cast<char*>(q.data()), q.size() * 4);
+    ASSERT_TRUE(in.good());
+    for (uint32_t group : {128u, 64u}) {
+      SCOPED_TRACE("refmodel layer " + std::to_string(layer_index) + " G" + std::to_string(group));
+      CodecProfile prof;
+      prof.model_id = "oscarkv/refmodel";
+      prof.model_revision = "v1";
+      prof.num_layers = 1;
+      prof.num_kv_heads = H;
+      prof.group_size = group;
+      RotationSet rot = RotationSet::Hadamard(1, H, d, 0.96f, 0.92f);
+      // [layer 0][K|V][token][head][d] fp32 from the bf16 dump.
+      std::vector<float> kv(size_t{2} * n * H * d);
+      for (size_t i = 0; i < k.size(); ++i) {
+        kv[i] = Bf16ToFloat(k[i]);
+        kv[k.size() + i] = Bf16ToFloat(v[i]);
+      }
+      KVSequenceView view{kv.data(), 1, H, d, n};
+      auto sp = BuildSequencePages(prof, rot, view);
+      ASSERT_TRUE(sp.ok()) << sp.status();
+      std::vector<uint8_t> kinds;
+      std::vector<uint16_t> counts;
+      HostPagedKV host;
+      host.seq_page_indptr = {0, static_cast<int32_t>(sp->pages.size())};
+      int int2_pages = 0;
+      for (size_t i = 0; i < sp->pages.size(); ++i) {
+        host.seq_page_ids.push_back(static_cast<int32_t>(i));
+        kinds.push_back(static_cast<uint8_t>(sp->plan[i].kind));
+        counts.push_back(static_cast<uint16_t>(sp->plan[i].token_count));
+        int2_pages += sp->plan[i].kind == PageKind::kInt2;
+      }
+      ASSERT_GT(int2_pages, 0);
+      for (const auto& pg : sp->pages) host.pages.emplace_back(pg);
+      CompareGpuWithReference(prof, rot, sp->pages, kinds, counts, host, q, 0, Hq, true, true);
+    }
+  }
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 //     reference, and fp16 parameters within 4 ulps;
 //   * the flush of a BF16 page into an INT2 page, reading the page's own segments.
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <cstring>
 #include <random>
 #include <string>
@@ -33,6 +35,9 @@ struct WriteCase {
   bool rotate = false;
   std::vector<float> clip_values = {0.9f, 1.0f, 0.96f};
   uint32_t seed = 1;
+  // Real rows instead of random ones: [layer_count][tokens][kv_heads][128] bf16 bits.
+  const std::vector<uint16_t>* real_k = nullptr;
+  const std::vector<uint16_t>* real_v = nullptr;
 };
 
 struct Pages {
@@ -52,6 +57,11 @@ void RunWrite(const WriteCase& c) {
   for (size_t i = 0; i < n_src; ++i) {
     ksrc[i] = FloatToBf16(nd(rng) * 3.0f + (i % 7 == 0 ? 5.0f : 0.0f));
     vsrc[i] = FloatToBf16(nd(rng));
+  }
+  if (c.real_k != nullptr) {
+    ASSERT_EQ(c.real_k->size(), n_src);
+    ksrc = *c.real_k;
+    vsrc = *c.real_v;
   }
   // Destinations: pages alternate INT2/BF16; tokens go to shuffled (page, slot) pairs.
   const uint32_t n_pages = (c.tokens + c.page_tokens - 1) / c.page_tokens + 1;
@@ -320,6 +330,41 @@ TEST(QuantizeWriteGpu, FlushBf16PageIntoInt2Page) {
   auto got = d_int2->ToHost<uint8_t>();
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(*got, ref);
+}
+
+// Real rows: the reference model's post-RoPE K/V (bench/testdata/refmodel_kv.bin, layer 0, 700
+// tokens, 2 KV heads), with OSCAR's clip ratios, unrotated (bit-exact) and rotated.
+TEST(QuantizeWriteGpu, RealRowsOfTheReferenceModel) {
+  SKIP_WITHOUT_GPU();
+  std::string path = "bench/testdata/refmodel_kv.bin";
+  if (const char* src = std::getenv("OSCARKV_SOURCE_DIR")) path = std::string(src) + "/" + path;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) GTEST_SKIP() << "no " << path;
+  char magic[8];
+  uint32_t hdr[5];
+  in.read(magic, 8);
+  in.read(reinterpret_cast<char*>(hdr), sizeof hdr);
+  const uint32_t n = hdr[1], H = hdr[3], d = hdr[4];
+  ASSERT_EQ(d, 128u);
+  uint32_t layer_index;
+  in.read(reinterpret_cast<char*>(&layer_index), 4);
+  std::vector<uint16_t> k(size_t{n} * H * d), v(k.size());
+  in.read(reinterpret_cast<char*>(k.data()), k.size() * 2);
+  in.read(reinterpret_cast<char*>(v.data()), v.size() * 2);
+  ASSERT_TRUE(in.good());
+  for (bool rotate : {false, true}) {
+    WriteCase c;
+    c.kv_heads = H;
+    c.layers = 1;
+    c.first_layer = 0;
+    c.layer_count = 1;
+    c.tokens = static_cast<int32_t>(n);
+    c.rotate = rotate;
+    c.clip_values = {0.96f, 0.96f, 0.92f, 0.92f};  // K heads, then V heads
+    c.real_k = &k;
+    c.real_v = &v;
+    RunWrite(c);
+  }
 }
 
 }  // namespace
