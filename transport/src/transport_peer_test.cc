@@ -90,6 +90,8 @@ class PeerTest : public ::testing::TestWithParam<Mode> {
     if (!address.ok()) return address.status();
     auto memory = RecvBlob(p.process.control_fd(), absl::Seconds(5));
     if (!memory.ok()) return memory.status();
+    peer_address_ = *address;
+    peer_memory_ = *memory;
     EndpointOptions eo;
     eo.name = absl::StrCat("peer-", p.process.pid());
     eo.error_handling = GetParam().error_handling;
@@ -103,6 +105,7 @@ class PeerTest : public ::testing::TestWithParam<Mode> {
     return p;
   }
 
+  std::string peer_address_, peer_memory_;  // blobs of the last peer started
   std::unique_ptr<Context> ctx_;
   std::vector<std::unique_ptr<Worker>> stale_workers_;  // destroyed after worker_
   std::unique_ptr<Worker> worker_;
@@ -340,6 +343,123 @@ TEST_P(PeerTest, StagesUnregisteredBuffersThroughABounceBuffer) {
                             copy)
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(PeerTest, PeerKilledDuringPutBatchNeverHangs) {
+  const uint32_t pages = 64;
+  const absl::Duration bound = absl::Seconds(1);
+  auto peer = StartPeer("refmodel", PageKind::kInt2, pages, 2, bound);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto profile = BuiltinProfile("refmodel");
+  const size_t bytes = GeometryFor(*profile, PageKind::kInt2).page_bytes();
+  std::vector<uint8_t> mine(bytes * pages);
+  for (uint32_t i = 0; i < pages; ++i) {
+    ASSERT_TRUE(testing::FillPage(*profile, PageKind::kInt2, 4, i, {&mine[i * bytes], bytes}).ok());
+  }
+  auto region = ctx_->Register(mine.data(), mine.size());
+  ASSERT_TRUE(region.ok());
+  std::vector<TransferDesc> descs;
+  for (uint32_t j = 0; j < 512; ++j) {
+    descs.push_back({&mine[(j % pages) * bytes], peer->pool->base() + (j % pages) * bytes, bytes});
+  }
+  std::atomic<int64_t> killed_at_ns{0};
+  const pid_t pid = peer->process.pid();
+  std::jthread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ::kill(pid, SIGKILL);
+    killed_at_ns = absl::ToUnixNanos(absl::Now());
+  });
+  absl::Status failure;
+  int after = 0;
+  const absl::Time give_up = absl::Now() + absl::Seconds(15);
+  while (absl::Now() < give_up) {
+    const int64_t k = killed_at_ns.load();
+    if (k != 0 && after > 0 && absl::Now() - absl::FromUnixNanos(k) > absl::Seconds(3)) break;
+    if (k != 0) ++after;
+    auto t = peer->ep->Post(Direction::kPut, **region, *peer->pool, descs);
+    if (!t.ok()) {
+      failure = t.status();
+      break;
+    }
+    absl::Status s = (*t)->Wait(absl::Seconds(10));
+    ASSERT_NE(s.code(), absl::StatusCode::kDeadlineExceeded) << "put batch hung: " << s;
+    if (!s.ok()) {
+      // A failed put batch never reports an op as landed.
+      EXPECT_EQ((*t)->num_ok(), 0u) << s;
+      failure = s;
+      break;
+    }
+  }
+  killer.join();
+  const absl::Duration detect = absl::Now() - absl::FromUnixNanos(killed_at_ns.load());
+  std::printf("[ %s ] put: peer SIGKILLed; after %s: %s\n", GetParam().name.c_str(),
+              absl::FormatDuration(detect).c_str(), failure.ToString().c_str());
+  if (GetParam().error_handling == EndpointOptions::ErrorHandling::kNone && GetParam().ucx_pool &&
+      failure.ok()) {
+    return;  // puts into the dead peer's still-mapped segment complete; nobody reads them
+  }
+  ASSERT_FALSE(failure.ok());
+  EXPECT_EQ(failure.code(), absl::StatusCode::kUnavailable) << failure;
+  EXPECT_LT(detect, bound + absl::Milliseconds(1500)) << failure;
+  peer->Release();
+}
+
+TEST_P(PeerTest, OneContextManyThreadsEachWithItsWorker) {
+  // The documented threading model: the Context (Register) is shared, each thread drives its own
+  // Worker and Endpoint to the same peer.
+  const uint32_t pages = 32, seed = 17;
+  Peer first;
+  {
+    auto peer = StartPeer("refmodel", PageKind::kInt2, pages, seed);
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    first = std::move(*peer);
+  }
+  auto profile = BuiltinProfile("refmodel");
+  const size_t bytes = GeometryFor(*profile, PageKind::kInt2).page_bytes();
+  const uint64_t base = first.pool->base();
+  std::vector<std::vector<uint8_t>> expected(pages, std::vector<uint8_t>(bytes));
+  for (uint32_t i = 0; i < pages; ++i) {
+    ASSERT_TRUE(testing::FillPage(*profile, PageKind::kInt2, seed, i, expected[i]).ok());
+  }
+  std::vector<std::string> errors(4);
+  {
+    std::vector<std::jthread> threads;
+    for (int th = 0; th < 4; ++th) {
+      threads.emplace_back([&, th] {
+        auto fail = [&](const absl::Status& s) { errors[th] = s.ToString(); };
+        auto w = Worker::Create(*ctx_);
+        if (!w.ok()) return fail(w.status());
+        std::vector<uint8_t> local(bytes * pages);
+        auto region = ctx_->Register(local.data(), local.size());  // concurrent registration
+        if (!region.ok()) return fail(region.status());
+        EndpointOptions eo;
+        eo.error_handling = GetParam().error_handling;
+        auto ep = (*w)->Connect(peer_address_, eo);
+        if (!ep.ok()) return fail(ep.status());
+        auto remote = (*ep)->ImportRemote(peer_memory_);
+        if (!remote.ok()) return fail(remote.status());
+        for (int round = 0; round < 5; ++round) {
+          std::vector<TransferDesc> d;
+          for (uint32_t i = 0; i < pages; ++i) {
+            const uint32_t src = (i + th + round) % pages;
+            d.push_back({&local[i * bytes], base + src * bytes, bytes});
+          }
+          if (absl::Status s = (*ep)->Run(Direction::kGet, **region, **remote, d,
+                                          absl::Seconds(30));
+              !s.ok()) {
+            return fail(s);
+          }
+          for (uint32_t i = 0; i < pages; ++i) {
+            const uint32_t src = (i + th + round) % pages;
+            if (std::memcmp(&local[i * bytes], expected[src].data(), bytes) != 0) {
+              return fail(absl::DataLossError(absl::StrCat("page ", src, " differs")));
+            }
+          }
+        }
+      });
+    }
+  }
+  for (int th = 0; th < 4; ++th) EXPECT_EQ(errors[th], "") << "thread " << th;
 }
 
 // CPU seconds (user + system) used so far by process `pid`.
