@@ -228,6 +228,10 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(config.drain_timeout_ms));
   server->Wait();
+  // The server is fully shut down. Destroying it would run gRPC's global shutdown, which can sit
+  // ~10 s in an idle executor's epoll timeout (gRPC 1.51); the process exits right after this
+  // function, so the object is deliberately left to the OS.
+  (void)server.release();
   metrics_server.Stop();
   stop_reaper.Notify();
   reaper.join();

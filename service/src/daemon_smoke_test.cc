@@ -304,6 +304,109 @@ TEST(DaemonSmoke, StoreLookupLoadAndCleanShutdown) {
   EXPECT_NE(stat(shm.c_str(), &st), 0) << "pool file left behind";
 }
 
+// SIGTERM while a ReadPages stream is in flight: the stream completes, new calls are refused,
+// the daemon then exits 0.
+TEST(DaemonSmoke, SigtermDrainsAnInFlightStream) {
+  Daemon d = Start({"--drain-timeout-ms", "20000"});
+  ASSERT_TRUE(d.ready.count("listen")) << d.line;
+  auto channel = grpc::CreateChannel(d.ready["listen"], grpc::InsecureChannelCredentials());
+  auto stub = v1::KvCache::NewStub(channel);
+  v1::CodecProfile prof = TinyProfile("drain");
+  prof.set_num_layers(4);
+  prof.set_num_kv_heads(8);
+  prof.set_head_dim(128);
+  prof.set_page_tokens(64);
+  prof.set_group_size(128);  // BF16 page: 1 MiB + 64 bytes
+  std::string codec;
+  {
+    grpc::ClientContext ctx;
+    v1::RegisterCodecRequest req;
+    *req.mutable_profile() = prof;
+    v1::RegisterCodecResponse resp;
+    ASSERT_TRUE(stub->RegisterCodec(&ctx, req, &resp).ok());
+    codec = resp.codec_id();
+  }
+  constexpr int kPages = 16;
+  std::vector<std::string> pages;
+  v1::ReserveResponse res;
+  {
+    grpc::ClientContext ctx;
+    v1::ReserveRequest req;
+    req.set_codec_id(codec);
+    for (int i = 0; i < kPages; ++i) {
+      auto* it = req.add_items();
+      it->set_key(Key(i, 5));
+      it->set_kind(v1::PAGE_KIND_BF16);
+      pages.push_back(MakePage(prof, PageKind::kBf16, i, 64));
+    }
+    ASSERT_TRUE(stub->Reserve(&ctx, req, &res).ok());
+    for (auto& r : res.results()) ASSERT_EQ(r.status().code(), 0) << r.status().message();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::WriteResponse wr;
+    auto w = stub->WritePages(&ctx, &wr);
+    for (int i = 0; i < kPages; ++i) {
+      v1::WriteChunk c;
+      c.set_reservation_id(res.reservation_id());
+      c.set_key(Key(i, 5));
+      c.set_data(pages[i]);
+      ASSERT_TRUE(w->Write(c));
+    }
+    w->WritesDone();
+    ASSERT_TRUE(w->Finish().ok());
+    grpc::ClientContext cctx;
+    v1::CommitRequest creq;
+    creq.set_reservation_id(res.reservation_id());
+    v1::CommitResponse cresp;
+    ASSERT_TRUE(stub->Commit(&cctx, creq, &cresp).ok());
+    for (auto& r : cresp.results()) ASSERT_EQ(r.code(), 0) << r.message();
+  }
+  v1::LookupResponse look;
+  {
+    grpc::ClientContext ctx;
+    v1::LookupRequest req;
+    req.set_codec_id(codec);
+    for (int i = 0; i < kPages; ++i) req.add_keys(Key(i, 5));
+    req.set_pin(true);
+    ASSERT_TRUE(stub->Lookup(&ctx, req, &look).ok());
+    ASSERT_EQ(look.matched(), static_cast<uint32_t>(kPages));
+  }
+  grpc::ClientContext ctx;
+  v1::ReadRequest rd;
+  rd.set_lease_id(look.lease_id());
+  auto reader = stub->ReadPages(&ctx, rd);
+  std::map<std::string, std::string> got;
+  v1::ReadChunk c;
+  ASSERT_TRUE(reader->Read(&c));
+  got[c.key()].resize(c.page_bytes());
+  got[c.key()].replace(c.offset(), c.data().size(), c.data());
+  kill(d.pid, SIGTERM);  // mid-stream; the reader is slow
+  usleep(200000);
+  {
+    // A new call during the drain is refused.
+    auto fresh = v1::KvCache::NewStub(
+        grpc::CreateChannel(d.ready["listen"], grpc::InsecureChannelCredentials()));
+    grpc::ClientContext sctx;
+    sctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    v1::StatsResponse st;
+    EXPECT_FALSE(fresh->Stats(&sctx, {}, &st).ok());
+  }
+  while (reader->Read(&c)) {
+    std::string& p = got[c.key()];
+    p.resize(c.page_bytes());
+    p.replace(c.offset(), c.data().size(), c.data());
+    usleep(5000);
+  }
+  grpc::Status fin = reader->Finish();
+  EXPECT_TRUE(fin.ok()) << fin.error_message();
+  ASSERT_EQ(got.size(), static_cast<size_t>(kPages));
+  for (int i = 0; i < kPages; ++i) EXPECT_TRUE(got[Key(i, 5)] == pages[i]) << "page " << i;
+  EXPECT_EQ(WaitExit(d.pid, 20000), 0);
+  struct stat st;
+  EXPECT_NE(stat(d.ready["shm"].c_str(), &st), 0);
+}
+
 TEST(DaemonSmoke, BadFlagsAndBusyPortFailClearly) {
   // A bad flag: exit code 2, nothing left in /dev/shm.
   Daemon bad = Start({"--max-batch", "zero"});

@@ -14,6 +14,8 @@ void BlockTerminationSignals();
 
 // Runs until SIGTERM or SIGINT. OK after a clean drain; an error if startup fails (port in
 // use, pool too large, ...), after undoing what was set up (the pool file is removed).
+// Meant to be the last thing a process does: after a drain the gRPC server object is not
+// destroyed (see daemon.cc), and the caller should exit promptly.
 absl::Status RunDaemon(const DaemonConfig& config);
 
 }  // namespace oscarkv::service
