@@ -104,6 +104,11 @@ class GrpcClient final : public Client {
     auto ctx = Context();
     OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->Handshake(ctx.get(), req, &resp),
                                      absl::StrCat("handshake with oscarkvd at ", options_.address)));
+    if (resp.wire_version() != pb::WIRE_VERSION_1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "oscarkvd at ", options_.address, " speaks wire version ", resp.wire_version(),
+          ", this client ", int{pb::WIRE_VERSION_1}));
+    }
     server_.server_version = resp.server_version();
     server_.node_id = resp.node_id();
     server_.shm_path = resp.shm_path();
@@ -416,6 +421,7 @@ class GrpcClient final : public Client {
     auto ctx = Context();
     OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->Lookup(ctx.get(), req, resp), "Lookup"));
     if (resp->matched() > keys.size() || (opts.pin && resp->pages_size() != int(resp->matched()))) {
+      Release(resp->lease_id()).IgnoreError();
       return absl::InternalError("Lookup: daemon's answer is inconsistent with the request");
     }
     return absl::OkStatus();
