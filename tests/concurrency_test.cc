@@ -1,4 +1,5 @@
-// 64 concurrent clients (half on shared memory, half on gRPC streaming) doing mixed stores,
+// 64 concurrent clients (half on shared memory, half on gRPC streaming; half on their own
+// connection, half multiplexed on one) doing mixed stores,
 // lookups, loads, racing duplicate stores and deletes against one real oscarkvd. Every page a
 // client reads must be byte-identical to what was stored under its key, and every page stored
 // and not deleted must still be there at the end: zero lost, zero corrupt.
@@ -39,6 +40,7 @@ void RunClient(const std::string& addr, const World& w, int id, Tally* t) {
   o.address = addr;
   o.client_name = "concurrency-" + std::to_string(id);
   o.data_path = id % 2 ? client::DataPath::kGrpc : client::DataPath::kSharedMemory;
+  o.dedicated_connection = id % 4 < 2;  // half on their own TCP connection, half sharing one
   auto c = client::Client::Connect(o);
   if (!c.ok()) {
     ADD_FAILURE() << "client " << id << ": " << c.status();
