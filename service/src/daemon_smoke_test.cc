@@ -295,6 +295,7 @@ TEST(DaemonSmoke, StoreLookupLoadAndCleanShutdown) {
     EXPECT_EQ(r->status, 200);
     EXPECT_NE(r->body.find("oscarkv_lookups_total 1\n"), std::string::npos);
     EXPECT_NE(r->body.find("oscarkv_pages 2\n"), std::string::npos);
+    EXPECT_NE(r->body.find("oscarkv_pool_slots_used{slot_bytes=\"832\"} 2\n"), std::string::npos);
     EXPECT_NE(r->body.find("oscarkv_rpc_duration_seconds_count{method=\"Lookup\"} 2"),
               std::string::npos);
     EXPECT_NE(r->body.find("oscarkv_rpcs_total{method=\"Lookup\",code=\"INVALID_ARGUMENT\"} 1"),

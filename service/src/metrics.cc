@@ -126,6 +126,23 @@ std::string Metrics::Render(const PageCache& cache) const {
         c.pinned_pages.load());
   Gauge(&out, "oscarkv_leases", "Live leases.", c.leases.load());
   Gauge(&out, "oscarkv_codecs", "Registered codec profiles.", static_cast<int64_t>(cache.codecs()));
+  const PagePoolStats ps = pool.Stats();
+  absl::StrAppend(&out,
+                  "# HELP oscarkv_pool_slots Slots carved for each page size (spans x slots).\n"
+                  "# TYPE oscarkv_pool_slots gauge\n");
+  for (const SizeClassStats& c : ps.classes) {
+    absl::StrAppend(&out, "oscarkv_pool_slots{slot_bytes=\"", c.slot_bytes, "\"} ",
+                    c.spans * c.slots_per_span, "\n");
+  }
+  absl::StrAppend(&out,
+                  "# HELP oscarkv_pool_slots_used Allocated slots for each page size.\n"
+                  "# TYPE oscarkv_pool_slots_used gauge\n");
+  for (const SizeClassStats& c : ps.classes) {
+    absl::StrAppend(&out, "oscarkv_pool_slots_used{slot_bytes=\"", c.slot_bytes, "\"} ",
+                    c.slots_used, "\n");
+  }
+  Gauge(&out, "oscarkv_pool_free_chunks", "Pool chunks not assigned to any page size.",
+        static_cast<int64_t>(ps.chunks_free));
 
   absl::StrAppend(&out,
                   "# HELP oscarkv_rpc_duration_seconds Server-side RPC latency.\n"
