@@ -325,7 +325,7 @@ int RunBenchService(int argc, char** argv) {
   a.Option("lookup-keys", "32", "block keys per lookup (32 = a 2048-token prompt), all cached");
   a.Option("rate", "10000", "open-loop offered load, lookups per second over all clients");
   a.Option("clients", "1,8,64", "closed-loop client counts; the open loop uses the largest");
-  a.Option("open-loop-senders", "async",
+  a.Option("open-loop-senders", "threads",
            "async: one thread sends every open-loop lookup on schedule with LookupAsync; "
            "threads: each client thread sends its share with the blocking Lookup");
   a.Flag("dedicated-connections",
