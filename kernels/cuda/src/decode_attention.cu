@@ -409,13 +409,19 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
           acc[mt][g][1] = acc[mt][g][3] = Cinit[1][g];
         }
 #pragma unroll
-        for (int r = 0; r < 2; ++r)
+        for (int r = 0; r < 2; ++r) {
+          const uint8_t* row = kc + (mt * 16 + gid + 8 * r) * 32;
+          if (G == 128) {  // both words in one 8-byte load (no bank conflict)
+            const uint2 w = *reinterpret_cast<const uint2*>(row + 8 * tig);
+            wd[mt][r][0] = w.x;
+            wd[mt][r][1] = w.y;
+          } else {
 #pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            wd[mt][r][v] = *reinterpret_cast<const uint32_t*>(kc + (mt * 16 + gid + 8 * r) * 32 +
-                                                              Lay::KWordByte(tig, v));
-            w8[mt][r][v] = wd[mt][r][v] >> 8;
+            for (int v = 0; v < 2; ++v) wd[mt][r][v] = *reinterpret_cast<const uint32_t*>(row + Lay::KWordByte(tig, v));
           }
+#pragma unroll
+          for (int v = 0; v < 2; ++v) w8[mt][r][v] = wd[mt][r][v] >> 8;
+        }
       }
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
@@ -486,11 +492,15 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     float mu[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) mu[e] = st.m[e] == -INFINITY ? 0.f : st.m[e];
+    // W columns are stored in the value product's token order (see below), so each lane's
+    // B operand is one 32-bit load and its code loads hit 32 distinct banks.
+    const int wcol0 = gid < 4 ? 2 * gid : 2 * gid - 7;
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int t = mt * 16 + gid + 8 * r;
+        const int wc = mt * 16 + wcol0 + 8 * r;
         float pr[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
@@ -503,8 +513,8 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
           const __half2 w2 = __floats2half2_rn(pr[0] * sm.x, pr[1] * sm.x);
           pm[0][g] = fmaf(pr[0], sm.y, pm[0][g]);
           pm[1][g] = fmaf(pr[1], sm.y, pm[1][g]);
-          wx[(g * 8 + 2 * tig) * kWStride + t] = __low2half(w2);
-          wx[(g * 8 + 2 * tig + 1) * kWStride + t] = __high2half(w2);
+          wx[(g * 8 + 2 * tig) * kWStride + wc] = __low2half(w2);
+          wx[(g * 8 + 2 * tig + 1) * kWStride + wc] = __high2half(w2);
         }
       }
     }
@@ -512,13 +522,16 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     // Values: O^T[channel][head] += V^T (codes, 16 channels x 16 tokens per tile) · W.
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const int ta = 16 * j + 2 * tig, tb = ta + 8;
+      // k-slots 2·tig, 2·tig+1, 2·tig+8, 2·tig+9 of this 16-token step are tokens tig, tig+4,
+      // tig+8, tig+12 (W columns were written in this order).
+      const int ta = 16 * j + tig, tb = ta + 8;
+      const int wcb = 16 * j + 2 * tig;
       uint32_t wa0, wa1, wb0, wb1;
       if (G == 128) {
         wa0 = *reinterpret_cast<const uint32_t*>(vc + ta * 32 + 4 * gid);
-        wa1 = *reinterpret_cast<const uint32_t*>(vc + (ta + 1) * 32 + 4 * gid);
+        wa1 = *reinterpret_cast<const uint32_t*>(vc + (ta + 4) * 32 + 4 * gid);
         wb0 = *reinterpret_cast<const uint32_t*>(vc + tb * 32 + 4 * gid);
-        wb1 = *reinterpret_cast<const uint32_t*>(vc + (tb + 1) * 32 + 4 * gid);
+        wb1 = *reinterpret_cast<const uint32_t*>(vc + (tb + 4) * 32 + 4 * gid);
       } else {
         auto ld = [&](int t) {
           const uint32_t lo = *reinterpret_cast<const uint16_t*>(vc + t * 32 + 2 * gid);
@@ -526,9 +539,9 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
           return lo | (hi << 16);
         };
         wa0 = ld(ta);
-        wa1 = ld(ta + 1);
+        wa1 = ld(ta + 4);
         wb0 = ld(tb);
-        wb1 = ld(tb + 1);
+        wb1 = ld(tb + 4);
       }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -537,8 +550,8 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
         UnpackCodesM(__byte_perm(wa0, wa1, sel), magic, ra);
         UnpackCodesM(__byte_perm(wb0, wb1, sel), magic, rb);
         const int g = (G == 64) ? half : 0;
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + ta);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + tb);
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + wcb);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + wcb + 8);
 #pragma unroll
         for (int ii = 0; ii < 4; ++ii) {
           const int i = half * 4 + ii;
