@@ -148,8 +148,9 @@ struct EndpointOptions {
   // A peer that completes nothing for this long while ops are outstanding is declared gone.
   absl::Duration peer_timeout = absl::Milliseconds(1500);
   // kPeer: UCX itself reports a dead peer (tcp reset, keepalive, cma ESRCH) and then only uses
-  // transports able to do so -- tcp, cma, ib, but not posix/sysv shared memory in UCX 1.13, so
-  // UCX_TLS=shm alone cannot connect (UCX_TLS=shm,tcp can: tcp for wireup/AM, cma for RMA).
+  // transports able to do so -- tcp, ib, but not posix/sysv shared memory in UCX 1.13, so with
+  // UCX_TLS=shm alone Connect fails (FAILED_PRECONDITION; Capabilities::peer_failure_detection
+  // says so up front). UCX_TLS=shm,tcp connects, but then moves everything over tcp.
   // kNone: any transport (posix/sysv mapped segments included); a dead peer is then found only
   // by the peer_timeout watchdog when requests stop completing, and RMA on a dead peer's
   // still-mapped segment may keep succeeding (with the bytes it held).
