@@ -43,8 +43,9 @@ int RunCalibrate(int argc, char** argv) {
       .Option("clip", "search", "clip ratios: search (per layer/head/K|V) or fixed")
       .Option("clip-k", "0.96", "fixed key clip ratio (with --clip fixed)")
       .Option("clip-v", "0.92", "fixed value clip ratio (with --clip fixed)")
-      .Option("range", "search", "INT2 write-time range: minmax, or search (per-group range "
-                                 "selection, docs/FORMAT.md 1.3.1)")
+      .Option("range", "unbiased", "INT2 write-time range per group (docs/FORMAT.md 1.3.1): "
+                                   "minmax, search (least squared error) or unbiased (range "
+                                   "search with a refit that keeps logits unbiased)")
       .Option("sink", "64", "BF16 sink tokens assumed by the clip search")
       .Option("recent", "256", "BF16 recent tokens assumed by the clip search")
       .Option("group", "128", "quantization group size")
@@ -74,8 +75,9 @@ int RunCalibrate(int argc, char** argv) {
   if (args.str("clip") != "search" && args.str("clip") != "fixed") {
     return Fail("calibrate", absl::InvalidArgumentError("--clip must be search or fixed"), 2);
   }
-  if (args.str("range") != "search" && args.str("range") != "minmax") {
-    return Fail("calibrate", absl::InvalidArgumentError("--range must be search or minmax"), 2);
+  const std::string range = args.str("range");
+  if (range != "search" && range != "minmax" && range != "unbiased") {
+    return Fail("calibrate", absl::InvalidArgumentError("--range must be minmax, search or unbiased"), 2);
   }
   if (*threads > 0) omp_set_num_threads(static_cast<int>(*threads));
   o.windows = *windows;
@@ -85,7 +87,9 @@ int RunCalibrate(int argc, char** argv) {
   o.sink = *sink;
   o.recent = *recent;
   o.group = *group;
-  o.range_mode = args.str("range") == "search" ? RangeMode::kSearch : RangeMode::kMinMax;
+  o.range_mode = range == "search"     ? RangeMode::kSearch
+                 : range == "unbiased" ? RangeMode::kUnbiased
+                                       : RangeMode::kMinMax;
   if (args.str("clip") == "fixed") {
     o.clip_candidates.clear();
     o.fixed_clip_k = static_cast<float>(*clip_k);

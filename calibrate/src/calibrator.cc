@@ -256,7 +256,9 @@ absl::StatusOr<RotationArtifact> Calibrator::Finish(nlohmann::ordered_json metad
   RotationArtifact a{std::move(set), std::move(eigenvalues), std::move(metadata)};
   a.metadata["objective"] = "attention-output error on held-out windows";
   a.metadata["c_s"] = ValueWeightingName(o_.value_weighting);
-  a.metadata["range_mode"] = o_.range_mode == RangeMode::kSearch ? "search" : "minmax";
+  a.metadata["range_mode"] = o_.range_mode == RangeMode::kSearch     ? "search"
+                             : o_.range_mode == RangeMode::kUnbiased ? "unbiased"
+                                                                     : "minmax";
   a.metadata["calibration_tokens"] = cov_tokens_;
   a.metadata["clip_search_windows"] = clip_windows_;
   a.metadata["clip_candidates"] = o_.clip_candidates;
@@ -299,7 +301,13 @@ absl::StatusOr<RotationArtifact> CalibrateModel(const engine::Model& model, cons
   }
   OSCARKV_RETURN_IF_ERROR(cal.BuildRotations());
   for (uint64_t i = cov; i < cov + held; ++i) {
-    OSCARKV_RETURN_IF_ERROR(model.Forward(window(i), attn, &logits,
+    std::vector<int32_t> tokens = window(i);
+    if (o.repeat_heldout && (i - cov) % 2 == 1) {
+      // Long-range recall: the window's first half followed by its exact repeat.
+      const uint32_t half = o.window_bytes / 2;
+      std::copy_n(tokens.begin(), half, tokens.begin() + half);
+    }
+    OSCARKV_RETURN_IF_ERROR(model.Forward(tokens, attn, &logits,
                                           [&](const engine::AttentionInputs& in) {
                                             cal.AccumulateClipErrors(in);
                                           }));

@@ -38,6 +38,9 @@ struct CalibrationOptions {
   uint32_t window_bytes = 2048;
   uint32_t windows = 24;  // windows for covariances (consecutive chunks of the text)
   uint32_t heldout = 4;   // further windows for the clip search
+  // Every second held-out window is its first half followed by an exact repeat, so the clip
+  // search sees long-range retrieval (which clipping's shrinkage hurts), not only local text.
+  bool repeat_heldout = true;
   ValueWeighting value_weighting = ValueWeighting::kScores;
   // Clip ratios tried per (layer, K|V, head); 1 = no clip. Empty: no search, use fixed_clip_*.
   std::vector<float> clip_candidates = {1.0f, 0.995f, 0.99f, 0.985f, 0.98f, 0.97f,
@@ -45,7 +48,7 @@ struct CalibrationOptions {
   float fixed_clip_k = 1.0f, fixed_clip_v = 1.0f;
   // Decode semantics the clip search measures under.
   uint32_t sink = 64, recent = 256, group = 128;
-  RangeMode range_mode = RangeMode::kMinMax;
+  RangeMode range_mode = RangeMode::kUnbiased;
   // Held-out query rows: positions query_start, query_start + query_stride, ...
   uint32_t query_start = 384, query_stride = 8;
 };
