@@ -80,6 +80,30 @@ TEST(EvictionTest, SmallPoolEvictsOldPagesKeepsNewAndPinned) {
   EXPECT_TRUE(c->Release(*lease).ok());
 }
 
+// A renewed lease outlives its first deadline; an unknown lease cannot be renewed.
+TEST(LeaseTest, RenewExtendsALease) {
+  auto daemon = StartDaemon({"--reaper-interval-ms", "50"});
+  ASSERT_NE(daemon, nullptr);
+  auto c = Connect(daemon->address());
+  ASSERT_NE(c, nullptr);
+  const client::Codec codec = RegisterRefmodel(*c);
+  Batch batch = MakeBatch(codec, 8, 2);
+  ASSERT_EQ(c->Store(codec, batch.writes())->stored, 2u);
+  auto lease = c->Lookup(codec, batch.keys, {.pin = true, .lease_ms = 300});
+  ASSERT_TRUE(lease.ok() && lease->lease_ids.size() == 1) << lease.status();
+  auto deadline = c->RenewLease(lease->lease_ids[0], 5000);
+  ASSERT_TRUE(deadline.ok()) << deadline.status();
+  EXPECT_GE(*deadline, lease->lease_deadline_unix_ms + 4000);
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // past the first deadline
+  auto stats = c->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->leases, 1u);
+  EXPECT_EQ(stats->pinned_pages, 2u);
+  EXPECT_TRUE(c->Release(*lease).ok());
+  EXPECT_EQ(c->RenewLease(lease->lease_ids[0], 1000).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c->GetStats()->leases, 0u);
+}
+
 // Spawns tests/lease_holder, returns its pid and the line it printed.
 pid_t SpawnLeaseHolder(const std::string& addr, const std::vector<BlockKey>& keys,
                        std::string* line) {

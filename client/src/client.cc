@@ -130,6 +130,16 @@ class GrpcClient final : public Client {
   const ServerInfo& server() const override { return server_; }
   const ConnectOptions& options() const override { return options_; }
 
+  absl::StatusOr<uint64_t> RenewLease(uint64_t lease_id, uint32_t lease_ms) override {
+    pb::RenewLeaseRequest req;
+    req.set_lease_id(lease_id);
+    req.set_lease_ms(lease_ms);
+    pb::RenewLeaseResponse resp;
+    auto ctx = Context();
+    OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->RenewLease(ctx.get(), req, &resp), "RenewLease"));
+    return resp.lease_deadline_unix_ms();
+  }
+
   absl::StatusOr<Codec> RegisterCodec(const CodecProfile& profile) override {
     OSCARKV_RETURN_IF_ERROR(profile.Validate());
     pb::RegisterCodecRequest req;

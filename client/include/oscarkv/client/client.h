@@ -158,6 +158,9 @@ class Client {
   // Releases every lease of a pinned lookup (idempotent; unknown leases are OK).
   virtual absl::Status Release(const LookupResult& lookup) = 0;
   virtual absl::Status Release(uint64_t lease_id) = 0;
+  // Extends a lease to `lease_ms` from now (capped by the daemon); returns the new deadline
+  // (unix ms). NOT_FOUND when the lease is unknown or already expired.
+  virtual absl::StatusOr<uint64_t> RenewLease(uint64_t lease_id, uint32_t lease_ms) = 0;
 
   // Reserve + write + commit. Keys already cached are skipped (deduplicated). Each page is
   // checked before anything is sent: size must equal the codec's page size of its kind, and its
