@@ -68,12 +68,12 @@ grpc::ServerUnaryReactor* KvCacheService::Handshake(grpc::CallbackServerContext*
 }
 OSCARKV_CALLBACK(RegisterCodec, RegisterCodecRequest, RegisterCodecResponse)
 OSCARKV_CALLBACK(Lookup, LookupRequest, LookupResponse)
-OSCARKV_CALLBACK(Reserve, ReserveRequest, ReserveResponse)
-OSCARKV_CALLBACK(Abort, AbortRequest, AbortResponse)
 OSCARKV_CALLBACK(Release, ReleaseRequest, ReleaseResponse)
 OSCARKV_CALLBACK(RenewLease, RenewLeaseRequest, RenewLeaseResponse)
 OSCARKV_CALLBACK(Delete, DeleteRequest, DeleteResponse)
 OSCARKV_CALLBACK(Stats, StatsRequest, StatsResponse)
+OSCARKV_UNARY(Reserve, ReserveRequest, ReserveResponse)
+OSCARKV_UNARY(Abort, AbortRequest, AbortResponse)
 OSCARKV_UNARY(Commit, CommitRequest, CommitResponse)
 OSCARKV_UNARY(Clear, ClearRequest, ClearResponse)
 #undef OSCARKV_CALLBACK

@@ -11,17 +11,16 @@ namespace oscarkv::service {
 
 inline constexpr size_t kReadChunkBytes = size_t{1} << 20;
 
-// The short unary calls use gRPC's callback API: they finish on the thread that read the
-// request, with no hand-off to a worker thread (the sync server costs ~100 us of CPU per call
-// in thread switches). Calls that can run long -- Commit (checksums of up to max_batch pages),
-// Clear (a full index walk) and the two streams -- stay on the sync thread pool so they never
-// hold up the callback threads.
+// The short, never-blocking unary calls use gRPC's callback API: they finish on the thread that
+// read the request, with no hand-off to a worker thread. Calls that can wait or run long --
+// Reserve (may evict many pages), Commit (checksums of up to max_batch pages), Abort (waits for
+// an in-flight Commit of its reservation), Clear (a full index walk) and the two streams -- run
+// on the sync thread pool so they never hold up the callback threads that serve Lookup.
 using KvCacheAsyncBase = pb::KvCache::WithCallbackMethod_Handshake<
     pb::KvCache::WithCallbackMethod_RegisterCodec<pb::KvCache::WithCallbackMethod_Lookup<
-        pb::KvCache::WithCallbackMethod_Reserve<pb::KvCache::WithCallbackMethod_Abort<
-            pb::KvCache::WithCallbackMethod_Release<pb::KvCache::WithCallbackMethod_RenewLease<
-                pb::KvCache::WithCallbackMethod_Delete<
-                    pb::KvCache::WithCallbackMethod_Stats<pb::KvCache::Service>>>>>>>>>;
+        pb::KvCache::WithCallbackMethod_Release<pb::KvCache::WithCallbackMethod_RenewLease<
+            pb::KvCache::WithCallbackMethod_Delete<
+                pb::KvCache::WithCallbackMethod_Stats<pb::KvCache::Service>>>>>>>;
 
 class KvCacheService final : public KvCacheAsyncBase {
  public:
@@ -34,10 +33,6 @@ class KvCacheService final : public KvCacheAsyncBase {
                                           pb::RegisterCodecResponse*) override;
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext*, const pb::LookupRequest*,
                                    pb::LookupResponse*) override;
-  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext*, const pb::ReserveRequest*,
-                                    pb::ReserveResponse*) override;
-  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext*, const pb::AbortRequest*,
-                                  pb::AbortResponse*) override;
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext*, const pb::ReleaseRequest*,
                                     pb::ReleaseResponse*) override;
   grpc::ServerUnaryReactor* RenewLease(grpc::CallbackServerContext*,
@@ -48,6 +43,9 @@ class KvCacheService final : public KvCacheAsyncBase {
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext*, const pb::StatsRequest*,
                                   pb::StatsResponse*) override;
 
+  grpc::Status Reserve(grpc::ServerContext*, const pb::ReserveRequest*,
+                       pb::ReserveResponse*) override;
+  grpc::Status Abort(grpc::ServerContext*, const pb::AbortRequest*, pb::AbortResponse*) override;
   grpc::Status Commit(grpc::ServerContext*, const pb::CommitRequest*,
                       pb::CommitResponse*) override;
   grpc::Status Clear(grpc::ServerContext*, const pb::ClearRequest*, pb::ClearResponse*) override;

@@ -793,8 +793,14 @@ size_t PageCache::OpenReservations() const {
   for (const ReservationShard& rs : res_shards_) {
     absl::MutexLock lock(const_cast<absl::Mutex*>(&rs.mu));
     for (const auto& [id, r] : rs.map) {
-      absl::MutexLock rl(&r->mu);
+      // Never wait behind a long Commit (Stats runs on a callback thread): a reservation that
+      // is busy is being written or committed, so it counts as open.
+      if (!r->mu.TryLock()) {
+        ++n;
+        continue;
+      }
       n += r->pending > 0;
+      r->mu.Unlock();
     }
   }
   return n;
