@@ -299,6 +299,10 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   if (p.head_dim != 128 || (p.group_size != 128 && p.group_size != 64)) {
     return absl::InvalidArgumentError("quantize-on-write needs head_dim 128 and group 128 or 64");
   }
+  if (p.range_mode != RangeMode::kMinMax) {
+    return absl::UnimplementedError(
+        "quantize-on-write implements the min-max range rule only (RangeMode::kMinMax)");
+  }
   if (p.num_tokens <= 0 || p.layer_count == 0) return absl::OkStatus();
   if (p.k_src == nullptr || p.v_src == nullptr || p.page_ptrs == nullptr ||
       p.page_kinds == nullptr || p.dst_page == nullptr || p.dst_slot == nullptr) {

@@ -79,7 +79,7 @@ absl::Status ReferenceQuantizeWrite(const QuantizeWriteParams& p, const Rotation
             ClipRowAtQuantile(y, clip);
             uint8_t* seg = page + g2.segment_offset(layer, kv, h);
             uint16_t sm[2 * 8];
-            QuantizeRowInt2(y.data(), d, p.group_size, seg + g2.code_row_offset(slot), sm);
+            QuantizeRowInt2(y.data(), d, p.group_size, p.range_mode, seg + g2.code_row_offset(slot), sm);
             std::memcpy(seg + g2.scale_offset(slot, 0), sm, g2.groups_per_row() * 4);
           }
         }

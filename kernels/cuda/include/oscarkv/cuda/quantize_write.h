@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "oscarkv/kernels/page_format.h"
+#include "oscarkv/kernels/quantize.h"
 
 namespace oscarkv::cuda {
 
@@ -59,6 +60,9 @@ struct QuantizeWriteParams {
   // R as fp16 high + low parts (rotation error ~1e-6 relative); false uses the high part only
   // (~2^-12 relative: below bf16 storage rounding and INT2 steps, half the fragment traffic).
   bool precise_rotation = true;
+  // Range selection of INT2 groups; only RangeMode::kMinMax is implemented here
+  // (LaunchQuantizeWrite returns Unimplemented for the others).
+  RangeMode range_mode = RangeMode::kMinMax;
 };
 
 absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& params, cudaStream_t stream);
