@@ -169,34 +169,63 @@ __device__ void LoadSliceTable(const DecodeParams& p, const DecodeWorkItem& it, 
 }
 
 // q' = q · R_K[kv head] · softmax_scale · log2(e) for the item's GQA query heads, into shared
-// memory (qs, [gqa][128]); qin is scratch. All threads of the CTA take part.
-__device__ void RotateQueries(const DecodeParams& p, const DecodeWorkItem& it, float* qin, float* qs) {
+// memory (qs, [gqa][128]). qin ([gqa][128]) and scratch (16 KiB) are shared-memory scratch. Warp w
+// takes input rows [32w, 32w+32) and lane l output channels [4l, 4l+4), so all of a thread's R
+// loads are in flight at once (one L2 round trip instead of 128 dependent ones); the four warps'
+// partial sums are added through `scratch`. All threads of the CTA take part.
+__device__ void RotateQueries(const DecodeParams& p, const DecodeWorkItem& it, float* qin,
+                              float* qs, float* scratch) {
   const int gqa = static_cast<int>(p.shape.gqa());
-  const int t = threadIdx.x;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const float* q = p.q + (size_t(it.seq) * p.shape.num_q_heads + size_t(it.kv_head) * gqa) * 128;
   for (int i = t; i < gqa * 128; i += kThreads) qin[i] = q[i];
   __syncthreads();
   const float scale = (p.softmax_scale > 0 ? p.softmax_scale : 0.08838834764831845f) * kLog2e;
-  float acc[8];
-#pragma unroll
-  for (int h = 0; h < 8; ++h) acc[h] = 0.f;
-  if (p.rot_k != nullptr) {
-    const float* r = p.rot_k + size_t(it.kv_head) * 128 * 128 + t;
-#pragma unroll 8
-    for (int i = 0; i < 128; ++i) {
-      const float rv = r[i * 128];
-#pragma unroll
-      for (int h = 0; h < 8; ++h)
-        if (h < gqa) acc[h] = fmaf(qin[h * 128 + i], rv, acc[h]);
-    }
-  } else {
+  if (p.rot_k == nullptr) {
 #pragma unroll
     for (int h = 0; h < 8; ++h)
-      if (h < gqa) acc[h] = qin[h * 128 + t];
+      if (h < gqa) qs[h * 128 + t] = qin[h * 128 + t] * scale;
+    __syncthreads();
+    return;
+  }
+  const float4* r = reinterpret_cast<const float4*>(p.rot_k + size_t(it.kv_head) * 128 * 128 +
+                                                    size_t(32 * warp) * 128) + lane;
+  float4 acc[8];
+#pragma unroll
+  for (int h = 0; h < 8; ++h) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float4 rv[16];
+#pragma unroll
+    for (int ii = 0; ii < 16; ++ii) rv[ii] = r[(16 * half + ii) * 32];
+#pragma unroll
+    for (int ii = 0; ii < 16; ++ii) {
+      const int i = 32 * warp + 16 * half + ii;
+#pragma unroll
+      for (int h = 0; h < 8; ++h) {
+        if (h < gqa) {
+          const float x = qin[h * 128 + i];
+          acc[h].x = fmaf(x, rv[ii].x, acc[h].x);
+          acc[h].y = fmaf(x, rv[ii].y, acc[h].y);
+          acc[h].z = fmaf(x, rv[ii].z, acc[h].z);
+          acc[h].w = fmaf(x, rv[ii].w, acc[h].w);
+        }
+      }
+    }
   }
 #pragma unroll
   for (int h = 0; h < 8; ++h)
-    if (h < gqa) qs[h * 128 + t] = acc[h] * scale;
+    if (h < gqa) reinterpret_cast<float4*>(scratch + (warp * 8 + h) * 128)[lane] = acc[h];
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 8; ++h) {
+    if (h < gqa) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) v += scratch[(w * 8 + h) * 128 + t];
+      qs[h * 128 + t] = v * scale;
+    }
+  }
   __syncthreads();
 }
 
@@ -316,15 +345,15 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
   };
 
+  // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
+  float* qs = reinterpret_cast<float*>(smem + kInt2StageArea);
+  RotateQueries(p, it, qs + 8 * 128, qs, reinterpret_cast<float*>(smem));  // ring not in use yet
   // Start the first copies, then build the query fragments while they are in flight.
 #pragma unroll
   for (int k = 0; k < kInt2WarpStages - 1; ++k) {
     if (k < mine) issue(k, k);
     CpAsyncCommit();
   }
-  // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
-  float* qs = reinterpret_cast<float*>(smem + kInt2StageArea);
-  RotateQueries(p, it, qs + 8 * 128, qs);
   const float* qrot = qs;
   uint32_t qhi[8][2], qlo[8][2];
   float q0[NG], q1[NG];  // Σ q (true) and Σ q·2^-k (as used), this lane's channels
@@ -606,7 +635,6 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   const size_t seg_k = geo.segment_offset(sh.layer, 0, it.kv_head);
   const size_t seg_v = geo.segment_offset(sh.layer, 1, it.kv_head);
 
-  // Start the first copies, then rotate the query while they are in flight.
   const int n = it.num_slices;
   auto issue = [&](int unit, int stage) {
     uint8_t* sbase = smem + stage * kBf16Stage;
@@ -619,12 +647,12 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       CpAsync16(sbase + kv * 16384 + t * 256 + ((j ^ (t & 7)) * 16), ok ? src : page, ok);
     }
   };
+  float* qs = reinterpret_cast<float*>(smem + kBf16StageArea);
+  RotateQueries(p, it, qs + 8 * 128, qs, reinterpret_cast<float*>(smem));  // stages not in use yet
   for (int s = 0; s < kBf16Stages - 1; ++s) {
     if (s < n) issue(s, s);
     CpAsyncCommit();
   }
-  float* qs = reinterpret_cast<float*>(smem + kBf16StageArea);
-  RotateQueries(p, it, qs + 8 * 128, qs);
   const float* qrot = qs;
   uint32_t qhi[8][2], qlo[8][2];
   #pragma unroll
