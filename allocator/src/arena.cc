@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -20,13 +21,35 @@ namespace {
 
 std::string Errno(int err) { return std::strerror(err); }
 
-// Maps with MAP_HUGETLB when the caller asked for huge pages and the kernel has a pool of them;
-// otherwise plain pages plus an MADV_HUGEPAGE hint. Returns MAP_FAILED on failure.
+// The kernel's transparent-huge-page mode from a sysfs file such as
+// /sys/kernel/mm/transparent_hugepage/shmem_enabled ("always within_size [advise] never deny
+// force"): the bracketed word, or "" when unreadable.
+std::string ThpMode(const char* path) {
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return "";
+  char buf[256] = {0};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  const std::string s(buf, n);
+  const size_t open = s.find('['), close = s.find(']');
+  if (open == std::string::npos || close == std::string::npos || close < open) return "";
+  return s.substr(open + 1, close - open - 1);
+}
+
+// Maps the memory and, if asked, advises huge pages. *huge reports whether they can actually
+// back the mapping: the advice succeeded and the kernel's THP mode for this kind of memory
+// honours it. Returns MAP_FAILED on failure.
 void* MapAdvised(size_t bytes, int prot, int flags, int fd, bool try_huge, bool* huge) {
   *huge = false;
   void* p = mmap(nullptr, bytes, prot, flags, fd, 0);
   if (p == MAP_FAILED) return p;
-  if (try_huge && madvise(p, bytes, MADV_HUGEPAGE) == 0) *huge = true;
+  if (try_huge && madvise(p, bytes, MADV_HUGEPAGE) == 0) {
+    const std::string mode =
+        ThpMode(fd >= 0 ? "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+                        : "/sys/kernel/mm/transparent_hugepage/enabled");
+    *huge = mode == "always" || mode == "madvise" || mode == "advise" ||
+            mode == "within_size" || mode == "force";
+  }
   return p;
 }
 

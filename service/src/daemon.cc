@@ -208,7 +208,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
             {"metrics", metrics_str},
             {"shm", shm_path},
             {"pool_bytes", absl::StrCat(pool->get()->capacity_bytes())},
-            {"huge_pages", huge ? "advised" : "no"},
+            {"huge_pages", huge ? "yes" : "no"},
             {"cuda_registered", cuda ? "yes" : "no"},
             {"node_id", co.node_id},
             {"max_batch", absl::StrCat(co.max_batch)},

@@ -29,6 +29,7 @@ class Arena {
   virtual size_t size() const = 0;
   // The file a client maps (e.g. "/dev/shm/oscarkvd-50051"), or "" when not shareable.
   virtual std::string shm_path() const { return ""; }
+  // True when huge pages were advised and the kernel's THP setting lets them back the arena.
   virtual bool huge_pages() const { return false; }
   virtual bool cuda_registered() const { return false; }
 };
