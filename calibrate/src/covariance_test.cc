@@ -6,6 +6,9 @@
 
 #include "gtest/gtest.h"
 #include "oscarkv/calibrate/calibrator.h"
+#include "oscarkv/engine/safetensors.h"
+#include <filesystem>
+#include <unistd.h>
 #include "oscarkv/kernels/rotation.h"
 
 namespace oscarkv::calibrate {
@@ -116,6 +119,48 @@ TEST(CalibratorTest, KeyRotationFollowsPlantedQueryCovariance) {
     EXPECT_GT(std::fabs(dot), 0.95) << "eigenvector " << k;
   }
   EXPECT_EQ(a->metadata["calibration_tokens"], 20 * T);
+}
+
+TEST(CalibratorTest, ActivationDumpsGiveAnArtifact) {
+  // Two dump files (the second held out for the clip search), 2 layers, GQA 2:1, d = 64.
+  const uint32_t T = 400, hq = 2, hkv = 1, d = 64;
+  std::mt19937 rng(8);
+  std::normal_distribution<float> n;
+  std::vector<std::string> files;
+  for (int f = 0; f < 2; ++f) {
+    engine::SafetensorsWriter w;
+    for (int l = 0; l < 2; ++l) {
+      std::vector<float> q(size_t{T} * hq * d), k(size_t{T} * hkv * d), v(size_t{T} * hkv * d);
+      for (auto* buf : {&q, &k, &v}) {
+        for (size_t i = 0; i < buf->size(); ++i) (*buf)[i] = n(rng) * (1.0f + (i % d) * 0.05f);
+      }
+      const std::string p = "layers." + std::to_string(l) + ".";
+      w.AddF32(p + "q", {T, hq, d}, q);
+      w.AddF32(p + "k", {T, hkv, d}, k);
+      w.AddF32(p + "v", {T, hkv, d}, v);
+    }
+    w.SetMetadata("model", "synthetic");
+    files.push_back((std::filesystem::temp_directory_path() /
+                     ("oscarkv_dump_" + std::to_string(::getpid()) + "_" + std::to_string(f) +
+                      ".safetensors")).string());
+    ASSERT_TRUE(w.WriteTo(files.back()).ok());
+  }
+  CalibrationOptions o;
+  o.sink = 16;
+  o.recent = 32;
+  o.group = 64;
+  o.query_start = 100;
+  auto a = CalibrateFromDumps(files, o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->rotations.layers(), 2u);
+  EXPECT_EQ(a->rotations.kv_heads(), 1u);
+  EXPECT_EQ(a->metadata["model"], "synthetic");
+  EXPECT_EQ(a->metadata["clip_search"].size(), 4u);  // 2 layers x K,V x 1 head
+  // Same input, same artifact.
+  auto b = CalibrateFromDumps(files, o);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(a->rotations.Digest(), b->rotations.Digest());
+  for (const auto& f : files) std::filesystem::remove(f);
 }
 
 }  // namespace
