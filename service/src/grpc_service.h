@@ -19,8 +19,9 @@ inline constexpr size_t kReadChunkBytes = size_t{1} << 20;
 using KvCacheAsyncBase = pb::KvCache::WithCallbackMethod_Handshake<
     pb::KvCache::WithCallbackMethod_RegisterCodec<pb::KvCache::WithCallbackMethod_Lookup<
         pb::KvCache::WithCallbackMethod_Release<pb::KvCache::WithCallbackMethod_RenewLease<
-            pb::KvCache::WithCallbackMethod_Delete<
-                pb::KvCache::WithCallbackMethod_Stats<pb::KvCache::Service>>>>>>>;
+            pb::KvCache::WithCallbackMethod_Delete<pb::KvCache::WithCallbackMethod_Stats<
+                pb::KvCache::WithCallbackMethod_OpenHandle<
+                    pb::KvCache::WithCallbackMethod_CloseHandle<pb::KvCache::Service>>>>>>>>>;
 
 class KvCacheService final : public KvCacheAsyncBase {
  public:
@@ -43,6 +44,15 @@ class KvCacheService final : public KvCacheAsyncBase {
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext*, const pb::StatsRequest*,
                                   pb::StatsResponse*) override;
 
+  grpc::ServerUnaryReactor* OpenHandle(grpc::CallbackServerContext*,
+                                       const pb::OpenHandleRequest*,
+                                       pb::OpenHandleResponse*) override;
+  grpc::ServerUnaryReactor* CloseHandle(grpc::CallbackServerContext*,
+                                        const pb::CloseHandleRequest*,
+                                        pb::CloseHandleResponse*) override;
+  // Publish pins up to max_batch pages (one shard lock each): the sync pool.
+  grpc::Status PublishHandle(grpc::ServerContext*, const pb::PublishHandleRequest*,
+                             pb::PublishHandleResponse*) override;
   grpc::Status Reserve(grpc::ServerContext*, const pb::ReserveRequest*,
                        pb::ReserveResponse*) override;
   grpc::Status Abort(grpc::ServerContext*, const pb::AbortRequest*, pb::AbortResponse*) override;

@@ -8,7 +8,7 @@ const char* RpcName(Rpc rpc) {
   static const char* kNames[] = {"Handshake", "RegisterCodec", "Lookup",     "Reserve",
                                  "Commit",    "Abort",         "WritePages", "ReadPages",
                                  "Release",   "RenewLease",    "Delete",     "Clear",
-                                 "Stats"};
+                                 "Stats",     "PublishHandle", "OpenHandle", "CloseHandle"};
   const int i = static_cast<int>(rpc);
   return i >= 0 && i < static_cast<int>(Rpc::kCount) ? kNames[i] : "unknown";
 }

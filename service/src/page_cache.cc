@@ -5,18 +5,9 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "page_cache_internal.h"
 
 namespace oscarkv::service {
-
-struct PageCache::Codec {
-  uint32_t index = 0;
-  CodecId id;
-  std::string id_bytes;
-  CodecProfile profile;
-  uint64_t page_bytes[3] = {0, 0, 0};  // by PageKind value
-  absl::StatusOr<SizeClassId> cls[3] = {absl::UnknownError(""), absl::UnknownError(""),
-                                        absl::UnknownError("")};
-};
 
 struct PageCache::Reservation {
   struct Item {
@@ -822,10 +813,12 @@ absl::Status PageCache::Stats(const pb::StatsRequest&, pb::StatsResponse* resp) 
   resp->set_codecs(static_cast<uint32_t>(codecs()));
   resp->set_node_id(options_.node_id);
   resp->set_server_version(kServerVersion);
+  resp->set_handles(OpenHandles());
   return absl::OkStatus();
 }
 
 void PageCache::Reap() {
+  ReapHandles();
   const int64_t now = clock_->NowMs();
   for (LeaseShard& ls : lease_shards_) {
     std::vector<Lease> expired;

@@ -26,6 +26,9 @@ enum class Rpc {
   kDelete,
   kClear,
   kStats,
+  kPublishHandle,
+  kOpenHandle,
+  kCloseHandle,
   kCount
 };
 const char* RpcName(Rpc rpc);

@@ -53,6 +53,9 @@ struct CacheOptions {
   uint32_t max_reservation_ttl_ms = 600000;
   uint32_t index_shards = 64;
   uint32_t max_codecs = 32;
+  uint32_t default_handle_ttl_ms = 60000;
+  uint32_t max_handle_ttl_ms = 3600000;
+  uint32_t max_handles = 65536;
   std::string node_id = "oscarkvd";
 };
 
@@ -111,6 +114,12 @@ class PageCache {
   absl::Status Delete(const pb::DeleteRequest& req, pb::DeleteResponse* resp);
   absl::Status Clear(const pb::ClearRequest& req, pb::ClearResponse* resp);
   absl::Status Stats(const pb::StatsRequest& req, pb::StatsResponse* resp);
+  // Transfer handles: see the proto for the contract. A handle pins its pages (entry pins and
+  // pool references) until CloseHandle or its deadline (Reap); OpenHandle adds a lease.
+  absl::Status PublishHandle(const pb::PublishHandleRequest& req, pb::PublishHandleResponse* resp);
+  absl::Status OpenHandle(const pb::OpenHandleRequest& req, pb::OpenHandleResponse* resp);
+  absl::Status CloseHandle(const pb::CloseHandleRequest& req, pb::CloseHandleResponse* resp);
+  size_t OpenHandles() const;
 
   // Expires leases and reservations whose deadline has passed (the reaper thread calls this).
   void Reap();
@@ -169,6 +178,15 @@ class PageCache {
     absl::Mutex mu;
     absl::flat_hash_map<uint64_t, Lease> map ABSL_GUARDED_BY(mu);
   };
+  struct Handle {
+    uint32_t codec = 0;
+    std::string codec_id;
+    int64_t deadline_ms = 0;
+    uint64_t deadline_unix_ms = 0;
+    std::string metadata;
+    std::vector<PinnedPage> pages;
+    std::vector<std::pair<PageKind, uint16_t>> info;  // kind, token count per page
+  };
   struct Reservation;
   struct alignas(64) ReservationShard {
     absl::Mutex mu;
@@ -189,6 +207,13 @@ class PageCache {
   void ReleaseLease(Lease& lease);
   void AbortReservation(Reservation& res, bool expired);
   void UnpinPage(const PinnedPage& p);
+  // Pins the committed entry of `k` (entry pin + pool reference); false when not committed.
+  bool PinCommitted(const IndexKey& k, PinnedPage* out, PageKind* kind, uint16_t* tokens);
+  // Adds a pin to a page another holder already pins (pool reference always; entry pin when the
+  // entry is still the same generation).
+  void RepinPage(const PinnedPage& p);
+  uint64_t InsertLease(Lease lease);
+  void ReapHandles();
   // Removes a committed entry (caller holds the shard lock); returns the offset to Unref.
   void EraseCommittedLocked(Shard& shard, absl::flat_hash_map<IndexKey, Entry>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
@@ -214,6 +239,9 @@ class PageCache {
   // Committed slot offset -> key, for evicting whole spans (a leaf lock, taken under shard locks).
   absl::Mutex offsets_mu_;
   absl::flat_hash_map<uint64_t, IndexKey> key_at_ ABSL_GUARDED_BY(offsets_mu_);
+
+  mutable absl::Mutex handles_mu_;  // before shard locks
+  absl::flat_hash_map<std::string, Handle> handles_ ABSL_GUARDED_BY(handles_mu_);
 
   absl::Mutex evict_mu_;
   size_t evict_shard_ ABSL_GUARDED_BY(evict_mu_) = 0;

@@ -1,0 +1,143 @@
+// Transfer handles against a real oscarkvd: publish (sink + history + partial tail), open and
+// load by name over shared memory and over gRPC, idempotent publish, close, expiry.
+#include <chrono>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "oscarkv/client/handles.h"
+#include "test_util.h"
+
+namespace oscarkv::testing {
+namespace {
+
+using client::DataPath;
+using client::HandleClient;
+
+std::unique_ptr<HandleClient> ConnectHandles(const std::string& addr, DataPath path) {
+  client::ConnectOptions o;
+  o.address = addr;
+  o.data_path = path;
+  auto c = HandleClient::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+// A request's handoff: BF16 sink page, INT2 history pages (canonical keys), a partial BF16 tail
+// page (derived key).
+struct Handoff {
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<client::PageWrite> writes;
+};
+
+Handoff MakeHandoff(const client::Codec& codec, const std::string& handle, uint64_t seed) {
+  const CodecProfile& p = codec.profile;
+  const auto tokens = Tokens(seed, p.page_tokens * 4 + 17);
+  const auto keys = client::Client::BlockKeys(codec, tokens);
+  Handoff h;
+  h.bytes.push_back(MakePage(p, PageKind::kBf16, seed * 10));
+  for (size_t i = 1; i < keys.size(); ++i) h.bytes.push_back(MakePage(p, PageKind::kInt2, seed * 10 + i));
+  {  // the tail: 17 tokens
+    const uint32_t T = p.page_tokens;
+    std::vector<float> kv(size_t{p.num_layers} * 2 * T * p.num_kv_heads * p.head_dim, 0.25f);
+    for (size_t i = 0; i < kv.size(); ++i) kv[i] = float(SplitMix(seed + i) % 1000) / 500.0f - 1;
+    KVSequenceView view{kv.data(), p.num_layers, p.num_kv_heads, p.head_dim, T};
+    auto page = EncodePage(p, nullptr, PageKind::kBf16, view, 0, 17);
+    EXPECT_TRUE(page.ok()) << page.status();
+    h.bytes.push_back(*page);
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    h.writes.push_back({keys[i], i == 0 ? PageKind::kBf16 : PageKind::kInt2, h.bytes[i]});
+  }
+  h.writes.push_back({HandleClient::HandleTailKey(codec, handle, 0), PageKind::kBf16,
+                      h.bytes.back()});
+  return h;
+}
+
+class HandleTest : public ::testing::TestWithParam<DataPath> {};
+
+TEST_P(HandleTest, PublishOpenLoadClose) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto prefill = ConnectHandles(d->address(), DataPath::kAuto);
+  auto decode = ConnectHandles(d->address(), GetParam());
+  ASSERT_NE(prefill, nullptr);
+  ASSERT_NE(decode, nullptr);
+  const client::Codec codec = RegisterRefmodel(prefill->client());
+  const client::Codec codec2 = RegisterRefmodel(decode->client());
+  Handoff h = MakeHandoff(codec, "req-1", 7);
+
+  auto deadline = prefill->Publish(codec, "req-1", h.writes, "meta:seq=1", 60000);
+  ASSERT_TRUE(deadline.ok()) << deadline.status();
+  // Idempotent retry; another page set under the same name is refused.
+  EXPECT_TRUE(prefill->Publish(codec, "req-1", h.writes, "meta:seq=1", 60000).ok());
+  std::vector<BlockKey> other = {h.writes[1].key};
+  EXPECT_EQ(prefill->PublishKeys(codec, "req-1", other, "", 0).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  // Unknown keys publish nothing.
+  BlockKey missing;
+  missing.bytes.fill(0xAB);
+  std::vector<BlockKey> bad = {h.writes[0].key, missing};
+  EXPECT_EQ(prefill->PublishKeys(codec, "req-bad", bad, "", 0).status().code(),
+            absl::StatusCode::kNotFound);
+
+  auto loaded = decode->Load(codec2, "req-1");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(decode->client().server().data_path, GetParam() == DataPath::kGrpc ? DataPath::kGrpc
+                                                                               : DataPath::kSharedMemory);
+  EXPECT_EQ(loaded->info.metadata, "meta:seq=1");
+  ASSERT_EQ(loaded->pages.size(), h.bytes.size());
+  for (size_t i = 0; i < h.bytes.size(); ++i) EXPECT_EQ(loaded->pages[i], h.bytes[i]) << i;
+  EXPECT_EQ(loaded->info.pages.front().kind, PageKind::kBf16);
+  EXPECT_EQ(loaded->info.pages[1].kind, PageKind::kInt2);
+  EXPECT_EQ(loaded->info.pages.back().token_count, 17u);
+  EXPECT_EQ(loaded->info.pages[1].token_count, codec.profile.page_tokens);
+
+  // Pinned by the handle: a Clear without include_pinned keeps the pages.
+  ASSERT_TRUE(prefill->client().Clear(nullptr, /*include_pinned=*/false).ok());
+  EXPECT_TRUE(decode->Load(codec2, "req-1").ok());
+
+  ASSERT_TRUE(prefill->Close("req-1").ok());
+  EXPECT_TRUE(prefill->Close("req-1").ok());  // idempotent
+  EXPECT_EQ(decode->Load(codec2, "req-1").status().code(), absl::StatusCode::kNotFound);
+  auto stats = prefill->client().GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->pinned_pages, 0u);
+  EXPECT_EQ(stats->leases, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, HandleTest, ::testing::Values(DataPath::kSharedMemory,
+                                                              DataPath::kGrpc),
+                         [](const auto& info) { return client::DataPathName(info.param); });
+
+TEST(HandleExpiry, ExpiresAfterTtlAndOpenedLeaseOutlivesClose) {
+  auto d = StartDaemon({"--reaper-interval-ms", "50"});
+  ASSERT_NE(d, nullptr);
+  auto hc = ConnectHandles(d->address(), DataPath::kGrpc);
+  ASSERT_NE(hc, nullptr);
+  const client::Codec codec = RegisterRefmodel(hc->client());
+  Handoff h = MakeHandoff(codec, "short", 9);
+  ASSERT_TRUE(hc->Publish(codec, "short", h.writes, "", 300).ok());
+  auto opened = hc->Open("short", 60000);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  ASSERT_TRUE(hc->Close("short").ok());
+  // The opener's lease still pins the pages: they stay loadable by key.
+  std::vector<BlockKey> keys;
+  for (const auto& w : h.writes) keys.push_back(w.key);
+  ASSERT_TRUE(hc->client().Clear(nullptr, false).ok());
+  auto probe = hc->client().Lookup(codec, std::span(keys).subspan(0, 1));
+  ASSERT_TRUE(probe.ok());
+  EXPECT_EQ(probe->matched, 1u);
+  ASSERT_TRUE(hc->client().Release(opened->lease_id).ok());
+
+  ASSERT_TRUE(hc->Publish(codec, "short", h.writes, "", 300).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  EXPECT_EQ(hc->Open("short").status().code(), absl::StatusCode::kNotFound);
+  auto stats = hc->client().GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->pinned_pages, 0u);
+  // Bad names are rejected.
+  EXPECT_EQ(hc->Open("").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace oscarkv::testing
