@@ -1,0 +1,322 @@
+#include "oscarkv/client/cluster_client.h"
+
+#include <algorithm>
+#include <future>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "oscarkv/cluster/grpc_prober.h"
+#include "oscarkv/util/status_macros.h"
+
+namespace oscarkv::client {
+namespace {
+
+// A member connection. Dropped (and redialled on next use) after any transport failure, so a
+// restarted member gets a fresh handshake.
+struct MemberConn {
+  std::shared_ptr<HandleClient> hc;
+  absl::Mutex mu;
+  absl::flat_hash_set<std::string> codecs ABSL_GUARDED_BY(mu);  // registered codec ids (hex)
+};
+
+bool IsTransportFailure(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool IsUnknownCodec(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kNotFound && absl::StrContains(s.message(), "unknown codec");
+}
+
+class ClusterClientImpl final : public ClusterClient {
+ public:
+  ClusterClientImpl(ClusterOptions options, std::unique_ptr<cluster::Membership> membership)
+      : options_(std::move(options)), membership_(std::move(membership)) {}
+
+  cluster::Membership& membership() override { return *membership_; }
+
+  absl::StatusOr<Codec> RegisterCodec(const CodecProfile& profile) override {
+    const std::vector<std::string> live = membership_->Live();
+    if (live.empty()) return absl::UnavailableError("no live cluster member");
+    std::vector<std::future<absl::StatusOr<Codec>>> futs;
+    for (const std::string& addr : live) {
+      futs.push_back(std::async(std::launch::async, [this, addr, &profile]() {
+        return RegisterOn(addr, profile);
+      }));
+    }
+    absl::StatusOr<Codec> first = absl::UnavailableError("no live cluster member answered");
+    for (auto& f : futs) {
+      absl::StatusOr<Codec> c = f.get();
+      if (c.ok() && !first.ok()) first = c;
+      if (!c.ok() && !IsTransportFailure(c.status())) first = c.status();  // a real refusal
+    }
+    return first;
+  }
+
+  absl::StatusOr<StoreResult> Store(const Codec& codec,
+                                    std::span<const PageWrite> pages) override {
+    std::vector<BlockKey> keys;
+    keys.reserve(pages.size());
+    for (const PageWrite& p : pages) keys.push_back(p.key);
+    StoreResult out;
+    out.item_status.assign(pages.size(), absl::OkStatus());
+    const std::vector<std::string> live = membership_->Live();
+    if (live.empty()) return absl::UnavailableError("no live cluster member");
+    const auto groups = cluster::GroupByOwner(live, keys);
+    std::vector<std::future<void>> futs;
+    for (size_t m = 0; m < live.size(); ++m) {
+      if (groups[m].empty()) continue;
+      futs.push_back(std::async(std::launch::async, [&, m]() {
+        std::vector<PageWrite> mine;
+        for (size_t i : groups[m]) mine.push_back(pages[i]);
+        auto r = OnMember<StoreResult>(live[m], codec, [&](HandleClient& hc) {
+          return hc.client().Store(codec, mine);
+        });
+        for (size_t j = 0; j < groups[m].size(); ++j) {
+          out.item_status[groups[m][j]] =
+              r.ok() ? r->item_status[j]
+                     : absl::Status(r.status().code(), absl::StrCat("owner ", live[m], ": ",
+                                                                    r.status().message()));
+        }
+      }));
+    }
+    for (auto& f : futs) f.get();
+    for (const absl::Status& s : out.item_status) {
+      if (s.ok()) {
+        ++out.stored;
+      } else if (s.code() == absl::StatusCode::kAlreadyExists) {
+        ++out.deduplicated;
+      } else {
+        ++out.failed;
+      }
+    }
+    return out;
+  }
+
+  absl::StatusOr<ClusterLookupResult> Lookup(const Codec& codec,
+                                             std::span<const BlockKey> keys) override {
+    ClusterLookupResult out;
+    const std::vector<std::string> live = membership_->Live();
+    if (live.empty() || keys.empty()) return out;  // everything is a miss
+    const auto groups = cluster::GroupByOwner(live, keys);
+    std::vector<std::future<size_t>> futs(live.size());
+    for (size_t m = 0; m < live.size(); ++m) {
+      if (groups[m].empty()) continue;
+      futs[m] = std::async(std::launch::async, [&, m]() -> size_t {
+        std::vector<BlockKey> mine;
+        for (size_t i : groups[m]) mine.push_back(keys[i]);
+        auto r = OnMember<LookupResult>(live[m], codec, [&](HandleClient& hc) {
+          return hc.client().Lookup(codec, mine);
+        });
+        if (!r.ok()) return kFailed;
+        // The owner's first missing key is where the global prefix can end at the latest.
+        return r->matched < groups[m].size() ? groups[m][r->matched] : keys.size();
+      });
+    }
+    size_t matched = keys.size();
+    for (size_t m = 0; m < live.size(); ++m) {
+      if (groups[m].empty()) continue;
+      size_t first_miss = futs[m].get();
+      if (first_miss == kFailed) {
+        ++out.owners_failed;
+        first_miss = groups[m][0];
+      }
+      matched = std::min(matched, first_miss);
+    }
+    out.matched = static_cast<uint32_t>(matched);
+    return out;
+  }
+
+  absl::StatusOr<ClusterLoadResult> Load(const Codec& codec,
+                                         std::span<const BlockKey> keys) override {
+    OSCARKV_ASSIGN_OR_RETURN(ClusterLookupResult found, Lookup(codec, keys));
+    ClusterLoadResult out;
+    out.owners_failed = found.owners_failed;
+    if (found.matched == 0) return out;
+    const auto prefix = keys.subspan(0, found.matched);
+    const std::vector<std::string> live = membership_->Live();
+    if (live.empty()) return out;
+    const auto groups = cluster::GroupByOwner(live, prefix);
+    out.pages.resize(prefix.size());
+    out.owners.resize(prefix.size());
+    std::vector<size_t> first_miss(live.size(), prefix.size());
+    std::vector<char> failed(live.size(), 0);
+    std::vector<std::future<void>> futs;
+    for (size_t m = 0; m < live.size(); ++m) {
+      if (groups[m].empty()) continue;
+      futs.push_back(std::async(std::launch::async, [&, m]() {
+        std::vector<BlockKey> mine;
+        for (size_t i : groups[m]) mine.push_back(prefix[i]);
+        auto r = OnMember<LoadResult>(live[m], codec, [&](HandleClient& hc) {
+          return hc.client().Load(codec, mine);
+        });
+        if (!r.ok()) {
+          first_miss[m] = groups[m][0];
+          failed[m] = 1;
+          return;
+        }
+        // Client::Load verified every page (header, codec, kind, checksum).
+        for (size_t j = 0; j < r->matched; ++j) {
+          out.pages[groups[m][j]] = std::move(r->pages[j]);
+          out.owners[groups[m][j]] = live[m];
+        }
+        if (r->matched < groups[m].size()) first_miss[m] = groups[m][r->matched];
+      }));
+    }
+    for (auto& f : futs) f.get();
+    size_t matched = prefix.size();
+    for (size_t m = 0; m < live.size(); ++m) {
+      if (groups[m].empty()) continue;
+      out.owners_failed += failed[m];
+      matched = std::min(matched, first_miss[m]);
+    }
+    out.pages.resize(matched);
+    out.owners.resize(matched);
+    out.matched = static_cast<uint32_t>(matched);
+    for (const auto& p : out.pages) out.bytes += p.size();
+    return out;
+  }
+
+  absl::StatusOr<uint64_t> PublishHandle(const Codec& codec, const std::string& handle,
+                                         std::span<const PageWrite> pages,
+                                         const std::string& metadata, uint32_t ttl_ms) override {
+    OSCARKV_ASSIGN_OR_RETURN(std::string owner,
+                             membership_->OwnerOf(HandleOwnerKey(codec, handle)));
+    return OnMember<uint64_t>(owner, codec, [&](HandleClient& hc) {
+      return hc.Publish(codec, handle, pages, metadata, ttl_ms);
+    });
+  }
+
+  absl::StatusOr<HandlePages> LoadHandle(const Codec& codec, const std::string& handle) override {
+    OSCARKV_ASSIGN_OR_RETURN(std::string owner,
+                             membership_->OwnerOf(HandleOwnerKey(codec, handle)));
+    return OnMember<HandlePages>(owner, codec,
+                                 [&](HandleClient& hc) { return hc.Load(codec, handle); });
+  }
+
+  absl::Status CloseHandle(const Codec& codec, const std::string& handle) override {
+    OSCARKV_ASSIGN_OR_RETURN(std::string owner,
+                             membership_->OwnerOf(HandleOwnerKey(codec, handle)));
+    return OnMember<bool>(owner, codec, [&](HandleClient& hc) -> absl::StatusOr<bool> {
+             OSCARKV_RETURN_IF_ERROR(hc.Close(handle));
+             return true;
+           })
+        .status();
+  }
+
+ private:
+  static constexpr size_t kFailed = ~size_t{0};
+
+  absl::StatusOr<std::shared_ptr<MemberConn>> Conn(const std::string& addr) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = conns_.find(addr);
+      if (it != conns_.end()) return it->second;
+    }
+    ConnectOptions o;
+    o.address = addr;
+    o.client_name = options_.client_name;
+    o.data_path = options_.member_data_path;
+    o.verify_checksums = options_.verify_checksums;
+    o.rpc_timeout_ms = options_.owner_timeout_ms;
+    o.async_threads = 1;
+    o.dedicated_connection = true;  // a fresh connection per incarnation of the member
+    auto hc = HandleClient::Connect(o);
+    if (!hc.ok()) {
+      membership_->MarkDown(addr);
+      return absl::Status(hc.status().code(),
+                          absl::StrCat("member ", addr, ": ", hc.status().message()));
+    }
+    auto conn = std::make_shared<MemberConn>();
+    conn->hc = std::move(*hc);
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = conns_.emplace(addr, conn);
+    return it->second;
+  }
+
+  void Drop(const std::string& addr, const std::shared_ptr<MemberConn>& conn) {
+    membership_->MarkDown(addr);
+    absl::MutexLock lock(&mu_);
+    auto it = conns_.find(addr);
+    if (it != conns_.end() && it->second == conn) conns_.erase(it);
+  }
+
+  absl::StatusOr<Codec> RegisterOn(const std::string& addr, const CodecProfile& profile) {
+    OSCARKV_ASSIGN_OR_RETURN(std::shared_ptr<MemberConn> conn, Conn(addr));
+    auto c = conn->hc->client().RegisterCodec(profile);
+    if (!c.ok()) {
+      if (IsTransportFailure(c.status())) Drop(addr, conn);
+      return c;
+    }
+    absl::MutexLock lock(&conn->mu);
+    conn->codecs.insert(c->id.Hex());
+    return c;
+  }
+
+  // Runs `fn` against member `addr` with the codec registered there; retries once when the
+  // member forgot the codec (restart); drops the connection and marks the member down on a
+  // transport failure.
+  template <typename T, typename Fn>
+  absl::StatusOr<T> OnMember(const std::string& addr, const Codec& codec, Fn fn) {
+    for (int attempt = 0;; ++attempt) {
+      OSCARKV_ASSIGN_OR_RETURN(std::shared_ptr<MemberConn> conn, Conn(addr));
+      bool registered;
+      {
+        absl::MutexLock lock(&conn->mu);
+        registered = conn->codecs.contains(codec.id.Hex());
+      }
+      if (!registered) {
+        auto c = RegisterOn(addr, codec.profile);
+        if (!c.ok()) return c.status();
+      }
+      absl::StatusOr<T> r = fn(*conn->hc);
+      if (r.ok()) return r;
+      if (IsUnknownCodec(r.status()) && attempt == 0) {
+        absl::MutexLock lock(&conn->mu);
+        conn->codecs.clear();
+        continue;
+      }
+      if (IsTransportFailure(r.status())) Drop(addr, conn);
+      return absl::Status(r.status().code(),
+                          absl::StrCat("member ", addr, ": ", r.status().message()));
+    }
+  }
+
+  const ClusterOptions options_;
+  std::unique_ptr<cluster::Membership> membership_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<MemberConn>> conns_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Connect(
+    ClusterOptions options, std::unique_ptr<cluster::Prober> prober, cluster::Resolver resolver) {
+  if (options.owner_timeout_ms <= 0) {
+    return absl::InvalidArgumentError("owner_timeout_ms must be > 0");
+  }
+  if (prober == nullptr) prober = cluster::NewGrpcProber();
+  OSCARKV_ASSIGN_OR_RETURN(
+      std::unique_ptr<cluster::Membership> m,
+      cluster::Membership::Start(options.membership, std::move(prober), std::move(resolver)));
+  return std::unique_ptr<ClusterClient>(new ClusterClientImpl(std::move(options), std::move(m)));
+}
+
+BlockKey ClusterClient::HandleOwnerKey(const Codec& codec, const std::string& handle) {
+  const std::string salt = "oscarkv.handle-owner/" + handle;
+  return ChainBlockKey(codec.id, salt, nullptr, {});
+}
+
+}  // namespace oscarkv::client
