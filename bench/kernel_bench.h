@@ -19,10 +19,20 @@ struct KernelBenchOptions {
   int layers = 4;          // layers per page (the kernel reads one layer's segments)
   std::string sdpa_command = "python3 bench/sdpa_baseline.py";  // empty: skip the baseline
   bool precise_query = true;
+  // Measure every INT2 kernel variant (cuda::DecodeVariant), plus the best-known one with the
+  // approximate single-fp16 query; false: the baseline variant only.
+  bool all_variants = true;
   int quant_tokens = 32768;  // quantize-on-write: tokens of one layer (all 8 KV heads, K and V)
   std::vector<int> target_ctas = {0};  // decode plan CTA targets to measure (0 = default)
   bool bf16_pages = true;    // measure the kernel on all-BF16 pages
   bool quantize = true;      // measure quantize-on-write
+};
+
+// One INT2 kernel configuration measured on the same pages.
+struct VariantTime {
+  std::string name;
+  bool approximate = false;  // looser tolerance than the default (e.g. single fp16 query)
+  double us = 0;
 };
 
 struct DecodeRow {
@@ -31,6 +41,9 @@ struct DecodeRow {
   double sdpa_bytes = 0, bf16_bytes = 0, int2_bytes = 0;  // bytes of K/V read per call
   int int2_items = 0, bf16_items = 0;
   std::vector<std::pair<int, double>> int2_by_target;  // (target_ctas, µs) when several
+  // Every INT2 variant measured; int2_us is the fastest non-approximate one (int2_best).
+  std::vector<VariantTime> int2_variants;
+  std::string int2_best;
 };
 
 struct QuantRow {

@@ -24,6 +24,7 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("plot", "", "write an SVG plot here")
       .Flag("fast-query", "single fp16 query part for INT2 scores (default: hi+lo)")
       .Flag("json", "print the JSON summary after the table")
+      .Flag("baseline-only", "measure only the baseline INT2 decode variant")
       .Flag("int2-only", "decode on OSCAR INT2 pages only (no BF16 pages, no quantize bench)");
   if (absl::Status s = args.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
@@ -67,6 +68,7 @@ int KernelBenchMain(int argc, char** argv) {
   }
   if (o.target_ctas.empty()) o.target_ctas.push_back(0);
   o.precise_query = !args.flag("fast-query");
+  o.all_variants = !args.flag("baseline-only");
   if (args.flag("int2-only")) o.bf16_pages = o.quantize = false;
   auto report = RunKernelBench(o);
   if (!report.ok()) {

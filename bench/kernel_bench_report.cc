@@ -68,6 +68,16 @@ std::string FormatTable(const KernelBenchReport& r) {
         Ratio(d.sdpa_us, d.int2_us), d.int2_items, d.bf16_items);
   }
   for (const auto& d : r.decode) {
+    if (d.int2_variants.size() > 1) {
+      s += absl::StrFormat("  INT2 variants B=%d L=%d:", d.batch, d.length);
+      for (const auto& v : d.int2_variants) {
+        s += absl::StrFormat(" %s %.1f us (%.2fx)%s%s;", v.name, v.us, Ratio(d.sdpa_us, v.us),
+                             v.approximate ? " approx" : "", v.name == d.int2_best ? " *" : "");
+      }
+      s += "\n";
+    }
+  }
+  for (const auto& d : r.decode) {
     for (auto [target, us] : d.int2_by_target) {
       s += absl::StrFormat("  INT2 B=%d L=%d with target_ctas=%d: %.1f us (%.2fx SDPA)\n", d.batch,
                            d.length, target, us, Ratio(d.sdpa_us, us));
@@ -93,6 +103,9 @@ std::string FormatCsv(const KernelBenchReport& r) {
     row("sdpa_bf16", d.sdpa_us, d.sdpa_bytes);
     row("oscarkv_bf16_pages", d.bf16_us, d.bf16_bytes);
     row("oscarkv_int2_pages", d.int2_us, d.int2_bytes);
+    for (const auto& v : d.int2_variants) {
+      row(("oscarkv_int2_pages:" + v.name).c_str(), v.us, d.int2_bytes);
+    }
   }
   for (const auto& q : r.quant) {
     s += absl::StrFormat("quantize,%s,1,0,%.3f,%.0f,%.1f,%.1f,%.4f,0\n", q.name, q.us, q.bytes,
@@ -112,16 +125,28 @@ std::string FormatJson(const KernelBenchReport& r) {
     j["bf16pages_vs_sdpa_b32_32k"] = Ratio(b32->sdpa_us, b32->bf16_us);
     j["int2_bw_fraction_b32"] = Ratio(Gbps(b32->int2_bytes, b32->int2_us), r.copy_gbps);
     j["int2_us_b32_32k"] = b32->int2_us;
+    j["int2_best_variant_b32_32k"] = b32->int2_best;
     j["sdpa_us_b32_32k"] = b32->sdpa_us;
   }
-  if (b1 != nullptr) j["int2_vs_sdpa_b1_100k"] = Ratio(b1->sdpa_us, b1->int2_us);
+  if (b1 != nullptr) {
+    j["int2_vs_sdpa_b1_100k"] = Ratio(b1->sdpa_us, b1->int2_us);
+    j["int2_best_variant_b1_100k"] = b1->int2_best;
+  }
   if (!r.quant.empty()) {
+    // The full write path (rotation + clip, min-max): the figure.
     j["quant_bw_fraction"] = Ratio(Gbps(r.quant[0].bytes, r.quant[0].us), r.copy_gbps);
     j["quant_variant"] = r.quant[0].name;
   }
   for (const auto& d : r.decode) {
+    nlohmann::json variants = nlohmann::json::array();
+    for (const auto& v : d.int2_variants) {
+      variants.push_back({{"name", v.name}, {"us", v.us}, {"approximate", v.approximate},
+                          {"vs_sdpa", Ratio(d.sdpa_us, v.us)},
+                          {"bw_fraction", Ratio(Gbps(d.int2_bytes, v.us), r.copy_gbps)}});
+    }
     j["decode"].push_back({{"B", d.batch}, {"L", d.length}, {"sdpa_us", d.sdpa_us},
                            {"bf16_pages_us", d.bf16_us}, {"int2_us", d.int2_us},
+                           {"int2_best", d.int2_best}, {"int2_variants", variants},
                            {"int2_bytes", d.int2_bytes}, {"bf16_bytes", d.bf16_bytes}});
   }
   for (const auto& q : r.quant) {

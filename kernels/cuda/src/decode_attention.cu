@@ -278,7 +278,8 @@ __device__ __forceinline__ void UnpackCodesM(uint32_t w, uint32_t magic, uint32_
   r[7] = AndOr<0x00C000C0u>(w8, magic);
 }
 
-template <int G>
+// kPack (DecodeVariant::kPackedHeads, GQA <= 4): see decode_attention.h.
+template <int G, bool kPack>
 __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& it, uint8_t* smem,
                          SliceTable tab) {
   using Lay = Int2Layout<G>;
@@ -406,6 +407,15 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
   }
   __syncthreads();  // the query area becomes the W exchange
+  if (kPack) {
+    // Rows of query heads 4..7 are never written in packed mode: zero them once (the value
+    // product reads them as padding columns).
+    for (int i = lane; i < NG * 4 * kWStride; i += 32) {
+      const int g = i / (4 * kWStride), rem = i % (4 * kWStride);
+      wx[(g * 8 + 4) * kWStride + rem] = __float2half_rn(0.f);
+    }
+    __syncwarp();
+  }
 
   int stage_c = 0;                         // stage of the slice computed next
   int stage_i = kInt2WarpStages - 1;       // stage the next issue writes
@@ -497,13 +507,34 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
         for (int c = 0; c < 4; ++c)
           if (mt * 16 + gid + 8 * (c >> 1) >= valid) sc[mt][c] = -INFINITY;
     }
+    // Packed mode: lanes tig 2, 3 (padding heads) take the scores of the odd m-tiles from lanes
+    // tig 0, 1; lane (gid, tig) then owns tiles mt = 2j + (tig >> 1), heads 2·(tig & 1) + e.
+    constexpr int NT = kPack ? 2 : 4;
+    float ps[NT][4];
+    if (kPack) {
+      const bool upper = tig >= 2;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float other = __shfl_xor_sync(0xffffffffu, sc[2 * j + 1][c], 2);
+          ps[j][c] = upper ? other : sc[2 * j][c];
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) ps[j][c] = sc[j][c];
+    }
     // Online softmax over the slice; rescale only when a running max grows.
     float cm[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      float x = fmaxf(fmaxf(sc[0][e], sc[0][2 + e]), fmaxf(sc[1][e], sc[1][2 + e]));
-      x = fmaxf(x, fmaxf(fmaxf(sc[2][e], sc[2][2 + e]), fmaxf(sc[3][e], sc[3][2 + e])));
+      float x = fmaxf(ps[0][e], ps[0][2 + e]);
+#pragma unroll
+      for (int j = 1; j < NT; ++j) x = fmaxf(x, fmaxf(ps[j][e], ps[j][2 + e]));
       cm[e] = WarpMaxOverGid(x);
+      if (kPack) cm[e] = fmaxf(cm[e], __shfl_xor_sync(0xffffffffu, cm[e], 2));
     }
     if (__any_sync(0xffffffffu, cm[0] > st.m[0] || cm[1] > st.m[1])) {
 #pragma unroll
@@ -524,8 +555,10 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     // W columns are stored in the value product's token order (see below), so each lane's
     // B operand is one 32-bit load and its code loads hit 32 distinct banks.
     const int wcol0 = gid < 4 ? 2 * gid : 2 * gid - 7;
+    const int head0 = kPack ? 2 * (tig & 1) : 2 * tig;
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
+    for (int j = 0; j < NT; ++j) {
+      const int mt = kPack ? 2 * j + (tig >> 1) : j;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int t = mt * 16 + gid + 8 * r;
@@ -533,7 +566,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
         float pr[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          pr[e] = Ex2(sc[mt][2 * r + e] - mu[e]);
+          pr[e] = Ex2(ps[j][2 * r + e] - mu[e]);
           st.l[e] += pr[e];
         }
 #pragma unroll
@@ -542,8 +575,8 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
           const __half2 w2 = __floats2half2_rn(pr[0] * sm.x, pr[1] * sm.x);
           pm[0][g] = fmaf(pr[0], sm.y, pm[0][g]);
           pm[1][g] = fmaf(pr[1], sm.y, pm[1][g]);
-          wx[(g * 8 + 2 * tig) * kWStride + wc] = __low2half(w2);
-          wx[(g * 8 + 2 * tig + 1) * kWStride + wc] = __high2half(w2);
+          wx[(g * 8 + head0) * kWStride + wc] = __low2half(w2);
+          wx[(g * 8 + head0 + 1) * kWStride + wc] = __high2half(w2);
         }
       }
     }
@@ -597,9 +630,15 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 
   // Remove the code offsets and factors, add Σ p·min.
 #pragma unroll
-  for (int e = 0; e < 2; ++e)
+  for (int e = 0; e < 2; ++e) {
 #pragma unroll
-    for (int g = 0; g < NG; ++g) pm[e][g] = WarpSumOverGid(pm[e][g]);
+    for (int g = 0; g < NG; ++g) {
+      pm[e][g] = WarpSumOverGid(pm[e][g]);
+      // Packed: lanes tig and tig ^ 2 hold the same head's partial sums (even / odd tiles).
+      if (kPack) pm[e][g] += __shfl_xor_sync(0xffffffffu, pm[e][g], 2);
+    }
+    if (kPack) st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], 2);
+  }
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int half = i >> 2, ii = i & 3;
@@ -756,7 +795,7 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 }
 
 // One CTA per work item of one kind; blockIdx.x indexes the plan's per-kind order.
-template <int G>
+template <int G, bool kPack>
 __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   // The BF16 kernel (launched next, programmatic serialization) does not depend on this one:
@@ -768,7 +807,7 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
   SliceTable tab{reinterpret_cast<const uint8_t**>(t), reinterpret_cast<int32_t*>(t + kMaxItemSlices * 8)};
   LoadSliceTable(p, it, tab);
   __syncthreads();
-  Int2Item<G>(p, item, it, smem, tab);
+  Int2Item<G, kPack>(p, item, it, smem, tab);
 }
 
 __global__ void __launch_bounds__(kThreads, 2) DecodeBf16Kernel(const DecodeParams p) {
@@ -871,6 +910,14 @@ template <typename K>
 bool SetSmem(K kernel, int bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
 }
+// Raises an INT2 kernel's dynamic shared-memory limit on its first launch (one static per
+// instantiation: the kernel is a template argument, not a value of the shared pointer type).
+template <int G, bool kPack>
+void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
+  static const bool once = SetSmem(DecodeInt2Kernel<G, kPack>, SmemBytes<true>());
+  (void)once;
+  DecodeInt2Kernel<G, kPack><<<blocks, kThreads, SmemBytes<true>(), stream>>>(p);
+}
 
 }  // namespace
 
@@ -891,14 +938,11 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
   (void)scale;
   const int n2 = p.num_int2_items, nb = p.num_items - p.num_int2_items;
   if (n2 > 0) {
+    const bool pack = p.variant == DecodeVariant::kPackedHeads && p.shape.gqa() <= 4;
     if (p.shape.group_size == 128) {
-      static const bool once = SetSmem(DecodeInt2Kernel<128>, SmemBytes<true>());
-      (void)once;
-      DecodeInt2Kernel<128><<<n2, kThreads, SmemBytes<true>(), stream>>>(p);
+      pack ? LaunchInt2<128, true>(p, n2, stream) : LaunchInt2<128, false>(p, n2, stream);
     } else {
-      static const bool once = SetSmem(DecodeInt2Kernel<64>, SmemBytes<true>());
-      (void)once;
-      DecodeInt2Kernel<64><<<n2, kThreads, SmemBytes<true>(), stream>>>(p);
+      pack ? LaunchInt2<64, true>(p, n2, stream) : LaunchInt2<64, false>(p, n2, stream);
     }
   }
   if (nb > 0) {
@@ -923,14 +967,22 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
   return CudaStatus(cudaGetLastError(), "decode attention launch");
 }
 
+const char* DecodeVariantName(DecodeVariant v) {
+  switch (v) {
+    case DecodeVariant::kBaseline: return "baseline";
+    case DecodeVariant::kPackedHeads: return "packed_heads";
+  }
+  return "unknown";
+}
+
 int DecodeKernelOccupancy(int group_size) {
   int blocks = 0;
   if (group_size == 128) {
-    cudaFuncSetAttribute(DecodeInt2Kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<128>, kThreads, SmemBytes<true>());
+    cudaFuncSetAttribute(DecodeInt2Kernel<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<128, false>, kThreads, SmemBytes<true>());
   } else {
-    cudaFuncSetAttribute(DecodeInt2Kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<64>, kThreads, SmemBytes<true>());
+    cudaFuncSetAttribute(DecodeInt2Kernel<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<64, false>, kThreads, SmemBytes<true>());
   }
   return blocks;
 }

@@ -87,8 +87,11 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
   // A small CTA target forces multi-slice items (pipelining) and a large one many splits.
+  for (int vi = 0; vi < kNumDecodeVariants; ++vi)
   for (int target : {0, 7}) {
-    SCOPED_TRACE("target_ctas " + std::to_string(target));
+    const DecodeVariant variant = static_cast<DecodeVariant>(vi);
+    SCOPED_TRACE(std::string("variant ") + DecodeVariantName(variant) + " target_ctas " +
+                 std::to_string(target));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target);
     ASSERT_TRUE(dec.ok()) << dec.status();
     DecodeParams p = dec->Params();
@@ -102,6 +105,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     p.rot_v = d_rv->as<float>();
     p.unrotate_output = c.unrotate;
     p.precise_query = c.precise;
+    p.variant = variant;
     p.out = d_out->as<float>();
     p.lse = d_lse->as<float>();
     ASSERT_EQ(cudaMemset(p.out, 0xff, B * Hq * d * 4), cudaSuccess);  // NaN poison

@@ -68,6 +68,46 @@ __device__ __forceinline__ uint32_t QuadKth(const uint32_t (&a)[32], int k) {
   return r;
 }
 
+// Order statistics lo and lo + 1 (0-based, ascending) of the quad's 128 values when lo is near
+// the top: walks the distinct values from the largest down (one quad max and one count per
+// distinct value) until rank lo is reached. need = 127 - lo < kMaxTopWalk iterations at most,
+// instead of 31 counting passes. Ties are counted with their multiplicity, as a sort would.
+// `lo` is warp-uniform; quads that finish early keep taking part in the shuffles.
+constexpr int kMaxTopWalk = 16;
+__device__ __forceinline__ void QuadTopOrderStats(const uint32_t (&a)[32], int lo, uint32_t* rlo,
+                                                  uint32_t* rhi) {
+  const int need = 127 - lo;  // rank of order statistic lo counted from the top (0 = max)
+  int above = 0;              // values strictly greater than the current level
+  uint32_t level = 0xffffffffu;
+  bool done = false;
+  *rlo = 0;
+  *rhi = 0;
+  for (int it = 0; it < kMaxTopWalk; ++it) {
+    if (__all_sync(0xffffffffu, done)) break;
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) m = a[i] < level ? max(m, a[i]) : m;
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    int cnt = 0;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) cnt += a[i] == m;
+    cnt += __shfl_xor_sync(0xffffffffu, cnt, 1);
+    cnt += __shfl_xor_sync(0xffffffffu, cnt, 2);
+    // Values equal to m hold top ranks [above, above + cnt).
+    if (!done) {
+      if (need >= 1 && above <= need - 1 && need - 1 < above + cnt) *rhi = m;
+      if (above <= need && need < above + cnt) {
+        *rlo = m;
+        if (need == 0) *rhi = m;
+        done = true;
+      }
+      above += cnt;
+      level = m;
+    }
+  }
+}
+
 // The c-quantile of |y| over the quad's 128 values, exactly as AbsQuantile (numpy linear).
 __device__ float QuadAbsQuantile(const float (&y)[32], float c) {
   uint32_t a[32];
@@ -76,6 +116,12 @@ __device__ float QuadAbsQuantile(const float (&y)[32], float c) {
   const double pos = static_cast<double>(fmaxf(0.0f, c)) * 127.0;
   const int lo = static_cast<int>(pos);
   const float frac = static_cast<float>(pos - static_cast<double>(lo));
+  if (127 - lo < kMaxTopWalk) {  // the usual clips (c >= 0.89): a short walk from the top
+    uint32_t rlo, rhi;
+    QuadTopOrderStats(a, lo, &rlo, &rhi);
+    const float a_lo = __uint_as_float(rlo), a_hi = __uint_as_float(rhi);
+    return __fadd_rn(a_lo, __fmul_rn(frac, __fsub_rn(a_hi, a_lo)));
+  }
   const uint32_t rlo = QuadKth(a, lo);
   int le = 0;
   uint32_t above = 0x7f800000u;  // +inf
@@ -93,23 +139,68 @@ __device__ float QuadAbsQuantile(const float (&y)[32], float c) {
   return __fadd_rn(a_lo, __fmul_rn(frac, __fsub_rn(a_hi, a_lo)));
 }
 
-// Quantizes this lane's 32 values of a row (group = G channels spread over G/32 lanes) and
-// stores the codes (8 bytes) and, from the first lane of each group, the (scale, min) pair.
+// Group-wide reductions over the G/32 lanes that hold one group (quads for G = 128, lane pairs
+// for G = 64).
 template <int G>
-__device__ void QuantizeStore(const float (&y)[32], int tig, uint8_t* codes_row,
-                              uint8_t* params_row) {
-  float mn = y[0], mx = y[0];
+__device__ __forceinline__ float GroupMin(float v) {
+  v = fminf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  if (G == 128) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+  return v;
+}
+template <int G>
+__device__ __forceinline__ float GroupMax(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  if (G == 128) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+  return v;
+}
+template <int G>
+__device__ __forceinline__ unsigned long long GroupSumU64(unsigned long long v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  if (G == 128) v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+template <int G>
+__device__ __forceinline__ int GroupSumInt(int v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  if (G == 128) v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+
+// fp64 sums over the group's channels in ascending order, exactly as the CPU's sequential loop:
+// lane k of the group adds its 32 terms (in channel order) to lane k-1's running total. All
+// lanes run every step (shuffles stay convergent); term(i, t) writes the N terms of value i.
+template <int G, int N, typename Term>
+__device__ __forceinline__ void OrderedGroupSums(int tig, Term term, double (&out)[N]) {
+  constexpr int L = G / 32;
+  const int lane = threadIdx.x & 31, base = lane & ~(L - 1), sub = tig & (L - 1);
+  double acc[N];
 #pragma unroll
-  for (int i = 1; i < 32; ++i) {
-    mn = fminf(mn, y[i]);
-    mx = fmaxf(mx, y[i]);
+  for (int n = 0; n < N; ++n) acc[n] = 0.0;
+#pragma unroll
+  for (int k = 0; k < L; ++k) {
+    if (k > 0) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) acc[n] = __shfl_sync(0xffffffffu, acc[n], base + k - 1);
+    }
+    if (sub == k) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        double t[N];
+        term(i, t);
+#pragma unroll
+        for (int n = 0; n < N; ++n) acc[n] = __dadd_rn(acc[n], t[n]);
+      }
+    }
   }
-  mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  if (G == 128) {
-    mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, 2));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) out[n] = __shfl_sync(0xffffffffu, acc[n], base + L - 1);
+}
+
+// ComputeRangeParams (kernels/src/quantize.cc) with the same directed rounding and saturation.
+struct DevParams {
+  uint16_t scale16, min16;
+};
+__device__ __forceinline__ DevParams RangeParams(float mn, float mx) {
   mn = fminf(fmaxf(mn, -65504.0f), 65504.0f);
   mx = fminf(fmaxf(mx, -65504.0f), 65504.0f);
   uint16_t min16 = __half_as_ushort(__float2half_rd(mn));
@@ -118,25 +209,159 @@ __device__ void QuantizeStore(const float (&y)[32], int tig, uint8_t* codes_row,
   uint16_t scale16 = __half_as_ushort(__float2half_ru(__fdiv_rn(__fsub_rn(mx, minf), 3.0f)));
   if (scale16 == 0x7c00) scale16 = 0x7bff;
   if (scale16 & 0x8000) scale16 = 0;
-  const float sf = __half2float(__ushort_as_half(scale16));
+  return {scale16, min16};
+}
+__device__ __forceinline__ float H2F(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+// Codes of the lane's 32 values for parameters q (GroupCodes: unfused multiply then add),
+// packed as stored: value i at bits 2·(i % 16) of word i / 16.
+__device__ __forceinline__ void LaneCodes(const float (&y)[32], DevParams q, uint32_t (&c)[2]) {
+  const float minf = H2F(q.min16), sf = H2F(q.scale16);
   const float inv = sf > 0.f ? __frcp_rn(sf) : 0.f;
-  uint32_t packed[2] = {0u, 0u};
+  c[0] = c[1] = 0u;
 #pragma unroll
   for (int i = 0; i < 32; ++i) {
     const float t = __fadd_rn(__fmul_rn(__fsub_rn(y[i], minf), inv), 0.5f);
-    const int c = min(max(static_cast<int>(floorf(t)), 0), 3);
-    packed[i / 16] |= static_cast<uint32_t>(c) << (2 * (i % 16));
+    c[i / 16] |= static_cast<uint32_t>(min(max(static_cast<int>(floorf(t)), 0), 3)) << (2 * (i % 16));
+  }
+}
+__device__ __forceinline__ int CodeAt(const uint32_t (&c)[2], int i) {
+  return static_cast<int>((c[i / 16] >> (2 * (i % 16))) & 3u);
+}
+
+// Range selection of one group (RangeMode::kSearch / kUnbiased), mirroring QuantizeRowInt2's
+// write-time modes bit for bit: the same 8 candidate ranges, the same integer (kSearch) or
+// fp64-in-channel-order (kUnbiased) error sums, the same first-smallest choice. Returns the
+// chosen parameters and the lane's codes.
+template <int G>
+__device__ DevParams SelectRange(const float (&y)[32], int tig, float mn, float mx, RangeMode mode,
+                                 uint32_t (&best)[2]) {
+  const float width = __fsub_rn(mx, mn);
+  DevParams best_p = RangeParams(mn, mx);
+  uint32_t cand[2];
+  if (mode == RangeMode::kUnbiased) {
+    double st[2];  // S1 = Σ x, S2 = Σ x², channel order
+    OrderedGroupSums<G, 2>(tig, [&](int i, double (&t)[2]) {
+      const double x = y[i];
+      t[0] = x;
+      t[1] = __dmul_rn(x, x);
+    }, st);
+    const double s1 = st[0], s2 = st[1], n = static_cast<double>(G);
+    double best_err = 0;
+    for (int ci = 0; ci < static_cast<int>(kRangeSearchCandidates); ++ci) {
+      const float f = static_cast<float>(ci) / 32.0f;
+      DevParams q = RangeParams(ci == 0 ? mn : __fadd_rn(mn, __fmul_rn(f, width)),
+                                ci == 0 ? mx : __fsub_rn(mx, __fmul_rn(f, width)));
+      LaneCodes(y, q, cand);
+      int csum = 0;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) csum += CodeAt(cand, i);
+      const double c1 = static_cast<double>(GroupSumInt<G>(csum));  // exact in any order
+      double xs[1];
+      OrderedGroupSums<G, 1>(tig, [&](int i, double (&t)[1]) {
+        t[0] = __dmul_rn(static_cast<double>(CodeAt(cand, i)), static_cast<double>(y[i]));
+      }, xs);
+      const double x1 = xs[0];
+      const double det = __dsub_rn(__dmul_rn(n, x1), __dmul_rn(c1, s1));
+      if (det > 0) {
+        const double scale = __ddiv_rn(__dsub_rn(__dmul_rn(n, s2), __dmul_rn(s1, s1)), det);
+        if (scale > 0) {
+          const double mn_fit = __ddiv_rn(__dsub_rn(s1, __dmul_rn(scale, c1)), n);
+          const auto sat = [](double v) { return __double2float_rn(fmin(fmax(v, -65504.0), 65504.0)); };
+          q = {__half_as_ushort(__float2half_rn(sat(scale))), __half_as_ushort(__float2half_rn(sat(mn_fit)))};
+        }
+      }
+      const double minf = H2F(q.min16), sf = H2F(q.scale16);
+      double es[1];
+      OrderedGroupSums<G, 1>(tig, [&](int i, double (&t)[1]) {
+        const double e = __dsub_rn(__dadd_rn(minf, __dmul_rn(static_cast<double>(CodeAt(cand, i)), sf)),
+                                   static_cast<double>(y[i]));
+        t[0] = __dmul_rn(e, e);
+      }, es);
+      if (ci == 0 || es[0] < best_err) {
+        best_err = es[0];
+        best_p = q;
+        best[0] = cand[0];
+        best[1] = cand[1];
+      }
+    }
+    return best_p;
+  }
+  // kSearch.
+  LaneCodes(y, best_p, best);
+  const float s0 = H2F(best_p.scale16);
+  // Groups with scale 0 keep min-max; they still run the loop (its shuffles span the warp).
+  const bool search = s0 > 0.f;
+  const float unit_inv = __fmul_rn(__frcp_rn(s0), 64.0f);
+  unsigned long long best_err = ~0ull;
+  for (int ci = 0; ci < static_cast<int>(kRangeSearchCandidates); ++ci) {
+    const float f = static_cast<float>(ci) / 32.0f;
+    const DevParams q = ci == 0 ? RangeParams(mn, mx)
+                                : RangeParams(__fadd_rn(mn, __fmul_rn(f, width)),
+                                              __fsub_rn(mx, __fmul_rn(f, width)));
+    LaneCodes(y, q, cand);
+    const float minf = H2F(q.min16), sf = H2F(q.scale16);
+    unsigned long long err = 0;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const float xhat = __fadd_rn(minf, __fmul_rn(static_cast<float>(CodeAt(cand, i)), sf));
+      const float e = __fmul_rn(fabsf(__fsub_rn(y[i], xhat)), unit_inv);
+      const unsigned long long qe = static_cast<unsigned long long>(fminf(floorf(e), 65535.0f));
+      err += qe * qe;
+    }
+    err = GroupSumU64<G>(err);
+    if (search && err < best_err) {
+      best_err = err;
+      best_p = q;
+      best[0] = cand[0];
+      best[1] = cand[1];
+    }
+  }
+  return best_p;
+}
+
+// Quantizes this lane's 32 values of a row (group = G channels spread over G/32 lanes) and
+// stores the codes (8 bytes) and, from the first lane of each group, the (scale, min) pair.
+template <int G, RangeMode kMode>
+__device__ void QuantizeStore(const float (&y)[32], int tig, uint8_t* codes_row,
+                              uint8_t* params_row) {
+  constexpr RangeMode mode = kMode;
+  float mn = y[0], mx = y[0];
+#pragma unroll
+  for (int i = 1; i < 32; ++i) {
+    mn = fminf(mn, y[i]);
+    mx = fmaxf(mx, y[i]);
+  }
+  mn = GroupMin<G>(mn);
+  mx = GroupMax<G>(mx);
+  mn = fminf(fmaxf(mn, -65504.0f), 65504.0f);
+  mx = fminf(fmaxf(mx, -65504.0f), 65504.0f);
+  uint32_t packed[2] = {0u, 0u};
+  DevParams q;
+  if constexpr (mode == RangeMode::kMinMax) {
+    q = RangeParams(mn, mx);
+    const float minf = H2F(q.min16), sf = H2F(q.scale16);
+    const float inv = sf > 0.f ? __frcp_rn(sf) : 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const float t = __fadd_rn(__fmul_rn(__fsub_rn(y[i], minf), inv), 0.5f);
+      const int c = min(max(static_cast<int>(floorf(t)), 0), 3);
+      packed[i / 16] |= static_cast<uint32_t>(c) << (2 * (i % 16));
+    }
+  } else {
+    q = SelectRange<G>(y, tig, mn, mx, mode, packed);
   }
   *reinterpret_cast<uint2*>(codes_row + 8 * tig) = make_uint2(packed[0], packed[1]);
   const int lanes_per_group = G / 32;
   if (tig % lanes_per_group == 0) {
     const int g = tig / lanes_per_group;
     *reinterpret_cast<uint32_t*>(params_row + 4 * g) =
-        static_cast<uint32_t>(scale16) | (static_cast<uint32_t>(min16) << 16);
+        static_cast<uint32_t>(q.scale16) | (static_cast<uint32_t>(q.min16) << 16);
   }
 }
 
-template <int G>
+// The range mode is a template argument so the min-max kernel keeps its registers.
+template <int G, RangeMode kMode>
 __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWriteParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
@@ -267,13 +492,13 @@ __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWr
       uint8_t* codes_row = int2 ? page + seg2 + size_t(slot) * 32 : scratch;
       uint8_t* params_row = int2 ? page + seg2 + codes_bytes + size_t(slot) * (128 / G) * 4 : scratch;
       if (int2) {
-        QuantizeStore<G>(y[r], tig, codes_row, params_row);
+        QuantizeStore<G, kMode>(y[r], tig, codes_row, params_row);
       } else {
         // Keep the quad's shuffles convergent: lanes with nothing to write still take part.
         float dummy[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) dummy[i] = 0.f;
-        QuantizeStore<G>(dummy, tig, scratch, scratch);
+        QuantizeStore<G, kMode>(dummy, tig, scratch, scratch);
       }
     }
 #pragma unroll
@@ -299,9 +524,9 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   if (p.head_dim != 128 || (p.group_size != 128 && p.group_size != 64)) {
     return absl::InvalidArgumentError("quantize-on-write needs head_dim 128 and group 128 or 64");
   }
-  if (p.range_mode != RangeMode::kMinMax) {
-    return absl::UnimplementedError(
-        "quantize-on-write implements the min-max range rule only (RangeMode::kMinMax)");
+  if (p.range_mode != RangeMode::kMinMax && p.range_mode != RangeMode::kSearch &&
+      p.range_mode != RangeMode::kUnbiased) {
+    return absl::InvalidArgumentError("quantize-on-write: unknown range mode");
   }
   if (p.num_tokens <= 0 || p.layer_count == 0) return absl::OkStatus();
   if (p.k_src == nullptr || p.v_src == nullptr || p.page_ptrs == nullptr ||
@@ -318,12 +543,24 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   const int per_cta = p.rot_fragments != nullptr ? 8 : 2;  // amortize the 64 KiB fragment load
   dim3 grid((tiles + per_cta - 1) / per_cta, p.num_kv_heads, 2 * p.layer_count);
   const int smem = p.rot_fragments != nullptr ? kFragSmem : 0;
-  if (p.group_size == 128) {
-    cudaFuncSetAttribute(QuantizeWriteKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFragSmem);
-    QuantizeWriteKernel<128><<<grid, kThreads, smem, stream>>>(p);
-  } else {
-    cudaFuncSetAttribute(QuantizeWriteKernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, kFragSmem);
-    QuantizeWriteKernel<64><<<grid, kThreads, smem, stream>>>(p);
+  auto launch = [&](auto kernel) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFragSmem);
+    kernel<<<grid, kThreads, smem, stream>>>(p);
+  };
+  const bool g128 = p.group_size == 128;
+  switch (p.range_mode) {
+    case RangeMode::kMinMax:
+      g128 ? launch(QuantizeWriteKernel<128, RangeMode::kMinMax>)
+           : launch(QuantizeWriteKernel<64, RangeMode::kMinMax>);
+      break;
+    case RangeMode::kSearch:
+      g128 ? launch(QuantizeWriteKernel<128, RangeMode::kSearch>)
+           : launch(QuantizeWriteKernel<64, RangeMode::kSearch>);
+      break;
+    case RangeMode::kUnbiased:
+      g128 ? launch(QuantizeWriteKernel<128, RangeMode::kUnbiased>)
+           : launch(QuantizeWriteKernel<64, RangeMode::kUnbiased>);
+      break;
   }
   return CudaStatus(cudaGetLastError(), "quantize-on-write launch");
 }

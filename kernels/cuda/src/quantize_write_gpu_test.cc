@@ -35,6 +35,7 @@ struct WriteCase {
   bool rotate = false;
   std::vector<float> clip_values = {0.9f, 1.0f, 0.96f};
   uint32_t seed = 1;
+  RangeMode range_mode = RangeMode::kMinMax;
   // Real rows instead of random ones: [layer_count][tokens][kv_heads][128] bf16 bits.
   const std::vector<uint16_t>* real_k = nullptr;
   const std::vector<uint16_t>* real_v = nullptr;
@@ -47,7 +48,8 @@ struct Pages {
 
 void RunWrite(const WriteCase& c) {
   SCOPED_TRACE("G" + std::to_string(c.group) + (c.rotate ? " rotated" : " unrotated") +
-               " tokens " + std::to_string(c.tokens));
+               " tokens " + std::to_string(c.tokens) + " range mode " +
+               std::to_string(static_cast<int>(c.range_mode)));
   const uint32_t d = 128, H = c.kv_heads;
   std::mt19937 rng(c.seed);
   std::normal_distribution<float> nd;
@@ -119,6 +121,7 @@ void RunWrite(const WriteCase& c) {
   hp.src_token_stride = H * d;
   hp.src_head_stride = d;
   hp.num_tokens = c.tokens;
+  hp.range_mode = c.range_mode;
   QuantizeWriteParams rp = hp;
   rp.k_src = ksrc.data();
   rp.v_src = vsrc.data();
@@ -241,6 +244,35 @@ TEST(QuantizeWriteGpu, UnrotatedBitExactGroup64OddTokens) {
   c.tokens = 131;
   c.page_tokens = 128;
   c.seed = 2;
+  RunWrite(c);
+}
+
+// Write-time range modes (docs/FORMAT.md §1.3.1) mirrored bit for bit; clips both near the top
+// (order statistics by the top walk) and lower (the bitwise selection), and no clip.
+TEST(QuantizeWriteGpu, RangeModesBitExact) {
+  SKIP_WITHOUT_GPU();
+  for (RangeMode mode : {RangeMode::kSearch, RangeMode::kUnbiased}) {
+    for (uint32_t g : {128u, 64u}) {
+      WriteCase c;
+      c.group = g;
+      c.range_mode = mode;
+      c.tokens = g == 128 ? 200 : 131;
+      c.page_tokens = g == 128 ? 64 : 128;
+      c.clip_values = {0.96f, 1.0f, 0.5f, 0.92f, 0.999f};
+      c.seed = 40 + g + static_cast<uint32_t>(mode);
+      RunWrite(c);
+    }
+  }
+}
+
+TEST(QuantizeWriteGpu, QuantileClipAtManyRatiosBitExact) {
+  SKIP_WITHOUT_GPU();
+  WriteCase c;
+  c.clip_values = {0.0f, 0.3f, 0.7f, 0.87f, 0.88f, 0.89f, 0.9f, 0.95f, 0.99f, 0.995f, 1.0f};
+  c.kv_heads = 6;
+  c.layers = 2;
+  c.first_layer = 0;
+  c.seed = 77;
   RunWrite(c);
 }
 

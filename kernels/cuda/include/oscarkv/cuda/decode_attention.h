@@ -88,6 +88,22 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
                                       const std::vector<uint8_t>& page_kinds, int num_sms,
                                       int target_ctas = 0);
 
+// INT2 kernel variants, selectable per launch so one benchmark run measures all of them and the
+// GPU tests check each against the CPU reference. All compute the same function to the stated
+// tolerance; bench/results/NOTES.md has each one's prediction and measurement.
+enum class DecodeVariant : int32_t {
+  // Each lane runs the online softmax and the W = p·scale products for query heads 2·tig and
+  // 2·tig+1 of every 16-token tile (8 mma columns; at GQA <= 4 half of them are padding).
+  kBaseline = 0,
+  // GQA <= 4: after the score mma the padding lanes (heads 4..7) take over the useful scores of
+  // every second 16-token tile (one shuffle per value), so softmax, W and Σ p·min run on half as
+  // many values per lane. Same arithmetic per (token, head) as kBaseline; GQA > 4 falls back.
+  kPackedHeads = 1,
+};
+inline constexpr int kNumDecodeVariants = 2;
+// "baseline", "packed_heads".
+const char* DecodeVariantName(DecodeVariant v);
+
 // Device-side page table (all pointers are device pointers).
 struct PagedKVTable {
   const uint8_t* const* page_ptrs = nullptr;   // [num_pages] base of each page
@@ -115,6 +131,7 @@ struct DecodeParams {
   // Splits each query into an fp16 high and low part for the INT2 score product (~fp32
   // accuracy); false uses one fp16 part (fewer tensor-core ops, ~1e-3 relative score error).
   bool precise_query = true;
+  DecodeVariant variant = DecodeVariant::kBaseline;  // INT2 kernel variant (see above)
   // Workspace for the partial results (DecodeWorkspaceBytes bytes, 256-byte aligned).
   void* workspace = nullptr;
   float* out = nullptr;  // [num_seqs][num_q_heads][head_dim]

@@ -10,9 +10,13 @@
 // computed in a different order than RotateRow (and with R to ~2^-22 relative), so rotated rows
 // agree with the CPU to ~1e-6 relative, not bit for bit; unrotated writes are bit-exact.
 //
-// Range selection: the kernel implements RangeMode::kMinMax (the format's default rule). The CPU
-// codec's write-time kSearch/kUnbiased modes (quantize.h) are not mirrored here yet; pages they
-// write are read by the decode kernel like any other (the format is unchanged).
+// Range selection: all three RangeMode rules of the CPU codec (quantize.h, docs/FORMAT.md
+// §1.3.1) are mirrored bit for bit -- kMinMax, kSearch (8 candidate ranges, integer error) and
+// kUnbiased (8 candidates refit in fp64; its sums run in channel order across the group's lanes,
+// as the CPU loop does, so it is much slower than min-max: a calibration/offline write mode).
+// Quantile clip: the two order statistics are found by walking the distinct values down from
+// the row maximum when the quantile is in the top 16 of 128 (c >= ~0.88, OSCAR's clips), else
+// by a 31-step bitwise selection.
 // Page headers are not written here: the caller owns header fields and the checksum.
 // Supported: head_dim 128, group 128 or 64; |x| < 65504 for rotated writes (fp16 operands).
 #pragma once
@@ -60,8 +64,7 @@ struct QuantizeWriteParams {
   // R as fp16 high + low parts (rotation error ~1e-6 relative); false uses the high part only
   // (~2^-12 relative: below bf16 storage rounding and INT2 steps, half the fragment traffic).
   bool precise_rotation = true;
-  // Range selection of INT2 groups; only RangeMode::kMinMax is implemented here
-  // (LaunchQuantizeWrite returns Unimplemented for the others).
+  // Range selection of INT2 groups (see the top of this file).
   RangeMode range_mode = RangeMode::kMinMax;
 };
 
