@@ -4,7 +4,7 @@
 # Python baseline. Run here (CPU machine) after building; pass the folder to `run` as carry.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-b=${BUILD:-$root/build-cuda}
+b=${BUILD:-$root/build-f}
 out=$b/carry
 rm -rf "$out" && mkdir -p "$out/lib"
 for bin in kernels/cuda/cuda_kernels_gpu_test kernels/cuda/cuda_reference_test bench/kernel_bench cli/oscarkv; do

@@ -1,37 +1,48 @@
 #!/usr/bin/env bash
-# One device call: CPU-reference tests, GPU kernel tests, then the kernel benchmark (SDPA BF16
-# baseline, oscarkv BF16 pages, OSCAR INT2 pages, copy bandwidth, quantize-on-write) -- all in
-# this one process tree. Full logs go to $OUT; a short summary is printed last.
-#   here:   ninja -C build-cuda -j2 cuda_kernels_gpu_test cuda_reference_test kernel_bench
-#           scripts/gpu/collect.sh
-#   device: run(command="scripts/gpu/run_all.sh", carry=["build-cuda/carry"])
+# One device call: CPU-reference tests, GPU kernel tests (every decode variant, every range
+# mode), then the kernel benchmark (SDPA BF16 baseline, oscarkv BF16 pages, OSCAR INT2 pages in
+# every kernel variant, copy bandwidth, quantize-on-write) -- all in this one process tree.
+# Full logs, CSV, SVG plot and JSON go to $OUT; a short summary is printed last. Fits one
+# 10-minute call: the GPU tests take seconds, the bench is capped at 400 s.
+#   here:   cmake -S . -B build-f -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCARKV_MODULES=bench
+#           ninja -C build-f -j2 cuda_kernels_gpu_test cuda_reference_test kernel_bench
+#           BUILD=build-f scripts/gpu/collect.sh
+#   device: run(command="scripts/gpu/run_all.sh", carry=["build-f/carry"])
+# Extra arguments go to kernel_bench (e.g. --shapes 32x32768 --samples 50).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
-c=${CARRY:-$root/build-cuda/carry}
+c=${CARRY:-$root/build-f/carry}
+[ -d "$c" ] || c=$root/build-cuda/carry
 out=${OUT:-/tmp/oscarkv-gpu-out}
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$c/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONUNBUFFERED=1
 shift_args=("$@")
+t0=$(date +%s)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv \
   >"$out/nvidia_smi.txt" 2>&1
 
 "$c/cuda_reference_test" --gtest_brief=1 >"$out/reference_test.log" 2>&1
 ref_rc=$?
-timeout 300 "$c/cuda_kernels_gpu_test" >"$out/gpu_test.log" 2>&1
+timeout 120 "$c/cuda_kernels_gpu_test" >"$out/gpu_test.log" 2>&1
 gpu_rc=$?
+t1=$(date +%s)
 
-timeout 420 "$c/kernel_bench" --sdpa "python3 $c/sdpa_baseline.py" \
+timeout 400 "$c/kernel_bench" --sdpa "python3 $c/sdpa_baseline.py" \
   --csv "$out/kernel_bench.csv" --plot "$out/kernel_bench.svg" --json "${shift_args[@]}" \
   >"$out/kernel_bench.txt" 2>"$out/kernel_bench.err"
 bench_rc=$?
+sed -n '/^{/,$p' "$out/kernel_bench.txt" >"$out/kernel_bench.json"
+t2=$(date +%s)
 
 echo "== $(head -2 "$out/nvidia_smi.txt" | tail -1)"
 echo "== cpu reference tests rc=$ref_rc: $(grep -E '^\[  (PASSED|FAILED)' "$out/reference_test.log" | tr '\n' ' ')"
-echo "== gpu tests rc=$gpu_rc: $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$out/gpu_test.log" | tr '\n' ' ')"
-grep -E '^\[  FAILED|Failure|gpu .* ref ' "$out/gpu_test.log" | head -20
-echo "== kernel bench rc=$bench_rc"
+echo "== gpu tests rc=$gpu_rc ($((t1 - t0)) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/gpu_test.log" | tr '\n' ' ')"
+grep -E '^\[  FAILED|Failure|gpu .* ref |variant ' "$out/gpu_test.log" | head -30
+echo "== kernel bench rc=$bench_rc ($((t2 - t1)) s)"
 tail -5 "$out/kernel_bench.err"
-cat "$out/kernel_bench.txt"
+sed -n '1,/^{/p' "$out/kernel_bench.txt" | grep -v '^{'
+grep -E '"(int2_vs_sdpa_b32_32k|int2_vs_sdpa_b1_100k|bf16pages_vs_sdpa_b32_32k|int2_bw_fraction_b32|quant_bw_fraction|int2_best_variant_b32_32k|int2_best_variant_b1_100k)"' \
+  "$out/kernel_bench.json"
 exit $(( ref_rc || gpu_rc || bench_rc ))
