@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "oscarkv/kernels/numeric.h"
+#include "oscarkv/kernels/page_codec.h"
+#include "oscarkv/kernels/page_set.h"
 #include "oscarkv/kernels/quantize.h"
 
 namespace oscarkv::cuda {
@@ -39,6 +41,71 @@ absl::StatusOr<AttentionOutput> ReferencePagedDecode(const CodecProfile& profile
     if (!res.ok()) return res.status();
     std::memcpy(all.out.data() + b * num_q_heads * d, res->out.data(), res->out.size() * 4);
     std::memcpy(all.lse.data() + b * num_q_heads, res->lse.data(), res->lse.size() * 4);
+  }
+  return all;
+}
+
+absl::StatusOr<AttentionOutput> ReferenceExtendAttention(
+    const CodecProfile& profile, const RotationSet& rotations, const HostPagedKV& kv,
+    uint32_t layer, std::span<const int32_t> q_indptr, std::span<const float> q,
+    std::span<const uint16_t> k_new, std::span<const uint16_t> v_new, uint32_t num_q_heads,
+    bool unrotate_output, float softmax_scale) {
+  const size_t d = profile.head_dim, H = profile.num_kv_heads, L = profile.num_layers;
+  if (kv.seq_page_indptr.empty() || q_indptr.size() != kv.seq_page_indptr.size()) {
+    return absl::InvalidArgumentError("q_indptr and seq_page_indptr must both have num_seqs + 1 entries");
+  }
+  const size_t num_seqs = q_indptr.size() - 1;
+  const size_t total = static_cast<size_t>(q_indptr.back());
+  if (q.size() != total * num_q_heads * d || k_new.size() != total * H * d || v_new.size() != total * H * d) {
+    return absl::InvalidArgumentError("q / k_new / v_new sizes do not match q_indptr");
+  }
+  AttentionOutput all;
+  all.out.resize(total * num_q_heads * d);
+  all.lse.resize(total * num_q_heads);
+  for (size_t b = 0; b < num_seqs; ++b) {
+    // Rotated rows of `layer`: prefix tokens in page order, then the new tokens.
+    std::vector<float> k_rows, v_rows;  // [token][H][d]
+    for (int32_t i = kv.seq_page_indptr[b]; i < kv.seq_page_indptr[b + 1]; ++i) {
+      const int32_t id = kv.seq_page_ids[i];
+      if (id < 0 || static_cast<size_t>(id) >= kv.pages.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("page id ", id, " out of range"));
+      }
+      auto page = DecodePage(profile, kv.pages[id]);
+      if (!page.ok()) return page.status();
+      const KVSequenceView view = page->view(profile);
+      for (uint32_t t = 0; t < page->token_count; ++t) {
+        for (uint32_t h = 0; h < H; ++h) {
+          const float* kr = view.row(layer, 0, t, h);
+          const float* vr = view.row(layer, 1, t, h);
+          k_rows.insert(k_rows.end(), kr, kr + d);
+          v_rows.insert(v_rows.end(), vr, vr + d);
+        }
+      }
+    }
+    const size_t prefix = k_rows.size() / (H * d);
+    const size_t q0 = static_cast<size_t>(q_indptr[b]), n_new = static_cast<size_t>(q_indptr[b + 1]) - q0;
+    for (size_t j = 0; j < n_new * H * d; ++j) {
+      k_rows.push_back(Bf16ToFloat(k_new[q0 * H * d + j]));
+      v_rows.push_back(Bf16ToFloat(v_new[q0 * H * d + j]));
+    }
+    for (size_t i = 0; i < n_new; ++i) {
+      // Dense view of all layers (only `layer` filled) over prefix + new tokens 0..i.
+      const size_t T = prefix + i + 1;
+      std::vector<float> dense(L * 2 * T * H * d, 0.0f);
+      KVSequenceView view{dense.data(), static_cast<uint32_t>(L), static_cast<uint32_t>(H),
+                          static_cast<uint32_t>(d), static_cast<uint32_t>(T)};
+      for (size_t t = 0; t < T; ++t) {
+        for (size_t h = 0; h < H; ++h) {
+          std::memcpy(const_cast<float*>(view.row(layer, 0, t, h)), k_rows.data() + (t * H + h) * d, d * 4);
+          std::memcpy(const_cast<float*>(view.row(layer, 1, t, h)), v_rows.data() + (t * H + h) * d, d * 4);
+        }
+      }
+      const AttentionOutput o = DenseDecodeAttention(
+          profile, rotations, view, layer, q.subspan((q0 + i) * num_q_heads * d, num_q_heads * d),
+          num_q_heads, unrotate_output, softmax_scale);
+      std::memcpy(all.out.data() + (q0 + i) * num_q_heads * d, o.out.data(), o.out.size() * 4);
+      std::memcpy(all.lse.data() + (q0 + i) * num_q_heads, o.lse.data(), o.lse.size() * 4);
+    }
   }
   return all;
 }

@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "oscarkv/cuda/reference.h"
 #include "oscarkv/kernels/numeric.h"
+#include "oscarkv/kernels/page_codec.h"
 #include "oscarkv/kernels/page_set.h"
 
 namespace oscarkv::cuda {
@@ -194,6 +195,99 @@ TEST(ReferencePagedDecode, MatchesDenseOnBf16Pages) {
       EXPECT_NEAR(res->out[b * Hq * d + i], ref.out[i], 2e-2) << b << " " << i;  // bf16 storage
     }
     for (uint32_t h = 0; h < Hq; ++h) EXPECT_NEAR(res->lse[b * Hq + h], ref.lse[h], 5e-2);
+  }
+}
+
+// The extend reference for the first new token equals the paged decode reference over the
+// prefix pages plus one BF16 page holding that token (mixed INT2/BF16 prefixes, GQA 4).
+TEST(ReferenceExtendAttention, FirstNewTokenMatchesDecodeOverAppendedPage) {
+  for (uint32_t group : {128u, 64u}) {
+    CodecProfile prof = SmallProfile(group);
+    prof.sink_tokens = 64;
+    prof.recent_tokens = 64;  // INT2 history in sequences past ~192 tokens
+    const uint32_t L = 2, H = 2, d = 128, Hq = 8, layer = 1;
+    RotationSet rot = RotationSet::Hadamard(L, H, d, 0.96f, 0.92f);
+    std::mt19937 rng(11 + group);
+    std::normal_distribution<float> nd;
+    HostPagedKV kv;
+    std::vector<std::vector<uint8_t>> pages;
+    const std::vector<uint32_t> lengths = {300, 0, 70};
+    const std::vector<int32_t> new_counts = {3, 2, 1};
+    std::vector<int32_t> q_indptr = {0};
+    kv.seq_page_indptr.push_back(0);
+    bool saw_int2 = false;
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      const uint32_t n = lengths[b];
+      if (n > 0) {
+        std::vector<float> f(size_t{L} * 2 * n * H * d);
+        for (auto& v : f) v = nd(rng);
+        auto sp = BuildSequencePages(prof, rot, KVSequenceView{f.data(), L, H, d, n});
+        ASSERT_TRUE(sp.ok()) << sp.status();
+        for (size_t i = 0; i < sp->pages.size(); ++i) {
+          saw_int2 |= sp->plan[i].kind == PageKind::kInt2;
+          kv.seq_page_ids.push_back(static_cast<int32_t>(pages.size()));
+          pages.push_back(std::move(sp->pages[i]));
+        }
+      }
+      kv.seq_page_indptr.push_back(static_cast<int32_t>(kv.seq_page_ids.size()));
+      q_indptr.push_back(q_indptr.back() + new_counts[b]);
+    }
+    ASSERT_TRUE(saw_int2);
+    const size_t total = static_cast<size_t>(q_indptr.back());
+    std::vector<float> q(total * Hq * d);
+    for (auto& v : q) v = nd(rng);
+    std::vector<uint16_t> k_new(total * H * d), v_new(total * H * d);
+    for (auto& v : k_new) v = FloatToBf16(nd(rng));
+    for (auto& v : v_new) v = FloatToBf16(nd(rng));
+    for (auto& pg : pages) kv.pages.emplace_back(pg);
+    auto ext = ReferenceExtendAttention(prof, rot, kv, layer, q_indptr, q, k_new, v_new, Hq, true);
+    ASSERT_TRUE(ext.ok()) << ext.status();
+
+    // Decode reference: each sequence's pages plus a BF16 page with its first new token.
+    std::vector<std::vector<uint8_t>> extra;
+    HostPagedKV kv2;
+    kv2.seq_page_indptr.push_back(0);
+    std::vector<float> q2;
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      const size_t t0 = static_cast<size_t>(q_indptr[b]);
+      std::vector<float> row(size_t{L} * 2 * H * d, 0.0f);  // [L][2][1][H][d]
+      KVSequenceView one{row.data(), L, H, d, 1};
+      for (uint32_t h = 0; h < H; ++h)
+        for (uint32_t c = 0; c < d; ++c) {
+          const_cast<float*>(one.row(layer, 0, 0, h))[c] = Bf16ToFloat(k_new[(t0 * H + h) * d + c]);
+          const_cast<float*>(one.row(layer, 1, 0, h))[c] = Bf16ToFloat(v_new[(t0 * H + h) * d + c]);
+        }
+      auto pg = EncodePage(prof, nullptr, PageKind::kBf16, one, 0, 1);
+      ASSERT_TRUE(pg.ok()) << pg.status();
+      extra.push_back(*std::move(pg));
+      for (int32_t i = kv.seq_page_indptr[b]; i < kv.seq_page_indptr[b + 1]; ++i) {
+        kv2.seq_page_ids.push_back(kv.seq_page_ids[i]);
+      }
+      kv2.seq_page_ids.push_back(-1 - static_cast<int32_t>(b));  // patched below
+      kv2.seq_page_indptr.push_back(static_cast<int32_t>(kv2.seq_page_ids.size()));
+      q2.insert(q2.end(), q.begin() + t0 * Hq * d, q.begin() + (t0 + 1) * Hq * d);
+    }
+    kv2.pages = kv.pages;
+    for (auto& id : kv2.seq_page_ids) {
+      if (id < 0) {
+        const size_t b = static_cast<size_t>(-1 - id);
+        id = static_cast<int32_t>(kv2.pages.size());
+        kv2.pages.emplace_back(extra[b]);
+      }
+    }
+    auto dec = ReferencePagedDecode(prof, rot, kv2, layer, q2, Hq, true);
+    ASSERT_TRUE(dec.ok()) << dec.status();
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      const size_t t0 = static_cast<size_t>(q_indptr[b]);
+      for (size_t i = 0; i < size_t{Hq} * d; ++i) {
+        ASSERT_NEAR(ext->out[t0 * Hq * d + i], dec->out[b * Hq * d + i], 1e-4) << "seq " << b << " i " << i;
+      }
+      for (uint32_t h = 0; h < Hq; ++h) {
+        EXPECT_NEAR(ext->lse[t0 * Hq + h], dec->lse[b * Hq + h], 1e-4);
+      }
+    }
+    // Later new tokens see more keys: outputs differ from the first token's (causal, not stale).
+    EXPECT_NE(ext->out[1 * Hq * d], ext->out[0]);
   }
 }
 

@@ -33,6 +33,17 @@ absl::StatusOr<AttentionOutput> ReferencePagedDecode(const CodecProfile& profile
                                                      uint32_t num_q_heads, bool unrotate_output,
                                                      float softmax_scale = 0);
 
+// Extend attention (LaunchExtendAttention's function) through DenseDecodeAttention, one new
+// token at a time: new token i of sequence b attends to the dequantized prefix pages of b plus
+// new tokens 0..i. q is [total_new][num_q_heads][d] (unrotated); k_new/v_new are bf16 bits of
+// rotated rows [total_new][num_kv_heads][d]; q_indptr has num_seqs + 1 entries. Output
+// [total_new][num_q_heads][d] and lse [total_new][num_q_heads].
+absl::StatusOr<AttentionOutput> ReferenceExtendAttention(
+    const CodecProfile& profile, const RotationSet& rotations, const HostPagedKV& kv,
+    uint32_t layer, std::span<const int32_t> q_indptr, std::span<const float> q,
+    std::span<const uint16_t> k_new, std::span<const uint16_t> v_new, uint32_t num_q_heads,
+    bool unrotate_output, float softmax_scale = 0);
+
 // Quantize-on-write on host memory: every pointer in `params` is a host pointer (page_ptrs to
 // writable page buffers). `rotations` replaces rot_fragments (nullptr: rows already rotated);
 // its matrices for layers [first_layer, first_layer + layer_count) are used.
