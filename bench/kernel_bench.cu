@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "oscarkv/cuda/decode_runner.h"
+#include "oscarkv/cuda/extend_attention.h"
 #include "oscarkv/cuda/quantize_write.h"
 #include "oscarkv/kernels/page_set.h"
 #include "oscarkv/kernels/rotation.h"
@@ -286,6 +287,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
   // Shared inputs: source rows (for page fills and quantize-on-write), rotations, clips.
   int max_len = o.quant_tokens;
   for (auto [b, l] : o.shapes) max_len = std::max(max_len, l);
+  max_len = std::max({max_len, o.extend_prefix, o.extend_new});
   const size_t src_elems = size_t(max_len) * kKvHeads * kHeadDim;
   auto ksrc = DeviceBuffer::Create(src_elems * 2);
   auto vsrc = DeviceBuffer::Create(src_elems * 2);
@@ -378,6 +380,46 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         d.int2_by_target.push_back({o.target_ctas[ti], *t});
       }
     }
+  }
+
+  // Extend attention: B=1, OSCAR pages of extend_prefix tokens, extend_new new tokens.
+  if (o.extend_new > 0 && o.extend_prefix >= 0) {
+    std::fprintf(stderr, "[bench] extend prefix=%d new=%d\n", o.extend_prefix, o.extend_new);
+    PagedBatch pb;
+    BENCH_RETURN_IF_ERROR(BuildBatch(o, 1, std::max(o.extend_prefix, 1), false, r.sms, 0, *ksrc,
+                                     *vsrc, frags->get(), clips->as<float>(), &pb));
+    const int C = o.extend_new;
+    auto q = DeviceBuffer::Create(size_t(C) * kQHeads * kHeadDim * 4);
+    auto out = DeviceBuffer::Create(size_t(C) * kQHeads * kHeadDim * 4);
+    auto lse = DeviceBuffer::Create(size_t(C) * kQHeads * 4);
+    auto qi = DeviceBuffer::FromHost(std::vector<int32_t>{0, C});
+    if (!q.ok() || !out.ok() || !lse.ok() || !qi.ok()) return absl::InternalError("extend buffers");
+    FillFloat<<<64, 256>>>(q->as<float>(), size_t(C) * kQHeads * kHeadDim, 7);
+    cuda::ExtendParams e;
+    e.shape = cuda::DecodeShape{static_cast<uint32_t>(o.layers), kKvHeads, kQHeads, kHeadDim, 128,
+                                kPageTokens, 0};
+    e.table.page_ptrs = pb.ptr_tables[0].as<const uint8_t*>();
+    e.table.page_kinds = pb.kinds.as<uint8_t>();
+    e.table.page_token_counts = pb.counts.as<uint16_t>();
+    e.table.seq_page_indptr = pb.indptr.as<int32_t>();
+    e.table.seq_page_ids = pb.ids.as<int32_t>();
+    e.table.num_seqs = 1;
+    e.q_indptr = qi->as<int32_t>();
+    e.max_new_tokens = C;
+    e.q = q->as<float>();
+    e.k_new = ksrc->as<uint16_t>();  // [C][8][128] bf16 rows (the shared source rows)
+    e.v_new = vsrc->as<uint16_t>();
+    e.rot_k = rot_k;
+    e.out = out->as<float>();
+    e.lse = lse->as<float>();
+    auto us = TimeMedianUs([&] { return cuda::LaunchExtendAttention(e, nullptr); }, o.samples);
+    if (!us.ok()) return us.status();
+    ExtendRow row;
+    row.prefix = o.extend_prefix;
+    row.new_tokens = C;
+    row.us = *us;
+    row.flops = 4.0 * C * (o.extend_prefix + C / 2.0) * kHeadDim * kQHeads;
+    r.extend.push_back(row);
   }
 
   // Quantize-on-write: quant_tokens tokens of one layer, 8 KV heads, K and V.

@@ -26,6 +26,9 @@ struct KernelBenchOptions {
   std::vector<int> target_ctas = {0};  // decode plan CTA targets to measure (0 = default)
   bool bf16_pages = true;    // measure the kernel on all-BF16 pages
   bool quantize = true;      // measure quantize-on-write
+  // Extend attention: `extend_new` new tokens over a B=1 OSCAR prefix of `extend_prefix`
+  // tokens (0 new tokens: skip).
+  int extend_prefix = 32768, extend_new = 512;
 };
 
 // One INT2 kernel configuration measured on the same pages.
@@ -51,12 +54,19 @@ struct QuantRow {
   double us = 0, bytes = 0;  // bytes moved: bf16 rows read + page bytes written
 };
 
+struct ExtendRow {
+  int prefix = 0, new_tokens = 0;
+  double us = 0;
+  double flops = 0;  // 4·C·(prefix + C/2)·d·Hq (scores and values, causal half of the new block)
+};
+
 struct KernelBenchReport {
   std::string device;
   int sms = 0, decode_ctas_per_sm = 0;
   double copy_gbps = 0;  // read + write bytes per second of a plain copy kernel
   std::vector<DecodeRow> decode;
   std::vector<QuantRow> quant;
+  std::vector<ExtendRow> extend;
   std::string sdpa_error;  // why the baseline is missing, if it is
 };
 

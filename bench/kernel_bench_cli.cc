@@ -20,6 +20,7 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("sdpa", "python3 bench/sdpa_baseline.py", "baseline command ('' to skip)")
       .Option("quant-tokens", "32768", "tokens written by the quantize-on-write bench")
       .Option("target-ctas", "0", "decode plan CTA targets, comma list; the first is reported (0 = default)")
+      .Option("extend", "32768x512", "extend attention bench: PREFIXxNEW tokens (B=1; '' to skip)")
       .Option("csv", "", "write the CSV here")
       .Option("plot", "", "write an SVG plot here")
       .Flag("fast-query", "single fp16 query part for INT2 scores (default: hi+lo)")
@@ -69,7 +70,19 @@ int KernelBenchMain(int argc, char** argv) {
   if (o.target_ctas.empty()) o.target_ctas.push_back(0);
   o.precise_query = !args.flag("fast-query");
   o.all_variants = !args.flag("baseline-only");
-  if (args.flag("int2-only")) o.bf16_pages = o.quantize = false;
+  o.extend_new = 0;
+  if (!args.str("extend").empty()) {
+    std::vector<std::string> pn = absl::StrSplit(args.str("extend"), 'x');
+    if (pn.size() != 2 || !absl::SimpleAtoi(pn[0], &o.extend_prefix) ||
+        !absl::SimpleAtoi(pn[1], &o.extend_new) || o.extend_prefix < 0 || o.extend_new < 0) {
+      std::fprintf(stderr, "bad --extend (want PREFIXxNEW)\n");
+      return 2;
+    }
+  }
+  if (args.flag("int2-only")) {
+    o.bf16_pages = o.quantize = false;
+    o.extend_new = 0;
+  }
   auto report = RunKernelBench(o);
   if (!report.ok()) {
     std::fprintf(stderr, "bench kernels: %s\n", std::string(report.status().message()).c_str());

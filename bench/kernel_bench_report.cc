@@ -83,6 +83,10 @@ std::string FormatTable(const KernelBenchReport& r) {
                            d.length, target, us, Ratio(d.sdpa_us, us));
     }
   }
+  for (const auto& e : r.extend) {
+    s += absl::StrFormat("extend attention (B=1, OSCAR prefix %d tokens, %d new tokens): %.1f us, %.1f TFLOP/s\n",
+                         e.prefix, e.new_tokens, e.us, e.us > 0 ? e.flops / (e.us * 1e-6) / 1e12 : 0.0);
+  }
   s += "quantize-on-write (bf16 rows in -> page rows out, one layer, 8 KV heads, K and V)\n";
   for (const auto& q : r.quant) {
     s += absl::StrFormat("  %-40s %9.1f us %8.0f GB/s %5.0f%% of copy\n", q.name, q.us,
@@ -106,6 +110,10 @@ std::string FormatCsv(const KernelBenchReport& r) {
     for (const auto& v : d.int2_variants) {
       row(("oscarkv_int2_pages:" + v.name).c_str(), v.us, d.int2_bytes);
     }
+  }
+  for (const auto& e : r.extend) {
+    s += absl::StrFormat("extend,oscarkv_int2_prefix,1,%d,%.3f,0,0,%.1f,0,0\n", e.prefix, e.us,
+                         r.copy_gbps);
   }
   for (const auto& q : r.quant) {
     s += absl::StrFormat("quantize,%s,1,0,%.3f,%.0f,%.1f,%.1f,%.4f,0\n", q.name, q.us, q.bytes,
@@ -152,6 +160,10 @@ std::string FormatJson(const KernelBenchReport& r) {
   for (const auto& q : r.quant) {
     j["quantize"].push_back({{"name", q.name}, {"us", q.us}, {"bytes", q.bytes},
                              {"fraction_of_copy", Ratio(Gbps(q.bytes, q.us), r.copy_gbps)}});
+  }
+  for (const auto& e : r.extend) {
+    j["extend"].push_back({{"prefix", e.prefix}, {"new_tokens", e.new_tokens}, {"us", e.us},
+                           {"tflops", e.us > 0 ? e.flops / (e.us * 1e-6) / 1e12 : 0.0}});
   }
   if (!r.sdpa_error.empty()) j["sdpa_error"] = r.sdpa_error;
   return j.dump(2);
