@@ -83,6 +83,9 @@ constexpr uint64_t kU32 = std::numeric_limits<uint32_t>::max();
 // One table drives both YAML keys and their validation.
 absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig* c) {
   if (key == "listen") return ReadString(v, key, &c->listen);
+  if (key == "ucx.enabled") return ReadBool(v, key, &c->ucx);
+  if (key == "ucx.tls") return ReadString(v, key, &c->ucx_tls);
+  if (key == "ucx.net_devices") return ReadString(v, key, &c->ucx_net_devices);
   if (key == "metrics_listen") return ReadString(v, key, &c->metrics_listen);
   if (key == "node_id") return ReadString(v, key, &c->node_id);
   if (key == "log_level") return ReadString(v, key, &c->log_level);
@@ -253,6 +256,10 @@ Args MakeArgs() {
       .Option("drain-timeout-ms", "", "SIGTERM grace period for in-flight RPCs (default 5000)")
       .Option("grpc-threads", "", "max gRPC server threads (default: gRPC's)")
       .Option("node-id", "", "node name in Handshake/Stats (default: host name)")
+      .Option("ucx", "", "UCX data plane on|off (default on; off: GetDataPlane answers "
+                         "FAILED_PRECONDITION)")
+      .Option("ucx-tls", "", "UCX_TLS of the data plane: tcp, shm, rc,ud, ... (default tcp)")
+      .Option("ucx-net-devices", "", "UCX_NET_DEVICES of the data plane (default: all)")
       .Option("log-level", "", "debug|info|warn|error (default info)")
       .Flag("print-default-config", "print the embedded default YAML config and exit")
       .Epilog(
@@ -308,6 +315,15 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
   str("shm-name", &c.shm_name);
   str("node-id", &c.node_id);
   str("log-level", &c.log_level);
+  str("ucx-tls", &c.ucx_tls);
+  str("ucx-net-devices", &c.ucx_net_devices);
+  if (args.given("ucx")) {
+    const std::string u = args.str("ucx");
+    if (u != "on" && u != "off") {
+      return absl::InvalidArgumentError(absl::StrCat("--ucx: expected on or off, got '", u, "'"));
+    }
+    c.ucx = u == "on";
+  }
   for (absl::Status s : {num("pool-mb", &c.pool_mb, 1, uint64_t{1} << 30),
                          num("default-lease-ms", &c.default_lease_ms, 1, kU32),
                          num("max-lease-ms", &c.max_lease_ms, 1, kU32),

@@ -10,9 +10,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpc_service.h"
+#include "ucx_data_plane.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -152,6 +154,22 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   PageCache cache(pool->get(), SystemClock::Default(), co);
   Metrics metrics;
   KvCacheService service(&cache, &metrics);
+  std::unique_ptr<UcxDataPlane> data_plane;
+  if (config.ucx) {
+    auto dp = UcxDataPlane::Start(config.ucx_tls, config.ucx_net_devices,
+                                  pool->get()->arena().base(), pool->get()->arena().size());
+    if (dp.ok()) {
+      data_plane = std::move(*dp);
+      service.SetDataPlane(&data_plane->info(), "");
+    } else {
+      // The control plane and the shm/gRPC data paths still work; say why UCX does not.
+      LogEvent(LogLevel::kWarn, "ucx_unavailable", {{"error", std::string(dp.status().message())}});
+      service.SetDataPlane(nullptr, absl::StrCat("UCX data plane failed to start: ",
+                                                 dp.status().message()));
+    }
+  } else {
+    service.SetDataPlane(nullptr, "UCX data plane disabled (--ucx off)");
+  }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -212,6 +230,8 @@ absl::Status RunDaemon(const DaemonConfig& config) {
             {"cuda_registered", cuda ? "yes" : "no"},
             {"node_id", co.node_id},
             {"max_batch", absl::StrCat(co.max_batch)},
+            {"ucx", data_plane ? absl::StrJoin(data_plane->info().transports(), ",")
+                               : std::string("off")},
             {"pid", absl::StrCat(getpid())}});
 
   sigset_t set;
@@ -233,6 +253,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   // function, so the object is deliberately left to the OS.
   (void)server.release();
   metrics_server.Stop();
+  data_plane.reset();
   stop_reaper.Notify();
   reaper.join();
   const auto drain_ms = std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -82,6 +82,21 @@ OSCARKV_UNARY(Clear, ClearRequest, ClearResponse)
 #undef OSCARKV_CALLBACK
 #undef OSCARKV_UNARY
 
+grpc::ServerUnaryReactor* KvCacheService::GetDataPlane(grpc::CallbackServerContext* ctx,
+                                                       const pb::GetDataPlaneRequest*,
+                                                       pb::GetDataPlaneResponse* resp) {
+  CallTimer t(metrics_, Rpc::kGetDataPlane);
+  absl::Status s;
+  if (data_plane_ == nullptr) {
+    s = absl::FailedPreconditionError(no_data_plane_);
+  } else {
+    *resp = *data_plane_;
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(t.Done(s));
+  return reactor;
+}
+
 grpc::Status KvCacheService::WritePages(grpc::ServerContext* ctx,
                                         grpc::ServerReader<pb::WriteChunk>* reader,
                                         pb::WriteResponse* resp) {

@@ -21,11 +21,20 @@ using KvCacheAsyncBase = pb::KvCache::WithCallbackMethod_Handshake<
         pb::KvCache::WithCallbackMethod_Release<pb::KvCache::WithCallbackMethod_RenewLease<
             pb::KvCache::WithCallbackMethod_Delete<pb::KvCache::WithCallbackMethod_Stats<
                 pb::KvCache::WithCallbackMethod_OpenHandle<
-                    pb::KvCache::WithCallbackMethod_CloseHandle<pb::KvCache::Service>>>>>>>>>;
+                    pb::KvCache::WithCallbackMethod_CloseHandle<
+                        pb::KvCache::WithCallbackMethod_GetDataPlane<pb::KvCache::Service>>>>>>>>>>;
 
 class KvCacheService final : public KvCacheAsyncBase {
  public:
   KvCacheService(PageCache* cache, Metrics* metrics) : cache_(cache), metrics_(metrics) {}
+  // The UCX data plane's description (nullptr: none; `why_not` says why). Set before serving.
+  void SetDataPlane(const pb::GetDataPlaneResponse* info, std::string why_not) {
+    data_plane_ = info;
+    no_data_plane_ = std::move(why_not);
+  }
+  grpc::ServerUnaryReactor* GetDataPlane(grpc::CallbackServerContext*,
+                                         const pb::GetDataPlaneRequest*,
+                                         pb::GetDataPlaneResponse*) override;
 
   grpc::ServerUnaryReactor* Handshake(grpc::CallbackServerContext*, const pb::HandshakeRequest*,
                                       pb::HandshakeResponse*) override;
@@ -67,6 +76,8 @@ class KvCacheService final : public KvCacheAsyncBase {
  private:
   PageCache* cache_;
   Metrics* metrics_;
+  const pb::GetDataPlaneResponse* data_plane_ = nullptr;
+  std::string no_data_plane_ = "the daemon runs without a UCX data plane";
 };
 
 grpc::Status ToGrpc(const absl::Status& s);

@@ -31,6 +31,11 @@ struct DaemonConfig {
   uint32_t drain_timeout_ms = 5000;
   uint32_t index_shards = 64;
   uint32_t grpc_threads = 0;  // 0 = gRPC's default
+  // UCX data plane (GetDataPlane): on/off, UCX_TLS ("tcp", "shm", "rc,ud", ...) and
+  // UCX_NET_DEVICES ("" = all; "lo" keeps tcp on loopback).
+  bool ucx = true;
+  std::string ucx_tls = "tcp";
+  std::string ucx_net_devices;
 
   // Range and format checks across fields (listen addresses, log level, lease bounds).
   absl::Status Validate() const;

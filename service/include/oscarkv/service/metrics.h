@@ -29,6 +29,7 @@ enum class Rpc {
   kPublishHandle,
   kOpenHandle,
   kCloseHandle,
+  kGetDataPlane,
   kCount
 };
 const char* RpcName(Rpc rpc);

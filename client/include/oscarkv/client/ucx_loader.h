@@ -1,0 +1,66 @@
+// UcxLoader: loads leased pages from a daemon's pool with UCX RMA gets (the remote data path of
+// DESIGN.md §5 flows 2 and 3), instead of gRPC ReadPages or a shared-memory mapping.
+//
+// Contract
+// * Connect() dials the daemon (HandleClient), asks GetDataPlane for its worker address and the
+//   pool's exported rkey, creates this loader's ucp context and worker, registers ONE receive
+//   buffer of `buffer_bytes` (the engine-facing staging buffer; batches larger than it are moved
+//   in several rounds), connects an endpoint and imports the rkey.
+// * Load/LoadHandle: pin (Lookup with a lease / OpenHandle) → RMA get of every page into the
+//   registered buffer → verify each page (size, header, codec, kind, XXH3 checksum when
+//   verify_checksums) → copy out → release the lease. No page that failed verification is ever
+//   returned: the whole call fails with DATA_LOSS.
+// * A daemon that vanishes mid-transfer: the endpoint fails (UCX error callback or the transport's
+//   no-progress watchdog, `peer_timeout_ms`), every in-flight request returns, the call returns
+//   UNAVAILABLE, the lease is released (or expires on a dead daemon), the endpoint and worker are
+//   dropped; the next call reconnects (fresh GetDataPlane, fresh worker).
+// * Transports: `tls` is this side's UCX_TLS ("tcp", "shm", ...). With transports that cannot
+//   report a dead peer (posix/sysv shm in UCX 1.13) the endpoint runs without UCX peer-failure
+//   handling and the loader re-checks GetDataPlane before every batch, so a restarted daemon is
+//   never read through an old endpoint.
+// * Thread-safety: methods may be called from any thread; transfers are serialized (one worker).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "oscarkv/client/client.h"
+#include "oscarkv/client/handles.h"
+
+namespace oscarkv::client {
+
+struct UcxLoaderOptions {
+  ConnectOptions connect;           // daemon address, checksums, rpc deadline
+  std::string tls = "tcp";          // UCX_TLS of this side
+  std::string net_devices;          // UCX_NET_DEVICES ("lo" keeps tcp on loopback); "" = all
+  uint64_t buffer_bytes = 64 << 20; // the registered receive buffer
+  int64_t peer_timeout_ms = 1500;   // a peer completing nothing this long is declared gone
+  int64_t transfer_timeout_ms = 2000;  // bound of one RMA round
+};
+
+struct UcxDataPlaneInfo {
+  std::vector<std::string> daemon_transports;    // what the daemon's context got
+  std::vector<std::string> endpoint_transports;  // lanes of this loader's endpoint
+  bool peer_failure_detection = false;
+};
+
+class UcxLoader {
+ public:
+  static absl::StatusOr<std::unique_ptr<UcxLoader>> Connect(const UcxLoaderOptions& options);
+  virtual ~UcxLoader() = default;
+
+  virtual HandleClient& handles() = 0;
+  virtual absl::StatusOr<UcxDataPlaneInfo> Info() = 0;
+
+  // The longest cached prefix of `keys`, fetched by RMA.
+  virtual absl::StatusOr<LoadResult> Load(const Codec& codec, std::span<const BlockKey> keys) = 0;
+  // Every page of a transfer handle, fetched by RMA.
+  virtual absl::StatusOr<HandlePages> LoadHandle(const Codec& codec,
+                                                 const std::string& handle) = 0;
+};
+
+}  // namespace oscarkv::client
