@@ -130,7 +130,11 @@ absl::StatusOr<std::unique_ptr<client::HandleClient>> Dial(const std::string& ad
   return client::HandleClient::Connect(o);
 }
 
-std::string Mib(uint64_t b) { return absl::StrFormat("%.2f MiB", b / 1048576.0); }
+std::string Mib(uint64_t b) {
+  if (b < 10 * 1024) return absl::StrCat(b, " B");
+  if (b < 1024 * 1024) return absl::StrFormat("%.1f KiB", b / 1024.0);
+  return absl::StrFormat("%.2f MiB", b / 1048576.0);
+}
 
 // ---------------------------------------------------------------------------------------------
 int RunPrefill(int argc, char** argv) {
@@ -332,6 +336,7 @@ struct PdDemoReport {
 
 absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
   const std::string& in = o.indent;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress lines interleave with the children's
   PdDemoReport report;
   const std::string model_dir = ResolveModel(o.model);
   if (model_dir.empty()) {
@@ -491,6 +496,14 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
   std::printf("%sreference (1 process) : \"%s\"\n", in.c_str(), report.reference_text.c_str());
   std::printf("%shandoff (2 processes) : \"%s\"\n", in.c_str(), report.handoff_text.c_str());
   std::printf("%sequal                 : %s\n", in.c_str(), report.equal ? "yes" : "NO");
+  const CodecProfile& prof = codec->profile;
+  const uint64_t int2_page = GeometryFor(prof, PageKind::kInt2).page_bytes();
+  const uint64_t bf16_page = GeometryFor(prof, PageKind::kBf16).page_bytes();
+  std::printf("%spage sizes            : INT2 %s, BF16 %s (%.2fx); this request: %d INT2 history "
+              "+ %d BF16 sink/tail pages\n",
+              in.c_str(), Mib(int2_page).c_str(), Mib(bf16_page).c_str(),
+              double(bf16_page) / int2_page, (*dj)["int2_pages"].get<int>(),
+              (*dj)["bf16_pages"].get<int>());
   std::printf("%sbytes moved           : %s pages + %s manifest = %s; as BF16 pages: %s "
               "(%.2fx the pages, %.2fx in all)\n",
               in.c_str(), Mib(report.page_bytes).c_str(), Mib(report.manifest_bytes).c_str(),
@@ -503,6 +516,23 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
     if (s.ok() && *s == 0) std::filesystem::remove(daemon_log[i]);
   }
   return report;
+}
+
+// The P/D section of `oscarkv demo`: the default codec (page 64, sink 64, recent 256) on a
+// `prompt_bytes` prompt from the reference model's val.txt. Returns an exit code; 0 when the
+// section is skipped because the reference model is absent.
+int RunPdDemoSection(uint32_t prompt_bytes, uint32_t tokens) {
+  if (ResolveModel("").empty()) {
+    std::printf("(skipped: the reference model was not found; set OSCARKV_REFMODEL)\n");
+    return 0;
+  }
+  PdDemoOptions o;
+  o.prompt_bytes = prompt_bytes;
+  o.tokens = tokens;
+  o.pool_mb = 64;
+  auto r = RunPdHandoffDemo(o);
+  if (!r.ok()) return Fail("demo", r.status());
+  return r->equal ? 0 : 1;
 }
 
 namespace {

@@ -128,6 +128,10 @@ absl::StatusOr<client::StoreResult> CachePrefix(client::Client& local, const Eng
         p.first_token != i * codec.profile.page_tokens) {
       break;
     }
+    // Sink and INT2 history pages only: a block in the BF16 tail becomes INT2 history once the
+    // sequence grows, so its tail form is not the canonical page of its key.
+    const bool sink = p.first_token < codec.profile.sink_tokens;
+    if (p.kind != PageKind::kInt2 && !sink) break;
     writes.push_back({keys[i], p.kind, pages.pages[i]});
   }
   return local.Store(c, writes);

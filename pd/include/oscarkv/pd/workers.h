@@ -87,9 +87,10 @@ class DecodeWorker {
   client::HandleClient& client_;
 };
 
-// Stores the handed-over pages that hold full page_tokens blocks of the prompt under the
-// canonical block keys of their tokens (FORMAT.md §3) in `local` (the decode host's daemon), so
-// later requests sharing the prefix hit there. Returns the store's result.
+// Stores the handed-over sink and INT2 history pages of the prompt (never the BF16 tail, whose
+// blocks turn INT2 as a sequence grows) under the canonical block keys of their tokens
+// (FORMAT.md §3) in `local` (the decode host's daemon), so later requests sharing the prefix
+// hit there. Returns the store's result.
 absl::StatusOr<client::StoreResult> CachePrefix(client::Client& local, const EngineCodec& codec,
                                                 const std::vector<int32_t>& prompt,
                                                 const SequencePages& pages);
