@@ -34,18 +34,20 @@ down() {
   ip netns del "$1-b" 2>/dev/null || true
 }
 
-# Starts oscarkvd in netns $1 on $2; prints its listen address (from the ready line).
+# Starts oscarkvd in netns $1 on $2 (log $3); sets LISTEN to its address (from its ready line).
+# Runs in this shell (not a subshell) so that DAEMON_PIDS reaches the exit trap.
 start_daemon() {
-  local ns=$1 addr=$2 log=$3 fifo
-  fifo=$(mktemp -u)
-  mkfifo "$fifo"
+  local ns=$1 addr=$2 log=$3 out=$3.out line=""
   ip netns exec "$ns" "$OSCARKVD" --listen "$addr:0" --metrics-listen off --pool-mb 128 \
-      >"$fifo" 2>"$log" &
+      >"$out" 2>"$log" &
   DAEMON_PIDS+=($!)
-  local line
-  read -r -t 30 line <"$fifo" || { echo "daemon in $ns did not start (see $log)" >&2; return 1; }
-  rm -f "$fifo"
-  sed -n 's/.*listen=\([^ ]*\).*/\1/p' <<<"$line"
+  for _ in $(seq 300); do
+    line=$(grep -m1 '^oscarkvd ready' "$out" || true)
+    [[ -n $line ]] && break
+    sleep 0.1
+  done
+  [[ -n $line ]] || { echo "daemon in $ns did not start (see $log)" >&2; return 1; }
+  LISTEN=$(sed -n 's/.*listen=\([^ ]*\).*/\1/p' <<<"$line")
 }
 
 handoff() {
@@ -59,8 +61,10 @@ handoff() {
   trap 'kill ${DAEMON_PIDS[*]:-} 2>/dev/null || true; wait 2>/dev/null || true; down '"$name"'; rm -rf '"$tmp" EXIT INT TERM
   up "$name"
   local a b
-  a=$(start_daemon "$name-a" "$ADDR_A" "$tmp/a.log")
-  b=$(start_daemon "$name-b" "$ADDR_B" "$tmp/b.log")
+  start_daemon "$name-a" "$ADDR_A" "$tmp/a.log"
+  a=$LISTEN
+  start_daemon "$name-b" "$ADDR_B" "$tmp/b.log"
+  b=$LISTEN
   echo "daemon A $a (host a), daemon B $b (host b)"
   ip netns exec "$name-a" "$OSCARKV" pd prefill --daemon "$a" --handle demo \
       --prompt "${PROMPT:-The LIKE expression returns true if the string matches the supplied pattern.}" \
