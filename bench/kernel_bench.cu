@@ -218,7 +218,8 @@ absl::Status BuildBatch(const KernelBenchOptions& o, int B, int L, bool all_bf16
 absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, int B,
                                   const float* rot_k,
                                   cuda::DecodeVariant variant = cuda::DecodeVariant::kBaseline,
-                                  bool precise_query = true) {
+                                  bool precise_query = true,
+                                  std::vector<float>* out_host = nullptr) {
   auto q = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
   auto out = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
   auto lse = DeviceBuffer::Create(size_t(B) * kQHeads * 4);
@@ -241,8 +242,17 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     params.push_back(p);
   }
   int c = 0;
-  return TimeMedianUs([&] { return cuda::LaunchDecodeAttention(params[c++ % params.size()], nullptr); },
-                      o.samples);
+  auto us = TimeMedianUs([&] { return cuda::LaunchDecodeAttention(params[c++ % params.size()], nullptr); },
+                         o.samples);
+  if (!us.ok() || out_host == nullptr) return us;
+  // One more launch on poisoned output, for the caller's cross-check of variants.
+  BENCH_RETURN_IF_ERROR(CudaOk(cudaMemset(out->get(), 0xff, out->bytes()), "poison"));
+  BENCH_RETURN_IF_ERROR(cuda::LaunchDecodeAttention(params[0], nullptr));
+  BENCH_RETURN_IF_ERROR(CudaOk(cudaDeviceSynchronize(), "decode check run"));
+  auto h = out->ToHost<float>();
+  if (!h.ok()) return h.status();
+  *out_host = *std::move(h);
+  return us;
 }
 
 }  // namespace
@@ -329,15 +339,31 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
           configs.push_back({cuda::DecodeVariant::kBaseline, o.precise_query});
         }
         d.int2_us = 0;
+        std::vector<float> base_out;
         for (const Config& cfg : configs) {
-          auto t = TimeDecode(o, pb, d.batch, rot_k, cfg.v, cfg.precise);
+          std::vector<float> vout;
+          auto t = TimeDecode(o, pb, d.batch, rot_k, cfg.v, cfg.precise, &vout);
           if (!t.ok()) return t.status();
           VariantTime vt;
           vt.name = std::string(cuda::DecodeVariantName(cfg.v)) + (cfg.precise ? "" : "+fast_query");
           vt.approximate = !cfg.precise && o.precise_query;
           vt.us = *t;
-          std::fprintf(stderr, "[bench]   INT2 %-28s %9.1f us\n", vt.name.c_str(), vt.us);
-          if (!vt.approximate && (d.int2_us == 0 || vt.us < d.int2_us)) {
+          // Cross-check against the first (baseline) configuration on the same pages: a
+          // variant that disagrees is reported but never counted as the best.
+          double max_rel = 0;
+          if (base_out.empty()) {
+            base_out = vout;
+          } else {
+            for (size_t i = 0; i < vout.size() && i < base_out.size(); ++i) {
+              const double e = std::fabs(double(vout[i]) - base_out[i]) / (1.0 + std::fabs(base_out[i]));
+              max_rel = std::isfinite(e) ? std::max(max_rel, e) : 1e30;
+            }
+          }
+          vt.check_error = max_rel;
+          vt.check_ok = max_rel <= (vt.approximate ? 2e-2 : 4e-3);
+          std::fprintf(stderr, "[bench]   INT2 %-28s %9.1f us  max diff vs baseline %.2e%s\n",
+                       vt.name.c_str(), vt.us, max_rel, vt.check_ok ? "" : "  MISMATCH");
+          if (vt.check_ok && !vt.approximate && (d.int2_us == 0 || vt.us < d.int2_us)) {
             d.int2_us = vt.us;
             d.int2_best = vt.name;
           }

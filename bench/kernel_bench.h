@@ -36,6 +36,9 @@ struct VariantTime {
   std::string name;
   bool approximate = false;  // looser tolerance than the default (e.g. single fp16 query)
   double us = 0;
+  // Output cross-check against the baseline variant on the same inputs (max |a-b|/(1+|b|)).
+  double check_error = 0;
+  bool check_ok = true;
 };
 
 struct DecodeRow {

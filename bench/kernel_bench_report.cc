@@ -71,8 +71,9 @@ std::string FormatTable(const KernelBenchReport& r) {
     if (d.int2_variants.size() > 1) {
       s += absl::StrFormat("  INT2 variants B=%d L=%d:", d.batch, d.length);
       for (const auto& v : d.int2_variants) {
-        s += absl::StrFormat(" %s %.1f us (%.2fx)%s%s;", v.name, v.us, Ratio(d.sdpa_us, v.us),
-                             v.approximate ? " approx" : "", v.name == d.int2_best ? " *" : "");
+        s += absl::StrFormat(" %s %.1f us (%.2fx)%s%s%s;", v.name, v.us, Ratio(d.sdpa_us, v.us),
+                             v.approximate ? " approx" : "", v.check_ok ? "" : " MISMATCH",
+                             v.name == d.int2_best ? " *" : "");
       }
       s += "\n";
     }
@@ -149,6 +150,7 @@ std::string FormatJson(const KernelBenchReport& r) {
     nlohmann::json variants = nlohmann::json::array();
     for (const auto& v : d.int2_variants) {
       variants.push_back({{"name", v.name}, {"us", v.us}, {"approximate", v.approximate},
+                          {"check_ok", v.check_ok}, {"check_error_vs_baseline", v.check_error},
                           {"vs_sdpa", Ratio(d.sdpa_us, v.us)},
                           {"bw_fraction", Ratio(Gbps(d.int2_bytes, v.us), r.copy_gbps)}});
     }
