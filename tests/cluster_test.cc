@@ -62,10 +62,12 @@ class NetnsHosts {
   std::vector<std::string> names_, links_, addrs_;
 };
 
-class ClusterTest : public ::testing::TestWithParam<bool> {
+// Modes: 0 loopback ports (gRPC page path), 1 network namespaces (gRPC), 2 loopback with pages
+// loaded by UCX RMA over tcp.
+class ClusterTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    if (GetParam()) {
+    if (GetParam() == 1) {
       hosts_ = NetnsHosts::Create(3);
       if (hosts_ == nullptr) GTEST_SKIP() << "ip netns add / veth not permitted here";
     }
@@ -84,7 +86,8 @@ class ClusterTest : public ::testing::TestWithParam<bool> {
     std::vector<std::string> flags = {
         "--metrics-listen", "off", "--pool-mb", "64", "--node-id", absl::StrCat("node", i),
         "--shm-name", absl::StrCat("oscarkv-ct-", ::getpid(), "-", seq++), "--listen",
-        listen.empty() ? (hosts_ ? hosts_->ip(i) : std::string("127.0.0.1")) + ":0" : listen};
+        listen.empty() ? (hosts_ ? hosts_->ip(i) : std::string("127.0.0.1")) + ":0" : listen,
+        "--ucx", GetParam() == 2 ? "on" : "off", "--ucx-net-devices", "lo"};
     if (hosts_) {
       o.binary = "/usr/sbin/ip";
       if (::access(o.binary.c_str(), X_OK) != 0) o.binary = "/sbin/ip";
@@ -107,6 +110,11 @@ class ClusterTest : public ::testing::TestWithParam<bool> {
     o.membership.probe_timeout = absl::Milliseconds(300);
     o.owner_timeout_ms = 600;
     o.client_name = name;
+    if (GetParam() == 2) {
+      o.ucx = true;
+      o.ucx_tls = "tcp";
+      o.ucx_net_devices = "lo";
+    }
     auto c = ClusterClient::Connect(o);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
@@ -259,8 +267,9 @@ TEST_P(ClusterTest, KillDuringBatchTransferTenRounds) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Hosts, ClusterTest, ::testing::Values(false, true),
-                         [](const auto& info) { return info.param ? "netns" : "loopback"; });
+INSTANTIATE_TEST_SUITE_P(Hosts, ClusterTest, ::testing::Values(0, 1, 2), [](const auto& info) {
+  return std::string(info.param == 0 ? "loopback" : info.param == 1 ? "netns" : "loopback_ucx");
+});
 
 }  // namespace
 }  // namespace oscarkv::testing

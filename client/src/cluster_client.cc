@@ -10,6 +10,9 @@
 #include "absl/synchronization/mutex.h"
 #include "oscarkv/cluster/grpc_prober.h"
 #include "oscarkv/util/status_macros.h"
+#ifdef OSCARKV_HAVE_UCX_CLIENT
+#include "oscarkv/client/ucx_loader.h"
+#endif
 
 namespace oscarkv::client {
 namespace {
@@ -17,7 +20,11 @@ namespace {
 // A member connection. Dropped (and redialled on next use) after any transport failure, so a
 // restarted member gets a fresh handshake.
 struct MemberConn {
-  std::shared_ptr<HandleClient> hc;
+#ifdef OSCARKV_HAVE_UCX_CLIENT
+  std::unique_ptr<UcxLoader> ucx;  // when ClusterOptions::ucx; owns the HandleClient then
+#endif
+  std::unique_ptr<HandleClient> owned;
+  HandleClient* hc = nullptr;
   absl::Mutex mu;
   absl::flat_hash_set<std::string> codecs ABSL_GUARDED_BY(mu);  // registered codec ids (hex)
 };
@@ -81,8 +88,8 @@ class ClusterClientImpl final : public ClusterClient {
       futs.push_back(std::async(std::launch::async, [&, m]() {
         std::vector<PageWrite> mine;
         for (size_t i : groups[m]) mine.push_back(pages[i]);
-        auto r = OnMember<StoreResult>(live[m], codec, [&](HandleClient& hc) {
-          return hc.client().Store(codec, mine);
+        auto r = OnMember<StoreResult>(live[m], codec, [&](MemberConn& c) {
+          return c.hc->client().Store(codec, mine);
         });
         for (size_t j = 0; j < groups[m].size(); ++j) {
           out.item_status[groups[m][j]] =
@@ -117,8 +124,8 @@ class ClusterClientImpl final : public ClusterClient {
       futs[m] = std::async(std::launch::async, [&, m]() -> size_t {
         std::vector<BlockKey> mine;
         for (size_t i : groups[m]) mine.push_back(keys[i]);
-        auto r = OnMember<LookupResult>(live[m], codec, [&](HandleClient& hc) {
-          return hc.client().Lookup(codec, mine);
+        auto r = OnMember<LookupResult>(live[m], codec, [&](MemberConn& c) {
+          return c.hc->client().Lookup(codec, mine);
         });
         if (!r.ok()) return kFailed;
         // The owner's first missing key is where the global prefix can end at the latest.
@@ -159,8 +166,11 @@ class ClusterClientImpl final : public ClusterClient {
       futs.push_back(std::async(std::launch::async, [&, m]() {
         std::vector<BlockKey> mine;
         for (size_t i : groups[m]) mine.push_back(prefix[i]);
-        auto r = OnMember<LoadResult>(live[m], codec, [&](HandleClient& hc) {
-          return hc.client().Load(codec, mine);
+        auto r = OnMember<LoadResult>(live[m], codec, [&](MemberConn& c) {
+#ifdef OSCARKV_HAVE_UCX_CLIENT
+          if (c.ucx != nullptr) return c.ucx->Load(codec, mine);
+#endif
+          return c.hc->client().Load(codec, mine);
         });
         if (!r.ok()) {
           first_miss[m] = groups[m][0];
@@ -194,23 +204,27 @@ class ClusterClientImpl final : public ClusterClient {
                                          const std::string& metadata, uint32_t ttl_ms) override {
     OSCARKV_ASSIGN_OR_RETURN(std::string owner,
                              membership_->OwnerOf(HandleOwnerKey(codec, handle)));
-    return OnMember<uint64_t>(owner, codec, [&](HandleClient& hc) {
-      return hc.Publish(codec, handle, pages, metadata, ttl_ms);
+    return OnMember<uint64_t>(owner, codec, [&](MemberConn& c) {
+      return c.hc->Publish(codec, handle, pages, metadata, ttl_ms);
     });
   }
 
   absl::StatusOr<HandlePages> LoadHandle(const Codec& codec, const std::string& handle) override {
     OSCARKV_ASSIGN_OR_RETURN(std::string owner,
                              membership_->OwnerOf(HandleOwnerKey(codec, handle)));
-    return OnMember<HandlePages>(owner, codec,
-                                 [&](HandleClient& hc) { return hc.Load(codec, handle); });
+    return OnMember<HandlePages>(owner, codec, [&](MemberConn& c) {
+#ifdef OSCARKV_HAVE_UCX_CLIENT
+      if (c.ucx != nullptr) return c.ucx->LoadHandle(codec, handle);
+#endif
+      return c.hc->Load(codec, handle);
+    });
   }
 
   absl::Status CloseHandle(const Codec& codec, const std::string& handle) override {
     OSCARKV_ASSIGN_OR_RETURN(std::string owner,
                              membership_->OwnerOf(HandleOwnerKey(codec, handle)));
-    return OnMember<bool>(owner, codec, [&](HandleClient& hc) -> absl::StatusOr<bool> {
-             OSCARKV_RETURN_IF_ERROR(hc.Close(handle));
+    return OnMember<bool>(owner, codec, [&](MemberConn& c) -> absl::StatusOr<bool> {
+             OSCARKV_RETURN_IF_ERROR(c.hc->Close(handle));
              return true;
            })
         .status();
@@ -233,14 +247,36 @@ class ClusterClientImpl final : public ClusterClient {
     o.rpc_timeout_ms = options_.owner_timeout_ms;
     o.async_threads = 1;
     o.dedicated_connection = true;  // a fresh connection per incarnation of the member
-    auto hc = HandleClient::Connect(o);
-    if (!hc.ok()) {
-      membership_->MarkDown(addr);
-      return absl::Status(hc.status().code(),
-                          absl::StrCat("member ", addr, ": ", hc.status().message()));
-    }
     auto conn = std::make_shared<MemberConn>();
-    conn->hc = std::move(*hc);
+    absl::Status s;
+    if (options_.ucx) {
+#ifdef OSCARKV_HAVE_UCX_CLIENT
+      UcxLoaderOptions uo;
+      uo.connect = o;
+      uo.tls = options_.ucx_tls;
+      uo.net_devices = options_.ucx_net_devices;
+      uo.buffer_bytes = options_.ucx_buffer_bytes;
+      uo.peer_timeout_ms = options_.owner_timeout_ms;
+      uo.transfer_timeout_ms = options_.owner_timeout_ms;
+      auto l = UcxLoader::Connect(uo);
+      if (l.ok()) {
+        conn->ucx = std::move(*l);
+        conn->hc = &conn->ucx->handles();
+      }
+      s = l.status();
+#endif
+    } else {
+      auto hc = HandleClient::Connect(o);
+      if (hc.ok()) {
+        conn->owned = std::move(*hc);
+        conn->hc = conn->owned.get();
+      }
+      s = hc.status();
+    }
+    if (!s.ok()) {
+      membership_->MarkDown(addr);
+      return absl::Status(s.code(), absl::StrCat("member ", addr, ": ", s.message()));
+    }
     absl::MutexLock lock(&mu_);
     auto [it, inserted] = conns_.emplace(addr, conn);
     return it->second;
@@ -281,7 +317,7 @@ class ClusterClientImpl final : public ClusterClient {
         auto c = RegisterOn(addr, codec.profile);
         if (!c.ok()) return c.status();
       }
-      absl::StatusOr<T> r = fn(*conn->hc);
+      absl::StatusOr<T> r = fn(*conn);
       if (r.ok()) return r;
       if (IsUnknownCodec(r.status()) && attempt == 0) {
         absl::MutexLock lock(&conn->mu);
@@ -307,6 +343,11 @@ absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Connect(
   if (options.owner_timeout_ms <= 0) {
     return absl::InvalidArgumentError("owner_timeout_ms must be > 0");
   }
+#ifndef OSCARKV_HAVE_UCX_CLIENT
+  if (options.ucx) {
+    return absl::UnimplementedError("ClusterClient was built without UCX (transport module)");
+  }
+#endif
   if (prober == nullptr) prober = cluster::NewGrpcProber();
   OSCARKV_ASSIGN_OR_RETURN(
       std::unique_ptr<cluster::Membership> m,

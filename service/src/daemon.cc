@@ -14,7 +14,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpc_service.h"
+#ifdef OSCARKV_HAVE_UCX
 #include "ucx_data_plane.h"
+#endif
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -154,6 +156,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   PageCache cache(pool->get(), SystemClock::Default(), co);
   Metrics metrics;
   KvCacheService service(&cache, &metrics);
+#ifdef OSCARKV_HAVE_UCX
   std::unique_ptr<UcxDataPlane> data_plane;
   if (config.ucx) {
     auto dp = UcxDataPlane::Start(config.ucx_tls, config.ucx_net_devices,
@@ -170,6 +173,14 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   } else {
     service.SetDataPlane(nullptr, "UCX data plane disabled (--ucx off)");
   }
+#else
+  struct NoDataPlane {
+    const pb::GetDataPlaneResponse& info() const { return none; }
+    pb::GetDataPlaneResponse none;
+  };
+  std::unique_ptr<NoDataPlane> data_plane;
+  service.SetDataPlane(nullptr, "this oscarkvd was built without the transport module (UCX)");
+#endif
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -42,6 +42,12 @@ struct ClusterOptions {
   DataPath member_data_path = DataPath::kGrpc;
   std::string client_name = "oscarkv-cluster-client";
   bool verify_checksums = true;
+  // Load / LoadHandle pages by UCX RMA from each member's pool (ucx_loader.h) instead of gRPC;
+  // needs the library built with the transport module (else Connect fails UNIMPLEMENTED).
+  bool ucx = false;
+  std::string ucx_tls = "tcp";
+  std::string ucx_net_devices;  // "lo" keeps tcp on loopback
+  uint64_t ucx_buffer_bytes = 16 << 20;  // registered once per member connection
 };
 
 struct ClusterLookupResult {
