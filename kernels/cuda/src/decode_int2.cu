@@ -1,0 +1,505 @@
+// Mixed-precision paged decode attention: query rotation, split-KV attention over INT2 and BF16
+// page slices on tensor cores, and the log-sum-exp merge.
+//
+// Work decomposition: one CTA (4 warps) per work item = (sequence, KV head, run of 64-token
+// slices of one kind). K/V bytes of the item's slices stream through shared memory with
+// cp.async in a multi-stage ring; each warp keeps its own online-softmax state for all GQA
+// query heads of the KV head (the n = 8 columns of the mma tiles), and the 4 warps' states are
+// merged before the item's partial result is written.
+//
+// INT2 in registers, no dequantization pass: a code c is placed in an fp16 lane as the bit
+// pattern 0x6400 | (c << k), i.e. the value 1024 + c·2^k, with one LOP3 per two codes (k is
+// the code's bit offset inside its 16-bit half, 0..8, so no shift is needed for most codes).
+// The offset and the 2^k factor are removed in fp32 afterwards:
+//   scores  q·x̂ = scale·(Σ q_i 2^-k_i (1024 + 2^k_i c_i) − 1024·Σ q_i 2^-k_i) + min·Σ q_i
+//   values  Σ_t p_t x̂_t = 2^-k·(Σ_t W_t (1024 + 2^k c_t) − 1024·Σ_t W_t) + Σ_t p_t·min_t,
+//           W_t = fp16(p_t·scale_t),
+// where the tensor cores compute the first sums; the score offset is removed by starting the
+// accumulators at −1024·Σ q·2^-k, and 1024·Σ W comes from one more mma with every code 0. Channel orders inside the mma tiles are
+// permuted so each lane's operands come from contiguous bytes; the query fragments and the
+// output mapping use the same permutation.
+#include "decode_common.cuh"
+
+namespace oscarkv::cuda {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// INT2 slices. Each warp streams its own slices (w, w+4, ...) through a private 3-stage
+// cp.async ring, so warps never wait for each other.
+
+template <int G>
+struct Int2Layout {
+  static constexpr int NG = 128 / G;
+  static constexpr int kCodes = 64 * 32;          // 64 rows x 32 bytes
+  static constexpr int kParams = 64 * NG * 4;     // (scale, min) fp16 pairs
+  static constexpr int kHalf = kCodes + kParams;  // K part, then V part
+  // Byte offset inside a code row of word v (0, 1) of lane tig for the score product.
+  __device__ static int KWordByte(int tig, int v) { return G == 128 ? 8 * tig + 4 * v : 16 * v + 4 * tig; }
+};
+constexpr int kInt2WarpStages = 3;
+
+// r = (w & mask) | magic in one LOP3 (the magic lives in a register).
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t AndOr(uint32_t w, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "n"(kMask), "r"(magic));
+  return r;
+}
+// Unpacks a 32-bit word whose two 16-bit halves each hold 8 codes (channel c of a half at bits
+// 2c..2c+1) into 8 fp16x2 registers: r[c] = 1024 + 2^CodeShift(c)·code_c for both halves.
+// Register r (0..7) of UnpackCodesM, from the word and the word >> 8 (r is a constant).
+__device__ __forceinline__ uint32_t CodeReg(int r, uint32_t w, uint32_t w8, uint32_t magic) {
+  switch (r) {
+    case 0: return AndOr<0x00030003u>(w, magic);
+    case 1: return AndOr<0x000C000Cu>(w, magic);
+    case 2: return AndOr<0x00300030u>(w, magic);
+    case 3: return AndOr<0x00C000C0u>(w, magic);
+    case 4: return AndOr<0x03000300u>(w, magic);
+    case 5: return AndOr<0x000C000Cu>(w8, magic);
+    case 6: return AndOr<0x00300030u>(w8, magic);
+    default: return AndOr<0x00C000C0u>(w8, magic);
+  }
+}
+__device__ __forceinline__ void UnpackCodesM(uint32_t w, uint32_t magic, uint32_t (&r)[8]) {
+  const uint32_t w8 = w >> 8;
+  r[0] = AndOr<0x00030003u>(w, magic);
+  r[1] = AndOr<0x000C000Cu>(w, magic);
+  r[2] = AndOr<0x00300030u>(w, magic);
+  r[3] = AndOr<0x00C000C0u>(w, magic);
+  r[4] = AndOr<0x03000300u>(w, magic);
+  r[5] = AndOr<0x000C000Cu>(w8, magic);
+  r[6] = AndOr<0x00300030u>(w8, magic);
+  r[7] = AndOr<0x00C000C0u>(w8, magic);
+}
+
+// kPack (DecodeVariant::kPackedHeads, GQA <= 4): see decode_attention.h.
+template <int G, bool kPack>
+__device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& it, uint8_t* smem,
+                         SliceTable tab) {
+  using Lay = Int2Layout<G>;
+  constexpr int NG = Lay::NG;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+  const DecodeShape& sh = p.shape;
+  const int gqa = static_cast<int>(sh.gqa());
+  const PageGeometry geo = sh.geometry(PageKind::kInt2);
+  const size_t seg_k = geo.segment_offset(sh.layer, 0, it.kv_head);
+  const size_t seg_v = geo.segment_offset(sh.layer, 1, it.kv_head);
+  const int codes_bytes = static_cast<int>(geo.codes_bytes());
+  uint32_t magic;
+  asm volatile("mov.b32 %0, 0x64006400;" : "=r"(magic));
+
+  WarpState st;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) st.o[i][j] = 0.f;
+  float sw[NG][4];  // 1024·Σ W per (group, accumulator column) from the extra "offset" mma
+  float pm[2][NG];  // Σ p·min per (query head, group), lane partials
+#pragma unroll
+  for (int g = 0; g < NG; ++g)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) sw[g][j] = 0.f;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    st.m[e] = -INFINITY;
+    st.l[e] = 0.f;
+#pragma unroll
+    for (int g = 0; g < NG; ++g) pm[e][g] = 0.f;
+  }
+  __half* wx = reinterpret_cast<__half*>(smem + kInt2StageArea + warp * kWarpXchg);
+  uint8_t* ring = smem + warp * (kInt2WarpStages * kInt2Slot);
+
+  const int n = it.num_slices;
+  const int mine = n > warp ? (n - warp + kWarps - 1) / kWarps : 0;  // slices of this warp
+  const size_t v_minus_k = seg_v - seg_k;
+  const uint32_t ring_addr = SmemAddr(ring) + lane * 16;
+  // Copies slice k of this warp into stage `stage`: the K codes (2 KiB contiguous), K params,
+  // V codes, V params. Chunks past the valid tokens are zero-filled (src-size 0) and not read.
+  auto issue = [&](int k, int stage) {
+    const int sl = warp + kWarps * k;
+    const int info = tab.info[sl], tok0 = info >> 16, valid = info & 0xffff;
+    const uint8_t* pk = tab.ptr[sl] + seg_k;
+    const uint8_t* ck = pk + tok0 * 32 + lane * 16;
+    const uint8_t* cv = ck + v_minus_k;
+    const uint32_t d = ring_addr + stage * kInt2Slot;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int bytes = ((lane >> 1) + 16 * i) < valid ? 16 : 0;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + 512 * i),
+                   "l"(ck + 512 * i), "r"(bytes));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + Lay::kHalf + 512 * i),
+                   "l"(cv + 512 * i), "r"(bytes));
+    }
+    if (lane < 16 * NG) {  // params: 4·NG bytes per token, 16/(4·NG) tokens per chunk
+      const int bytes = lane * 4 / NG < valid ? 16 : 0;
+      const uint8_t* pp = pk + codes_bytes + tok0 * 4 * NG + lane * 16;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + Lay::kCodes),
+                   "l"(pp), "r"(bytes));
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + Lay::kHalf + Lay::kCodes),
+                   "l"(pp + v_minus_k), "r"(bytes));
+    }
+  };
+
+  // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
+  float* qs = reinterpret_cast<float*>(smem + kInt2StageArea);
+  RotateQueries(p, it, qs + 8 * 128, qs, reinterpret_cast<float*>(smem));  // ring not in use yet
+  // Start the first copies, then build the query fragments while they are in flight.
+#pragma unroll
+  for (int k = 0; k < kInt2WarpStages - 1; ++k) {
+    if (k < mine) issue(k, k);
+    CpAsyncCommit();
+  }
+  const float* qrot = qs;
+  uint32_t qhi[8][2], qlo[8][2];
+  float q0[NG], q1[NG];  // Σ q (true) and Σ q·2^-k (as used), this lane's channels
+#pragma unroll
+  for (int g = 0; g < NG; ++g) q0[g] = q1[g] = 0.f;
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    const int v = s >> 2, u = s & 3;
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int r = 2 * u + b;
+      const int k = CodeShift(r);
+      const float inv = 1.0f / static_cast<float>(1 << k);
+      const int byte_lo = (r < 4 ? 0 : 1), idx = r & 3;
+      const int base = Lay::KWordByte(tig, v);
+      const int ch_lo = 4 * (base + byte_lo) + idx, ch_hi = 4 * (base + byte_lo + 2) + idx;
+      const float x_lo = gid < gqa ? qrot[gid * 128 + ch_lo] * inv : 0.f;
+      const float x_hi = gid < gqa ? qrot[gid * 128 + ch_hi] * inv : 0.f;
+      const __half h_lo = __float2half_rn(x_lo), h_hi = __float2half_rn(x_hi);
+      __half l_lo = __float2half_rn(0.f), l_hi = __float2half_rn(0.f);
+      if (p.precise_query) {
+        l_lo = __float2half_rn(x_lo - __half2float(h_lo));
+        l_hi = __float2half_rn(x_hi - __half2float(h_hi));
+      }
+      qhi[s][b] = PackHalf2(h_lo, h_hi);
+      qlo[s][b] = PackHalf2(l_lo, l_hi);
+      const float used = __half2float(h_lo) + __half2float(l_lo) + __half2float(h_hi) +
+                         __half2float(l_hi);
+      const int g = (G == 64) ? v : 0;
+      q1[g] += used;
+      q0[g] += used * static_cast<float>(1 << k);
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < NG; ++g) {
+    q0[g] += __shfl_xor_sync(0xffffffffu, q0[g], 1);
+    q0[g] += __shfl_xor_sync(0xffffffffu, q0[g], 2);
+    q1[g] += __shfl_xor_sync(0xffffffffu, q1[g], 1);
+    q1[g] += __shfl_xor_sync(0xffffffffu, q1[g], 2);
+  }
+  // For this lane's accumulator columns (query heads 2·tig, 2·tig+1): Σ q per group, and the
+  // accumulator start value −1024·Σ q·2^-k that removes the code offset inside the mma.
+  float Q0[2][NG], Cinit[2][NG];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+#pragma unroll
+    for (int g = 0; g < NG; ++g) {
+      Q0[e][g] = __shfl_sync(0xffffffffu, q0[g], (2 * tig + e) * 4);
+      Cinit[e][g] = -1024.f * __shfl_sync(0xffffffffu, q1[g], (2 * tig + e) * 4);
+    }
+  }
+  __syncthreads();  // the query area becomes the W exchange
+  if (kPack) {
+    // Rows of query heads 4..7 are never written in packed mode: zero them once (the value
+    // product reads them as padding columns).
+    for (int i = lane; i < NG * 4 * kWStride; i += 32) {
+      const int g = i / (4 * kWStride), rem = i % (4 * kWStride);
+      wx[(g * 8 + 4) * kWStride + rem] = __float2half_rn(0.f);
+    }
+    __syncwarp();
+  }
+
+  int stage_c = 0;                         // stage of the slice computed next
+  int stage_i = kInt2WarpStages - 1;       // stage the next issue writes
+  for (int k = 0; k < mine; ++k) {
+    CpAsyncWait<kInt2WarpStages - 2>();
+    __syncwarp();
+    if (k + kInt2WarpStages - 1 < mine) issue(k + kInt2WarpStages - 1, stage_i);
+    CpAsyncCommit();
+    stage_i = stage_i + 1 == kInt2WarpStages ? 0 : stage_i + 1;
+    const int sl = warp + kWarps * k;
+    const uint8_t* slot = ring + stage_c * kInt2Slot;
+    stage_c = stage_c + 1 == kInt2WarpStages ? 0 : stage_c + 1;
+    const uint8_t* kc = slot;
+    const uint8_t* kp = slot + Lay::kCodes;
+    const uint8_t* vc = slot + Lay::kHalf;
+    const uint8_t* vp = vc + Lay::kCodes;
+    const int valid = tab.info[sl] & 0xffff;
+
+    // Scores for the 64 tokens: sc[mt][c] (c: row half r = c/2, head e = c%2). The k-step
+    // loop is outside the m-tile loop so the four accumulator chains interleave.
+    float sc[4][4];
+    {
+      float acc[4][NG][4];
+      uint32_t wd[4][2][2], w8[4][2][2];  // [m-tile][row gid / gid+8][word v], and >> 8
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+          acc[mt][g][0] = acc[mt][g][2] = Cinit[0][g];
+          acc[mt][g][1] = acc[mt][g][3] = Cinit[1][g];
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint8_t* row = kc + (mt * 16 + gid + 8 * r) * 32;
+          if (G == 128) {  // both words in one 8-byte load (no bank conflict)
+            const uint2 w = *reinterpret_cast<const uint2*>(row + 8 * tig);
+            wd[mt][r][0] = w.x;
+            wd[mt][r][1] = w.y;
+          } else {
+#pragma unroll
+            for (int v = 0; v < 2; ++v) wd[mt][r][v] = *reinterpret_cast<const uint32_t*>(row + Lay::KWordByte(tig, v));
+          }
+#pragma unroll
+          for (int v = 0; v < 2; ++v) w8[mt][r][v] = wd[mt][r][v] >> 8;
+        }
+      }
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const int g = (G == 64) ? v : 0;
+#pragma unroll
+        for (int uu = 0; uu < 4; ++uu) {
+          const int s = 4 * v + uu;
+#pragma unroll
+          for (int mt = 0; mt < 4; ++mt) {
+            uint32_t a[2][2];  // [row][even/odd register]
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              a[r][0] = CodeReg(2 * uu, wd[mt][r][v], w8[mt][r][v], magic);
+              a[r][1] = CodeReg(2 * uu + 1, wd[mt][r][v], w8[mt][r][v], magic);
+            }
+            MmaF16(acc[mt][g], a[0][0], a[1][0], a[0][1], a[1][1], qhi[s][0], qhi[s][1]);
+            if (p.precise_query) {
+              MmaF16(acc[mt][g], a[0][0], a[1][0], a[0][1], a[1][1], qlo[s][0], qlo[s][1]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int t = mt * 16 + gid + 8 * r;
+          float sv[2] = {0.f, 0.f};
+#pragma unroll
+          for (int g = 0; g < NG; ++g) {
+            const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(kp + (t * NG + g) * 4));
+#pragma unroll
+            for (int e = 0; e < 2; ++e) sv[e] += fmaf(sm.x, acc[mt][g][2 * r + e], sm.y * Q0[e][g]);
+          }
+#pragma unroll
+          for (int e = 0; e < 2; ++e) sc[mt][2 * r + e] = sv[e];
+        }
+      }
+    }
+    if (valid < static_cast<int>(kSliceTokens)) {
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (mt * 16 + gid + 8 * (c >> 1) >= valid) sc[mt][c] = -INFINITY;
+    }
+    // Packed mode: lanes tig 2, 3 (padding heads) take the scores of the odd m-tiles from lanes
+    // tig 0, 1; lane (gid, tig) then owns tiles mt = 2j + (tig >> 1), heads 2·(tig & 1) + e.
+    constexpr int NT = kPack ? 2 : 4;
+    float ps[NT][4];
+    if (kPack) {
+      const bool upper = tig >= 2;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const float other = __shfl_xor_sync(0xffffffffu, sc[2 * j + 1][c], 2);
+          ps[j][c] = upper ? other : sc[2 * j][c];
+        }
+    } else {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) ps[j][c] = sc[j][c];
+    }
+    // Online softmax over the slice; rescale only when a running max grows.
+    float cm[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float x = fmaxf(ps[0][e], ps[0][2 + e]);
+#pragma unroll
+      for (int j = 1; j < NT; ++j) x = fmaxf(x, fmaxf(ps[j][e], ps[j][2 + e]));
+      cm[e] = WarpMaxOverGid(x);
+      if (kPack) cm[e] = fmaxf(cm[e], __shfl_xor_sync(0xffffffffu, cm[e], 2));
+    }
+    if (__any_sync(0xffffffffu, cm[0] > st.m[0] || cm[1] > st.m[1])) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float f;
+        Rescale(st, e, cm[e], &f);
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+          pm[e][g] *= f;
+          sw[g][e] *= f;
+          sw[g][2 + e] *= f;
+        }
+      }
+    }
+    float mu[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) mu[e] = st.m[e] == -INFINITY ? 0.f : st.m[e];
+    // W columns are stored in the value product's token order (see below), so each lane's
+    // B operand is one 32-bit load and its code loads hit 32 distinct banks.
+    const int wcol0 = gid < 4 ? 2 * gid : 2 * gid - 7;
+    const int head0 = kPack ? 2 * (tig & 1) : 2 * tig;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int mt = kPack ? 2 * j + (tig >> 1) : j;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int t = mt * 16 + gid + 8 * r;
+        const int wc = mt * 16 + wcol0 + 8 * r;
+        float pr[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          pr[e] = Ex2(ps[j][2 * r + e] - mu[e]);
+          st.l[e] += pr[e];
+        }
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+          const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(vp + (t * NG + g) * 4));
+          const __half2 w2 = __floats2half2_rn(pr[0] * sm.x, pr[1] * sm.x);
+          pm[0][g] = fmaf(pr[0], sm.y, pm[0][g]);
+          pm[1][g] = fmaf(pr[1], sm.y, pm[1][g]);
+          wx[(g * 8 + head0) * kWStride + wc] = __low2half(w2);
+          wx[(g * 8 + head0 + 1) * kWStride + wc] = __high2half(w2);
+        }
+      }
+    }
+    __syncwarp();
+    // Values: O^T[channel][head] += V^T (codes, 16 channels x 16 tokens per tile) · W.
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // k-slots 2·tig, 2·tig+1, 2·tig+8, 2·tig+9 of this 16-token step are tokens tig, tig+4,
+      // tig+8, tig+12 (W columns were written in this order).
+      const int ta = 16 * j + tig, tb = ta + 8;
+      const int wcb = 16 * j + 2 * tig;
+      uint32_t wa0, wa1, wb0, wb1;
+      if (G == 128) {
+        wa0 = *reinterpret_cast<const uint32_t*>(vc + ta * 32 + 4 * gid);
+        wa1 = *reinterpret_cast<const uint32_t*>(vc + (ta + 4) * 32 + 4 * gid);
+        wb0 = *reinterpret_cast<const uint32_t*>(vc + tb * 32 + 4 * gid);
+        wb1 = *reinterpret_cast<const uint32_t*>(vc + (tb + 4) * 32 + 4 * gid);
+      } else {
+        auto ld = [&](int t) {
+          const uint32_t lo = *reinterpret_cast<const uint16_t*>(vc + t * 32 + 2 * gid);
+          const uint32_t hi = *reinterpret_cast<const uint16_t*>(vc + t * 32 + 16 + 2 * gid);
+          return lo | (hi << 16);
+        };
+        wa0 = ld(ta);
+        wa1 = ld(ta + 4);
+        wb0 = ld(tb);
+        wb1 = ld(tb + 4);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const uint32_t sel = half ? 0x7632u : 0x5410u;
+        uint32_t ra[8], rb[8];
+        UnpackCodesM(__byte_perm(wa0, wa1, sel), magic, ra);
+        UnpackCodesM(__byte_perm(wb0, wb1, sel), magic, rb);
+        const int g = (G == 64) ? half : 0;
+        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + wcb);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + wcb + 8);
+#pragma unroll
+        for (int ii = 0; ii < 4; ++ii) {
+          const int i = half * 4 + ii;
+          MmaF16(st.o[i], ra[2 * ii], ra[2 * ii + 1], rb[2 * ii], rb[2 * ii + 1], b0, b1);
+        }
+        // 1024·Σ W: the same product with every code 0 (exactly what the offsets added).
+        if (G == 64 || half == 0) MmaF16(sw[g], magic, magic, magic, magic, b0, b1);
+      }
+    }
+    __syncwarp();
+  }
+  CpAsyncWait<0>();
+  __syncthreads();
+
+  // Remove the code offsets and factors, add Σ p·min.
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+#pragma unroll
+    for (int g = 0; g < NG; ++g) {
+      pm[e][g] = WarpSumOverGid(pm[e][g]);
+      // Packed: lanes tig and tig ^ 2 hold the same head's partial sums (even / odd tiles).
+      if (kPack) pm[e][g] += __shfl_xor_sync(0xffffffffu, pm[e][g], 2);
+    }
+    if (kPack) st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int half = i >> 2, ii = i & 3;
+    const int g = (G == 64) ? half : 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int cidx = 2 * ii + r;
+      const float inv = 1.0f / static_cast<float>(1 << CodeShift(cidx));
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& o = st.o[i][2 * r + e];
+        o = (o - sw[g][e]) * inv + pm[e][g];
+      }
+    }
+  }
+  FinishItem(p, item, st, smem, [&](int i, int r) {
+    const int half = i >> 2, cidx = 2 * (i & 3) + r;
+    return G == 128 ? 16 * gid + 8 * half + cidx : 64 * half + 8 * gid + cidx;
+  });
+}
+
+// One CTA per work item of one kind; blockIdx.x indexes the plan's per-kind order.
+template <int G, bool kPack>
+__global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  // The BF16 kernel (launched next, programmatic serialization) does not depend on this one:
+  // let it start as soon as SMs free up.
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int item = p.item_order[blockIdx.x];
+  const DecodeWorkItem it = p.items[item];
+  uint8_t* t = smem + kInt2StageArea + kWarps * kWarpXchg;
+  SliceTable tab{reinterpret_cast<const uint8_t**>(t), reinterpret_cast<int32_t*>(t + kMaxItemSlices * 8)};
+  LoadSliceTable(p, it, tab);
+  __syncthreads();
+  Int2Item<G, kPack>(p, item, it, smem, tab);
+}
+
+// Raises an INT2 kernel's dynamic shared-memory limit on its first launch (one static per
+// instantiation: the kernel is a template argument, not a value of the shared pointer type).
+template <int G, bool kPack>
+void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
+  static const bool once = SetSmem(DecodeInt2Kernel<G, kPack>, SmemBytes<true>());
+  (void)once;
+  DecodeInt2Kernel<G, kPack><<<blocks, kThreads, SmemBytes<true>(), stream>>>(p);
+}
+
+}  // namespace
+
+void LaunchDecodeInt2Kernels(const DecodeParams& p, int n2, cudaStream_t stream) {
+  const bool pack = p.variant == DecodeVariant::kPackedHeads && p.shape.gqa() <= 4;
+  if (p.shape.group_size == 128) {
+    pack ? LaunchInt2<128, true>(p, n2, stream) : LaunchInt2<128, false>(p, n2, stream);
+  } else {
+    pack ? LaunchInt2<64, true>(p, n2, stream) : LaunchInt2<64, false>(p, n2, stream);
+  }
+}
+
+int DecodeKernelOccupancy(int group_size) {
+  int blocks = 0;
+  if (group_size == 128) {
+    cudaFuncSetAttribute(DecodeInt2Kernel<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<128, false>, kThreads, SmemBytes<true>());
+  } else {
+    cudaFuncSetAttribute(DecodeInt2Kernel<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<64, false>, kThreads, SmemBytes<true>());
+  }
+  return blocks;
+}
+
+}  // namespace oscarkv::cuda
