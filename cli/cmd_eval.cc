@@ -24,7 +24,7 @@ int Fail(const absl::Status& s, int code = 1) {
 
 // A codec spec: NAME[/key=value...]. NAME is bf16, naive, hadamard, oscar-published or oscar;
 // modifiers override every (layer, head): ck=/cv= clip ratios, rk=/rv= range modes
-// (minmax|search). E.g. "oscar/ck=0.97/cv=1" or "hadamard/rk=search/rv=search".
+// (minmax|search|unbiased). E.g. "oscar/ck=0.97/cv=1" or "hadamard/rk=search/rv=search".
 absl::StatusOr<engine::KvCodec> ParseCodecSpec(const std::string& spec, const engine::ModelConfig& c,
                                                const std::shared_ptr<const RotationSet>& artifact,
                                                uint32_t S, uint32_t R, uint32_t G) {
@@ -90,11 +90,13 @@ int RunEval(int argc, char** argv) {
             "for several KV-cache codecs in one run, each with its gap to BF16.\n\n"
             "codecs: bf16 (K/V rounded to bf16), naive (INT2, no rotation, no clip), hadamard\n"
             "(INT2, Hadamard rotation, no clip), oscar-published (the artifact's rotations with the\n"
-            "paper's fixed clip 0.96/0.92, min-max ranges), oscar (the artifact as calibrated).\n"
+            "paper's fixed clip 0.96/0.92, min-max ranges), oscar (the artifact as calibrated:\n"
+            "its clips and write-time range modes, by default unbiased ranges, no clip).\n"
             "INT2 codecs keep the first --sink tokens and, for query position t, keys s >=\n"
             "t+1-recent (the last --recent positions up to and including t) in BF16.\n"
             "A codec may carry modifiers: NAME/ck=C/cv=C/rk=MODE/rv=MODE sets every head's key\n"
-            "or value clip ratio C (1 = none) or range mode (minmax|search), e.g. oscar/ck=0.97/cv=1.");
+            "or value clip ratio C (1 = none) or range mode (minmax|search|unbiased), e.g.\n"
+            "oscar/ck=0.97/cv=1/rk=minmax/rv=minmax (a global clip grid point).");
   args.Option("model", "", "HF Qwen3-style checkpoint folder")
       .Option("text", "", "evaluation text (for the reference model: its val.txt)")
       .Option("rotations", "", "rotation artifact from `oscarkv calibrate` (needed by oscar*)")
@@ -194,8 +196,13 @@ int RunEval(int argc, char** argv) {
   }
   std::printf("%-16s %8s %9s %11s %11s\n", "codec", "bpb", "gap", "recall_bpb", "recall_gap");
   for (const auto& r : *rows) {
-    std::printf("%-16s %8.4f %+9.4f %11.4f %+11.4f\n", r.codec.c_str(), r.bpb, r.bpb - base.bpb,
-                r.recall_bpb, r.recall_bpb - base.recall_bpb);
+    if (std::isnan(r.recall_bpb)) {
+      std::printf("%-16s %8.4f %+9.4f %11s %11s\n", r.codec.c_str(), r.bpb, r.bpb - base.bpb, "-",
+                  "-");
+    } else {
+      std::printf("%-16s %8.4f %+9.4f %11.4f %+11.4f\n", r.codec.c_str(), r.bpb, r.bpb - base.bpb,
+                  r.recall_bpb, r.recall_bpb - base.recall_bpb);
+    }
   }
   return 0;
 }
