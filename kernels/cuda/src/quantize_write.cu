@@ -322,10 +322,10 @@ __device__ DevParams SelectRange(const float (&y)[32], int tig, float mn, float 
 
 // Quantizes this lane's 32 values of a row (group = G channels spread over G/32 lanes) and
 // stores the codes (8 bytes) and, from the first lane of each group, the (scale, min) pair.
-template <int G, RangeMode kMode>
+// kSelect: the CTA's mode (uniform) may be search / unbiased; false compiles min-max only.
+template <int G, bool kSelect>
 __device__ void QuantizeStore(const float (&y)[32], int tig, uint8_t* codes_row,
-                              uint8_t* params_row) {
-  constexpr RangeMode mode = kMode;
+                              uint8_t* params_row, RangeMode mode) {
   float mn = y[0], mx = y[0];
 #pragma unroll
   for (int i = 1; i < 32; ++i) {
@@ -338,7 +338,7 @@ __device__ void QuantizeStore(const float (&y)[32], int tig, uint8_t* codes_row,
   mx = fminf(fmaxf(mx, -65504.0f), 65504.0f);
   uint32_t packed[2] = {0u, 0u};
   DevParams q;
-  if constexpr (mode == RangeMode::kMinMax) {
+  if (!kSelect || mode == RangeMode::kMinMax) {
     q = RangeParams(mn, mx);
     const float minf = H2F(q.min16), sf = H2F(q.scale16);
     const float inv = sf > 0.f ? __frcp_rn(sf) : 0.f;
@@ -360,8 +360,9 @@ __device__ void QuantizeStore(const float (&y)[32], int tig, uint8_t* codes_row,
   }
 }
 
-// The range mode is a template argument so the min-max kernel keeps its registers.
-template <int G, RangeMode kMode>
+// kSelect (some head uses search / unbiased) is a template argument so the min-max kernel keeps
+// its registers.
+template <int G, bool kSelect>
 __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWriteParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
@@ -379,6 +380,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWr
     __syncthreads();
   }
   const float clip = p.clips != nullptr ? p.clips[mat] : 1.0f;
+  const RangeMode mode = p.range_modes != nullptr ? static_cast<RangeMode>(p.range_modes[mat]) : p.range_mode;
   const uint16_t* base = (kv ? p.v_src : p.k_src) + li * p.src_layer_stride + head * p.src_head_stride;
   const uint32_t layer = p.first_layer + li;
   const PageGeometry g2{p.num_layers, p.num_kv_heads, 128, G, p.page_tokens, PageKind::kInt2};
@@ -492,13 +494,13 @@ __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWr
       uint8_t* codes_row = int2 ? page + seg2 + size_t(slot) * 32 : scratch;
       uint8_t* params_row = int2 ? page + seg2 + codes_bytes + size_t(slot) * (128 / G) * 4 : scratch;
       if (int2) {
-        QuantizeStore<G, kMode>(y[r], tig, codes_row, params_row);
+        QuantizeStore<G, kSelect>(y[r], tig, codes_row, params_row, mode);
       } else {
         // Keep the quad's shuffles convergent: lanes with nothing to write still take part.
         float dummy[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) dummy[i] = 0.f;
-        QuantizeStore<G, kMode>(dummy, tig, scratch, scratch);
+        QuantizeStore<G, kSelect>(dummy, tig, scratch, scratch, mode);
       }
     }
 #pragma unroll
@@ -548,19 +550,13 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
     kernel<<<grid, kThreads, smem, stream>>>(p);
   };
   const bool g128 = p.group_size == 128;
-  switch (p.range_mode) {
-    case RangeMode::kMinMax:
-      g128 ? launch(QuantizeWriteKernel<128, RangeMode::kMinMax>)
-           : launch(QuantizeWriteKernel<64, RangeMode::kMinMax>);
-      break;
-    case RangeMode::kSearch:
-      g128 ? launch(QuantizeWriteKernel<128, RangeMode::kSearch>)
-           : launch(QuantizeWriteKernel<64, RangeMode::kSearch>);
-      break;
-    case RangeMode::kUnbiased:
-      g128 ? launch(QuantizeWriteKernel<128, RangeMode::kUnbiased>)
-           : launch(QuantizeWriteKernel<64, RangeMode::kUnbiased>);
-      break;
+  // Per-head modes live in device memory (unknown here): any table takes the selecting kernel,
+  // which handles min-max heads at run time too.
+  const bool select = p.range_modes != nullptr || p.range_mode != RangeMode::kMinMax;
+  if (select) {
+    g128 ? launch(QuantizeWriteKernel<128, true>) : launch(QuantizeWriteKernel<64, true>);
+  } else {
+    g128 ? launch(QuantizeWriteKernel<128, false>) : launch(QuantizeWriteKernel<64, false>);
   }
   return CudaStatus(cudaGetLastError(), "quantize-on-write launch");
 }

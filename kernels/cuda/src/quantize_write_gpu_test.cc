@@ -36,6 +36,7 @@ struct WriteCase {
   std::vector<float> clip_values = {0.9f, 1.0f, 0.96f};
   uint32_t seed = 1;
   RangeMode range_mode = RangeMode::kMinMax;
+  std::vector<uint8_t> range_modes;  // per (layer, K|V, head), cycled; empty: range_mode
   // Real rows instead of random ones: [layer_count][tokens][kv_heads][128] bf16 bits.
   const std::vector<uint16_t>* real_k = nullptr;
   const std::vector<uint16_t>* real_v = nullptr;
@@ -122,7 +123,12 @@ void RunWrite(const WriteCase& c) {
   hp.src_head_stride = d;
   hp.num_tokens = c.tokens;
   hp.range_mode = c.range_mode;
+  std::vector<uint8_t> modes(clips.size());
+  for (size_t i = 0; i < modes.size() && !c.range_modes.empty(); ++i) {
+    modes[i] = c.range_modes[i % c.range_modes.size()];
+  }
   QuantizeWriteParams rp = hp;
+  if (!c.range_modes.empty()) rp.range_modes = modes.data();
   rp.k_src = ksrc.data();
   rp.v_src = vsrc.data();
   rp.page_ptrs = ref_ptrs.data();
@@ -165,6 +171,9 @@ void RunWrite(const WriteCase& c) {
   gp.dst_page = d_page->as<int32_t>();
   gp.dst_slot = d_slot->as<int32_t>();
   gp.clips = d_clips->as<float>();
+  auto d_modes = DeviceBuffer::FromHost(modes);
+  ASSERT_TRUE(d_modes.ok());
+  if (!c.range_modes.empty()) gp.range_modes = d_modes->as<uint8_t>();
   if (c.rotate) {
     ASSERT_TRUE(PrepareRotationFragments(d_mats->as<float>(), c.layer_count * 2 * H, d_frag->get(), nullptr).ok());
     gp.rot_fragments = d_frag->get();
@@ -262,6 +271,19 @@ TEST(QuantizeWriteGpu, RangeModesBitExact) {
       c.seed = 40 + g + static_cast<uint32_t>(mode);
       RunWrite(c);
     }
+  }
+}
+
+TEST(QuantizeWriteGpu, PerHeadRangeModesBitExact) {
+  SKIP_WITHOUT_GPU();
+  for (uint32_t g : {128u, 64u}) {
+    WriteCase c;
+    c.group = g;
+    c.kv_heads = 3;
+    c.range_modes = {0, 1, 2, 2, 0, 1, 1};
+    c.clip_values = {0.96f, 1.0f, 0.92f};
+    c.seed = 60 + g;
+    RunWrite(c);
   }
 }
 

@@ -125,6 +125,10 @@ absl::Status ReferenceQuantizeWrite(const QuantizeWriteParams& p, const Rotation
         const float clip =
             p.clips != nullptr ? p.clips[(size_t{li} * 2 + kv) * p.num_kv_heads + h] : 1.0f;
         const float* r = rotations ? rotations->matrix(layer, static_cast<KV>(kv), h) : nullptr;
+        const RangeMode mode =
+            p.range_modes != nullptr
+                ? static_cast<RangeMode>(p.range_modes[(size_t{li} * 2 + kv) * p.num_kv_heads + h])
+                : p.range_mode;
         for (int32_t t = 0; t < p.num_tokens; ++t) {
           const uint16_t* src = (kv ? p.v_src : p.k_src) + li * p.src_layer_stride +
                                 t * p.src_token_stride + h * p.src_head_stride;
@@ -146,7 +150,7 @@ absl::Status ReferenceQuantizeWrite(const QuantizeWriteParams& p, const Rotation
             ClipRowAtQuantile(y, clip);
             uint8_t* seg = page + g2.segment_offset(layer, kv, h);
             uint16_t sm[2 * 8];
-            QuantizeRowInt2(y.data(), d, p.group_size, p.range_mode, seg + g2.code_row_offset(slot), sm);
+            QuantizeRowInt2(y.data(), d, p.group_size, mode, seg + g2.code_row_offset(slot), sm);
             std::memcpy(seg + g2.scale_offset(slot, 0), sm, g2.groups_per_row() * 4);
           }
         }

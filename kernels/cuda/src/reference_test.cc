@@ -85,12 +85,22 @@ CodecProfile SmallProfile(uint32_t group) {
 }
 
 // ReferenceQuantizeWrite (the POD-interface reference of the write kernel) lays out exactly
-// what EncodePage writes, for both kinds, with rotation and clipping.
+// what EncodePage writes, for both kinds, with rotation and clipping, and with the rotation
+// set's per-head write-time range modes passed as QuantizeWriteParams::range_modes.
 TEST(ReferenceQuantizeWrite, MatchesEncodePagePayload) {
-  for (uint32_t group : {128u, 64u}) {
+  for (uint32_t group : {128u, 64u})
+  for (bool with_modes : {false, true}) {
     const CodecProfile prof = SmallProfile(group);
     const uint32_t T = 64, L = 2, H = 2, d = 128, n = 50;
     RotationSet rot = RotationSet::Hadamard(L, H, d, 0.95f, 0.9f);
+    std::vector<uint8_t> modes;  // [L][2][H], clip order
+    for (uint32_t l = 0; l < L; ++l)
+      for (uint32_t kv = 0; kv < 2; ++kv)
+        for (uint32_t h = 0; h < H; ++h) {
+          const auto m = static_cast<RangeMode>(with_modes ? (l * 4 + kv * 2 + h) % 3 : 0);
+          if (with_modes) rot.set_range_mode(l, static_cast<KV>(kv), h, m);
+          modes.push_back(static_cast<uint8_t>(m));
+        }
     std::mt19937 rng(group);
     std::normal_distribution<float> nd;
     // bf16-representable rows so both paths see identical inputs.
@@ -135,10 +145,11 @@ TEST(ReferenceQuantizeWrite, MatchesEncodePagePayload) {
       p.dst_page = dst_page.data();
       p.dst_slot = dst_slot.data();
       p.clips = clips.data();
+      if (with_modes) p.range_modes = modes.data();
       ASSERT_TRUE(ReferenceQuantizeWrite(p, &rot).ok());
       EXPECT_TRUE(std::equal(page.begin() + kPageHeaderBytes, page.end(),
                              enc->begin() + kPageHeaderBytes))
-          << "group " << group << " kind " << PageKindName(kind);
+          << "group " << group << " kind " << PageKindName(kind) << " modes " << with_modes;
     }
   }
 }

@@ -64,8 +64,11 @@ struct QuantizeWriteParams {
   // R as fp16 high + low parts (rotation error ~1e-6 relative); false uses the high part only
   // (~2^-12 relative: below bf16 storage rounding and INT2 steps, half the fragment traffic).
   bool precise_rotation = true;
-  // Range selection of INT2 groups (see the top of this file).
+  // Range selection of INT2 groups (see the top of this file): per (layer, K|V, head) modes
+  // [layer_count][2][num_kv_heads] as RangeMode bytes (RotationSet::range_mode order, like
+  // clips), or nullptr to use `range_mode` for every head.
   RangeMode range_mode = RangeMode::kMinMax;
+  const uint8_t* range_modes = nullptr;
 };
 
 absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& params, cudaStream_t stream);
