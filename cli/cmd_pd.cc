@@ -23,6 +23,9 @@
 #include "oscarkv/pd/hosts.h"
 #include "oscarkv/pd/workers.h"
 #include "oscarkv/util/args.h"
+#ifdef OSCARKV_PD_HAS_UCX
+#include "oscarkv/client/ucx_loader.h"
+#endif
 
 namespace oscarkv::cli {
 namespace {
@@ -223,7 +226,13 @@ int RunDecode(int argc, char** argv) {
   args.Option("daemon", "127.0.0.1:50051", "the daemon holding the handle (the prefill host's)")
       .Option("handle", "", "transfer handle name (required)")
       .Option("tokens", "32", "tokens to generate after the handoff")
+#ifdef OSCARKV_PD_HAS_UCX
+      .Option("data-path", "ucx", "how the pages move: ucx (RMA gets from the daemon's pool), shm, grpc or auto")
+      .Option("ucx-tls", "tcp", "UCX_TLS of this side (with --data-path ucx)")
+      .Option("ucx-net-devices", "", "UCX_NET_DEVICES of this side, e.g. lo or eth0 (default: all)")
+#else
       .Option("data-path", "grpc", "auto, shm or grpc (a remote daemon: grpc)")
+#endif
       .Option("local-daemon", "", "also cache the prompt's full pages under their prefix keys here")
       .Flag("keep", "do not consume the handle (leave its records in the daemon)")
       .Flag("json", "print one JSON object as the result");
@@ -241,11 +250,42 @@ int RunDecode(int argc, char** argv) {
   const bool json = args.flag("json");
   auto loaded = LoadModelAndCodec(args);
   if (!loaded.ok()) return Fail("pd decode", loaded.status());
-  auto client = Dial(args.str("daemon"), args.str("data-path"), "oscarkv-pd-decode");
-  if (!client.ok()) return Fail("pd decode", client.status());
+  std::unique_ptr<client::HandleClient> owned;
+  client::HandleClient* handles = nullptr;
+  client::UcxLoader* ucx = nullptr;
+  std::string path_name;
+#ifdef OSCARKV_PD_HAS_UCX
+  std::unique_ptr<client::UcxLoader> loader;
+  if (args.str("data-path") == "ucx") {
+    client::UcxLoaderOptions uo;
+    uo.connect.address = args.str("daemon");
+    uo.connect.client_name = "oscarkv-pd-decode";
+    uo.connect.data_path = client::DataPath::kGrpc;  // control calls; pages move by RMA
+    uo.tls = args.str("ucx-tls");
+    uo.net_devices = args.str("ucx-net-devices");
+    auto l = client::UcxLoader::Connect(uo);
+    if (!l.ok()) return Fail("pd decode", l.status());
+    loader = std::move(*l);
+    ucx = loader.get();
+    handles = &loader->handles();
+    path_name = "ucx";
+    if (auto info = loader->Info(); info.ok()) {
+      std::string lanes;
+      for (const auto& t : info->endpoint_transports) lanes += (lanes.empty() ? "" : ",") + t;
+      path_name = absl::StrCat("ucx(", lanes, ")");
+    }
+  }
+#endif
+  if (handles == nullptr) {
+    auto client = Dial(args.str("daemon"), args.str("data-path"), "oscarkv-pd-decode");
+    if (!client.ok()) return Fail("pd decode", client.status());
+    owned = std::move(*client);
+    handles = owned.get();
+    path_name = client::DataPathName(owned->client().server().data_path);
+  }
   std::fprintf(stderr, "pd decode: opening '%s' on %s (%s)\n", args.str("handle").c_str(),
-               args.str("daemon").c_str(), client::DataPathName((*client)->client().server().data_path));
-  pd::DecodeWorker worker(*loaded->model, loaded->codec, **client);
+               args.str("daemon").c_str(), path_name.c_str());
+  pd::DecodeWorker worker(*loaded->model, loaded->codec, *handles, ucx);
   pd::OpenOptions oo;
   oo.consume = !args.flag("keep");
   auto r = worker.Run(args.str("handle"), static_cast<uint32_t>(*n), oo);
@@ -270,7 +310,7 @@ int RunDecode(int argc, char** argv) {
               {"page_bytes", st.page_bytes},
               {"manifest_bytes", st.manifest_bytes},
               {"bf16_equivalent_bytes", st.bf16_equivalent_bytes},
-              {"data_path", client::DataPathName((*client)->client().server().data_path)},
+              {"data_path", path_name},
               {"cached_local_pages", cached},
               {"load_ms", r->load_ms},
               {"resume_ms", r->resume_ms},
@@ -398,6 +438,11 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
     cmd.push_back(std::to_string(o.pool_mb));
     cmd.push_back("--node-id");
     cmd.push_back(i == 0 ? "prefill-host" : "decode-host");
+#ifdef OSCARKV_PD_HAS_UCX
+    // UCX over TCP on this host's one link (the veth end, or lo on loopback).
+    for (std::string f : {"--ucx-tls", "tcp", "--ucx-net-devices"}) cmd.push_back(f);
+    cmd.push_back(hosts ? hosts->device(i) : "lo");
+#endif
     d.binary = cmd[0];
     d.flags.assign(cmd.begin() + 1, cmd.end());
     daemon_log[i] = TempPath(i == 0 ? "daemon-a.log" : "daemon-b.log");
@@ -466,11 +511,18 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
               (*pj)["prefill_ms"].get<double>(), (*pj)["publish_ms"].get<double>(), pre_wall);
 
   // 3. Decode process on host B: opens the handle on daemon A over the network (gRPC), caches
-  //    the prefix in daemon B, resumes and generates.
+  //    the prefix in daemon B, resumes and generates. Pages move by UCX RMA gets from daemon A's
+  //    registered pool (TCP over the veth), the manifest by gRPC.
   std::vector<std::string> dec = exec_on(1);
-  dec.insert(dec.end(), {self, "pd", "decode", "--daemon", daemon[0]->address(), "--data-path",
-                         hosts ? "grpc" : "grpc", "--local-daemon", daemon[1]->address(),
-                         "--handle", handle, "--tokens", std::to_string(o.tokens), "--json"});
+  dec.insert(dec.end(), {self, "pd", "decode", "--daemon", daemon[0]->address(),
+                         "--local-daemon", daemon[1]->address(), "--handle", handle, "--tokens",
+                         std::to_string(o.tokens), "--json"});
+#ifdef OSCARKV_PD_HAS_UCX
+  dec.insert(dec.end(), {"--data-path", "ucx", "--ucx-tls", "tcp", "--ucx-net-devices",
+                         hosts ? hosts->device(1) : "lo"});
+#else
+  dec.insert(dec.end(), {"--data-path", "grpc"});
+#endif
   dec.insert(dec.end(), codec_args.begin(), codec_args.end());
   t0 = Clock::now();
   auto dr = pd::RunProcess(dec);

@@ -5,6 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#ifdef OSCARKV_PD_HAS_UCX
+#include "oscarkv/client/ucx_loader.h"
+#endif
 #include "oscarkv/kernels/page_format.h"
 #include "oscarkv/util/status_macros.h"
 
@@ -183,7 +186,8 @@ absl::StatusOr<TransferStats> PublishHandoff(client::HandleClient& client,
 }
 
 absl::StatusOr<OpenedHandoff> OpenHandoff(client::HandleClient& client, const client::Codec& codec,
-                                          const std::string& handle, const OpenOptions& options) {
+                                          const std::string& handle, const OpenOptions& options,
+                                          client::UcxLoader* ucx) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string where =
       absl::StrCat("transfer handle '", handle, "' on ", client.client().options().address);
@@ -230,7 +234,16 @@ absl::StatusOr<OpenedHandoff> OpenHandoff(client::HandleClient& client, const cl
     return absl::DataLossError(absl::StrCat(where, ": page plan does not match ", stored_tokens,
                                             " tokens under this codec"));
   }
-  auto loaded = client.Load(codec, handle);
+  absl::StatusOr<client::HandlePages> loaded;
+  if (ucx != nullptr) {
+#ifdef OSCARKV_PD_HAS_UCX
+    loaded = ucx->LoadHandle(codec, handle);
+#else
+    return absl::UnimplementedError("this build of oscarkv::pd has no UCX loader");
+#endif
+  } else {
+    loaded = client.Load(codec, handle);
+  }
   if (!loaded.ok()) return Annotate(loaded.status(), absl::StrCat("loading the pages of ", where));
   if (loaded->pages.size() != manifest.plan.size()) {
     return absl::DataLossError(absl::StrCat(where, ": ", loaded->pages.size(), " pages, the manifest lists ",

@@ -12,6 +12,9 @@
 
 #include "gtest/gtest.h"
 #include "oscarkv/kernels/page_format.h"
+#ifdef OSCARKV_PD_HAS_UCX
+#include "oscarkv/client/ucx_loader.h"
+#endif
 #include "oscarkv/pd/workers.h"
 #include "test_util.h"
 
@@ -176,7 +179,39 @@ TEST_F(HandoffTest, CorruptedPageIsDetected) {
   DecodeWorker dw2(*model_, *codec_, **unverified);
   auto got2 = dw2.Run("req-corrupt", 4, keep);
   EXPECT_EQ(got2.status().code(), absl::StatusCode::kDataLoss) << got2.status();
+#ifdef OSCARKV_PD_HAS_UCX
+  // And over UCX RMA gets from the pool.
+  client::UcxLoaderOptions uo;
+  uo.connect.address = daemon_->address();
+  uo.connect.data_path = client::DataPath::kGrpc;
+  uo.tls = "tcp";
+  uo.net_devices = "lo";
+  auto loader = client::UcxLoader::Connect(uo);
+  ASSERT_TRUE(loader.ok()) << loader.status();
+  DecodeWorker dw3(*model_, *codec_, (*loader)->handles(), loader->get());
+  auto got3 = dw3.Run("req-corrupt", 4, keep);
+  EXPECT_EQ(got3.status().code(), absl::StatusCode::kDataLoss) << got3.status();
+#endif
 }
+
+#ifdef OSCARKV_PD_HAS_UCX
+TEST_F(HandoffTest, UcxLoadEqualsSingleProcessRun) {
+  Publish("req-ucx");
+  client::UcxLoaderOptions uo;
+  uo.connect.address = daemon_->address();
+  uo.connect.data_path = client::DataPath::kGrpc;
+  uo.tls = "tcp";
+  uo.net_devices = "lo";
+  auto loader = client::UcxLoader::Connect(uo);
+  ASSERT_TRUE(loader.ok()) << loader.status();
+  DecodeWorker dw(*model_, *codec_, (*loader)->handles(), loader->get());
+  auto got = dw.Run("req-ucx", 16);
+  ASSERT_TRUE(got.ok()) << got.status();
+  auto ref = ReferenceGenerate(*model_, *codec_, BytesToTokens(testing::Prompt()), 16);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_EQ(got->generated, *ref);
+}
+#endif
 
 TEST(ManifestTest, RoundTripsAndRejectsGarbage) {
   HandoffManifest m;

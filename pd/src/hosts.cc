@@ -154,6 +154,8 @@ absl::StatusOr<std::unique_ptr<NetnsHosts>> NetnsHosts::Create(const std::string
   // they move into the namespaces).
   const std::string va = absl::StrCat("okv", ::getpid() % 1000000, "a", n % 100);
   const std::string vb = absl::StrCat("okv", ::getpid() % 1000000, "b", n % 100);
+  h->dev_[0] = va;
+  h->dev_[1] = vb;
   const std::vector<std::vector<std::string>> steps = {
       {"link", "add", va, "type", "veth", "peer", "name", vb},
       {"link", "set", va, "netns", h->ns_[0]},

@@ -40,7 +40,9 @@ absl::StatusOr<Json> LastJson(const ProcessResult& r) {
 }
 
 // Daemons on the two hosts (exec prefixes empty for loopback) and the two worker processes.
-void RunHandoff(const std::vector<std::string> exec[2], const std::string addr[2]) {
+// `dev`: each host's network device for UCX (UCX_NET_DEVICES).
+void RunHandoff(const std::vector<std::string> exec[2], const std::string addr[2],
+                const std::string dev[2]) {
   const std::string model = testing::RefModelDir();
   if (model.empty()) GTEST_SKIP() << "reference model not found (set OSCARKV_REFMODEL)";
   const std::string bin = OscarkvBinary();
@@ -51,7 +53,8 @@ void RunHandoff(const std::vector<std::string> exec[2], const std::string addr[2
   for (int i = 0; i < 2; ++i) {
     std::vector<std::string> cmd = exec[i];
     cmd.insert(cmd.end(), {*daemon_bin, "--listen", addr[i] + ":0", "--pool-mb", "64",
-                           "--metrics-listen", "off", "--log-level", "warn"});
+                           "--metrics-listen", "off", "--log-level", "warn", "--ucx-tls", "tcp",
+                           "--ucx-net-devices", dev[i]});
     client::LocalDaemonOptions o;
     o.binary = cmd[0];
     o.flags.assign(cmd.begin() + 1, cmd.end());
@@ -73,9 +76,14 @@ void RunHandoff(const std::vector<std::string> exec[2], const std::string addr[2
 
   const uint32_t n = 24;
   std::vector<std::string> dec = exec[1];
-  dec.insert(dec.end(), {bin, "pd", "decode", "--daemon", daemon[0]->address(), "--data-path",
-                         "grpc", "--local-daemon", daemon[1]->address(), "--handle", handle,
-                         "--tokens", std::to_string(n), "--json"});
+  dec.insert(dec.end(), {bin, "pd", "decode", "--daemon", daemon[0]->address(),
+                         "--local-daemon", daemon[1]->address(), "--handle", handle, "--tokens",
+                         std::to_string(n), "--json"});
+#ifdef OSCARKV_PD_HAS_UCX
+  dec.insert(dec.end(), {"--data-path", "ucx", "--ucx-net-devices", dev[1]});
+#else
+  dec.insert(dec.end(), {"--data-path", "grpc"});
+#endif
   dec.insert(dec.end(), codec_args.begin(), codec_args.end());
   auto dr = RunProcess(dec);
   ASSERT_TRUE(dr.ok()) << dr.status();
@@ -89,7 +97,11 @@ void RunHandoff(const std::vector<std::string> exec[2], const std::string addr[2
   auto ref = ReferenceGenerate(**m, *codec, BytesToTokens(testing::Prompt()), n);
   ASSERT_TRUE(ref.ok()) << ref.status();
   EXPECT_EQ((*dj)["generated"].get<std::vector<int32_t>>(), *ref);
+#ifdef OSCARKV_PD_HAS_UCX
+  EXPECT_EQ((*dj)["data_path"].get<std::string>().rfind("ucx", 0), 0u) << (*dj)["data_path"];
+#else
   EXPECT_EQ((*dj)["data_path"].get<std::string>(), "grpc");
+#endif
   EXPECT_LT((*dj)["page_bytes"].get<uint64_t>(), (*dj)["bf16_equivalent_bytes"].get<uint64_t>());
   EXPECT_EQ((*dj)["page_bytes"].get<uint64_t>(), (*pj)["page_bytes"].get<uint64_t>());
   EXPECT_GT((*dj)["cached_local_pages"].get<int>(), 0);
@@ -104,7 +116,8 @@ void RunHandoff(const std::vector<std::string> exec[2], const std::string addr[2
 TEST(PdProcessTest, LoopbackHandoffEqualsSingleProcess) {
   const std::vector<std::string> exec[2] = {{}, {}};
   const std::string addr[2] = {"127.0.0.1", "127.0.0.1"};
-  RunHandoff(exec, addr);
+  const std::string dev[2] = {"lo", "lo"};
+  RunHandoff(exec, addr, dev);
 }
 
 TEST(PdProcessTest, TwoHostHandoffOverVethEqualsSingleProcess) {
@@ -114,7 +127,8 @@ TEST(PdProcessTest, TwoHostHandoffOverVethEqualsSingleProcess) {
   }
   const std::vector<std::string> exec[2] = {(*hosts)->Exec(0), (*hosts)->Exec(1)};
   const std::string addr[2] = {(*hosts)->address(0), (*hosts)->address(1)};
-  RunHandoff(exec, addr);
+  const std::string dev[2] = {(*hosts)->device(0), (*hosts)->device(1)};
+  RunHandoff(exec, addr, dev);
 }
 
 TEST(PdProcessTest, NetnsHostsAreRemovedOnDestruction) {

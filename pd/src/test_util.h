@@ -51,7 +51,8 @@ inline const char* Prompt() {
 inline absl::StatusOr<std::unique_ptr<client::LocalDaemon>> StartDaemon(
     std::vector<std::string> extra = {}) {
   client::LocalDaemonOptions o;
-  o.flags = {"--pool-mb", "64", "--metrics-listen", "off", "--log-level", "warn"};
+  o.flags = {"--pool-mb", "64", "--metrics-listen", "off", "--log-level", "warn",
+             "--ucx-tls", "tcp", "--ucx-net-devices", "lo"};
   o.flags.insert(o.flags.end(), extra.begin(), extra.end());
   return client::LocalDaemon::Start(o);
 }

@@ -94,7 +94,7 @@ absl::StatusOr<DecodeResult> DecodeWorker::Run(const std::string& handle, uint32
   DecodeResult r;
   OSCARKV_ASSIGN_OR_RETURN(client::Codec codec, client_.client().RegisterCodec(codec_.profile));
   const auto t0 = Clock::now();
-  OSCARKV_ASSIGN_OR_RETURN(OpenedHandoff h, OpenHandoff(client_, codec, handle, options));
+  OSCARKV_ASSIGN_OR_RETURN(OpenedHandoff h, OpenHandoff(client_, codec, handle, options, ucx_));
   r.load_ms = MsSince(t0);
   r.stats = h.stats;
   const std::vector<int32_t>& seq = h.manifest.tokens;

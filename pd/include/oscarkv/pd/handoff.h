@@ -32,6 +32,10 @@
 #include "oscarkv/kernels/codec_profile.h"
 #include "oscarkv/kernels/page_set.h"
 
+namespace oscarkv::client {
+class UcxLoader;  // client/ucx_loader.h (oscarkv::ucx_client)
+}
+
 namespace oscarkv::pd {
 
 struct HandoffManifest {
@@ -83,10 +87,13 @@ absl::StatusOr<TransferStats> PublishHandoff(client::HandleClient& client,
                                              const client::Codec& codec, HandoffManifest manifest,
                                              const SequencePages& pages);
 
-// Opens a handle published under `codec` and loads and verifies its pages.
+// Opens a handle published under `codec` and loads and verifies its pages: by UCX RMA gets from
+// the daemon's pool when `ucx` is given (its handles() should be `client`), else through
+// `client` (shared memory or gRPC ReadPages).
 absl::StatusOr<OpenedHandoff> OpenHandoff(client::HandleClient& client, const client::Codec& codec,
                                           const std::string& handle,
-                                          const OpenOptions& options = {});
+                                          const OpenOptions& options = {},
+                                          client::UcxLoader* ucx = nullptr);
 
 uint64_t UnixMs();
 

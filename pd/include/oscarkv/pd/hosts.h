@@ -29,13 +29,15 @@ class NetnsHosts {
 
   const std::string& name(int host) const { return ns_[host]; }
   const std::string& address(int host) const { return addr_[host]; }
+  // The host's end of the veth pair (for UCX_NET_DEVICES).
+  const std::string& device(int host) const { return dev_[host]; }
   // argv prefix that runs a command on `host`: {ip, "netns", "exec", name}.
   std::vector<std::string> Exec(int host) const;
 
  private:
   NetnsHosts() = default;
   std::string ip_;
-  std::string ns_[2], addr_[2];
+  std::string ns_[2], addr_[2], dev_[2];
   bool created_[2] = {false, false};
 };
 

@@ -76,8 +76,10 @@ struct DecodeResult {
 
 class DecodeWorker {
  public:
-  DecodeWorker(const engine::Model& model, EngineCodec codec, client::HandleClient& client)
-      : model_(model), codec_(std::move(codec)), client_(client) {}
+  // `ucx`, when given, loads the pages by UCX RMA (its handles() should be `client`).
+  DecodeWorker(const engine::Model& model, EngineCodec codec, client::HandleClient& client,
+               client::UcxLoader* ucx = nullptr)
+      : model_(model), codec_(std::move(codec)), client_(client), ucx_(ucx) {}
   absl::StatusOr<DecodeResult> Run(const std::string& handle, uint32_t tokens,
                                    const OpenOptions& options = {});
 
@@ -85,6 +87,7 @@ class DecodeWorker {
   const engine::Model& model_;
   EngineCodec codec_;
   client::HandleClient& client_;
+  client::UcxLoader* ucx_;
 };
 
 // Stores the handed-over sink and INT2 history pages of the prompt (never the BF16 tail, whose
