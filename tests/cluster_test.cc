@@ -267,6 +267,42 @@ TEST_P(ClusterTest, KillDuringBatchTransferTenRounds) {
   }
 }
 
+// A member that hangs (SIGSTOP: connections stay open, nothing answers) costs at most one
+// per-owner deadline: its keys are misses within 2 s; after SIGCONT it rejoins.
+TEST_P(ClusterTest, HungMemberIsAMissWithinTheBound) {
+  auto a = Cluster("writer");
+  auto b = Cluster("reader");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  auto codec = a->RegisterCodec(*BuiltinProfile("refmodel"));
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  MakeRequest(*codec, 77, 24);
+  ASSERT_TRUE(a->Store(*codec, writes_).ok());
+  ASSERT_EQ(b->Load(*codec, keys_)->matched, 24u);  // b has live connections to everyone
+  const auto groups = cluster::GroupByOwner(addrs_, keys_);
+  const int victim = 1;
+  ASSERT_FALSE(groups[victim].empty());
+  ASSERT_EQ(::kill(daemons_[victim]->pid(), SIGSTOP), 0);
+  const auto t0 = Clock::now();
+  auto r = b->Load(*codec, keys_);
+  const int64_t ms = MsSince(t0);
+  ::kill(daemons_[victim]->pid(), SIGCONT);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::printf("hung member: load returned in %lld ms, matched %u (victim's first key %zu)\n",
+              static_cast<long long>(ms), r->matched, groups[victim][0]);
+  EXPECT_LT(ms, 2000);
+  EXPECT_EQ(r->matched, groups[victim][0]);
+  for (size_t j = 0; j < r->matched; ++j) EXPECT_EQ(r->pages[j], pages_[j]);
+  // Back: the prober sees it again and the full prefix loads.
+  bool full = false;
+  for (int i = 0; i < 100 && !full; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto again = b->Load(*codec, keys_);
+    full = again.ok() && again->matched == 24u;
+  }
+  EXPECT_TRUE(full) << "member did not rejoin after SIGCONT";
+}
+
 INSTANTIATE_TEST_SUITE_P(Hosts, ClusterTest, ::testing::Values(0, 1, 2), [](const auto& info) {
   return std::string(info.param == 0 ? "loopback" : info.param == 1 ? "netns" : "loopback_ucx");
 });

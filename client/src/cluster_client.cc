@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <future>
+#include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "oscarkv/cluster/grpc_prober.h"
 #include "oscarkv/util/status_macros.h"
 #ifdef OSCARKV_HAVE_UCX_CLIENT
@@ -50,7 +52,18 @@ bool IsUnknownCodec(const absl::Status& s) {
 class ClusterClientImpl final : public ClusterClient {
  public:
   ClusterClientImpl(ClusterOptions options, std::unique_ptr<cluster::Membership> membership)
-      : options_(std::move(options)), membership_(std::move(membership)) {}
+      : options_(std::move(options)), membership_(std::move(membership)) {
+    closer_ = std::thread([this] { CloseLoop(); });
+  }
+  ~ClusterClientImpl() override {
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [addr, c] : conns_) retired_.push_back(std::move(c));
+      conns_.clear();
+      stopping_ = true;
+    }
+    closer_.join();
+  }
 
   cluster::Membership& membership() override { return *membership_; }
 
@@ -282,11 +295,44 @@ class ClusterClientImpl final : public ClusterClient {
     return it->second;
   }
 
+  // Marks the member down and retires its connection. Closing a UCX endpoint to a hung peer
+  // waits up to its peer timeout, so the last reference is dropped on the closer thread, never
+  // on the caller's.
   void Drop(const std::string& addr, const std::shared_ptr<MemberConn>& conn) {
     membership_->MarkDown(addr);
     absl::MutexLock lock(&mu_);
     auto it = conns_.find(addr);
-    if (it != conns_.end() && it->second == conn) conns_.erase(it);
+    if (it != conns_.end() && it->second == conn) {
+      conns_.erase(it);
+      retired_.push_back(conn);  // once: only the caller that removed it retires it
+    }
+  }
+
+  void CloseLoop() {
+    for (;;) {
+      std::vector<std::shared_ptr<MemberConn>> batch;
+      bool stop;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(
+                                 +[](ClusterClientImpl* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                   return self->stopping_ || !self->retired_.empty();
+                                 },
+                                 this),
+                             absl::Milliseconds(200));
+        batch.swap(retired_);
+        stop = stopping_;
+      }
+      // Wait until the callers' references are gone too, then close here.
+      for (auto& c : batch) {
+        for (int i = 0; i < 1000 && c.use_count() > 1; ++i) absl::SleepFor(absl::Milliseconds(5));
+      }
+      batch.clear();
+      if (stop) {
+        absl::MutexLock lock(&mu_);
+        if (retired_.empty()) return;
+      }
+    }
   }
 
   absl::StatusOr<Codec> RegisterOn(const std::string& addr, const CodecProfile& profile) {
@@ -334,6 +380,9 @@ class ClusterClientImpl final : public ClusterClient {
   std::unique_ptr<cluster::Membership> membership_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<MemberConn>> conns_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<MemberConn>> retired_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread closer_;
 };
 
 }  // namespace
