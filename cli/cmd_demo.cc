@@ -6,6 +6,10 @@
 //     the client library, registers the codec, stores request A's pages under block keys computed
 //     from its token ids, looks up the prefix request B shares with A, loads those pages, checks
 //     they are byte-identical (and give the same attention), then stops the daemon cleanly.
+//  3. The prefill->decode handoff on the reference model (cmd_pd.cc, `oscarkv pd demo`): two
+//     daemons on two hosts (network namespaces when possible, else loopback), a prefill process
+//     and a decode process that loads the pages by transfer handle over UCX and continues
+//     generation, compared with a single-process run; bytes moved vs BF16 pages.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +24,13 @@
 #include "oscarkv/client/client.h"
 #include "oscarkv/client/local_daemon.h"
 #define OSCARKV_DEMO_HAS_CLIENT 1
+#endif
+#if __has_include("oscarkv/pd/workers.h")
+#define OSCARKV_DEMO_HAS_PD 1
+namespace oscarkv::cli {
+// cmd_pd.cc: the P/D handoff with the default codec on a val.txt prompt of the reference model.
+int RunPdDemoSection(uint32_t prompt_bytes, uint32_t tokens);
+}  // namespace oscarkv::cli
 #endif
 
 namespace oscarkv::cli {
@@ -193,10 +204,14 @@ int RunDemo(int argc, char** argv) {
   Args args("demo",
             "Runs the OSCAR INT2 page codec on a synthetic outlier-channel workload, then starts "
             "oscarkvd and drives it through the client library: store, shared-prefix lookup, "
-            "load, byte-identical check.");
+            "load, byte-identical check; then (with the reference model) a prefill->decode\n"
+            "handoff through two daemons on two hosts, checked against a single-process run.");
   args.Option("tokens", "1024", "sequence length (request A)");
   args.Option("daemon", "", "oscarkvd binary (default: next to this oscarkv, or $OSCARKVD)");
   args.Flag("codec-only", "only the codec part (no daemon)");
+#ifdef OSCARKV_DEMO_HAS_PD
+  args.Flag("no-pd", "skip the prefill->decode handoff part (oscarkv pd demo runs it alone)");
+#endif
   if (absl::Status s = args.Parse(argc, argv); !s.ok()) {
     std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
     return 2;
@@ -290,15 +305,22 @@ int RunDemo(int argc, char** argv) {
     service_pages.plan.pop_back();
     service_pages.pages.pop_back();
   }
-  return RunServiceDemo(w, service_profile, codecs.back().rot, service_pages, args.str("daemon"),
-                        q, qheads);
+  const int service_rc = RunServiceDemo(w, service_profile, codecs.back().rot, service_pages,
+                                        args.str("daemon"), q, qheads);
+#ifdef OSCARKV_DEMO_HAS_PD
+  if (service_rc != 0 || args.flag("no-pd")) return service_rc;
+  std::printf("\n== prefill -> decode handoff through two daemons (reference model) ==\n");
+  return RunPdDemoSection(768, 24);
+#else
+  return service_rc;
+#endif
 #else
   std::printf("\n(the service part needs the client module; this build has none)\n");
   return 0;
 #endif
 }
 
-OSCARKV_COMMAND("demo", "the main job: codec report, then oscarkvd + client library end to end",
+OSCARKV_COMMAND("demo", "the main job: codec report, oscarkvd + client library, P/D handoff",
                 RunDemo);
 
 }  // namespace
