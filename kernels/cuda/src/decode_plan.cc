@@ -58,12 +58,18 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
   const uint32_t H = shape.num_kv_heads;
   // Cost model: an INT2 slice reads ~7x fewer bytes than a BF16 slice.
   constexpr int64_t kInt2Cost = 1, kBf16Cost = 7;
-  int64_t total_cost = 0;
+  int64_t total_cost = 0, bf16_cost = 0;
   for (int32_t id : ids) {
-    total_cost += (kinds[id] == static_cast<uint8_t>(PageKind::kInt2) ? kInt2Cost : kBf16Cost) * spp;
+    const bool int2 = kinds[id] == static_cast<uint8_t>(PageKind::kInt2);
+    total_cost += (int2 ? kInt2Cost : kBf16Cost) * spp;
+    if (!int2) bf16_cost += kBf16Cost * spp;
   }
   total_cost *= H;
-  if (target_ctas <= 0) target_ctas = std::max(1, num_sms) * 3;  // one wave of 3 CTAs/SM
+  bf16_cost *= H;
+  // One wave of resident CTAs: the INT2 kernel fits 3 per SM, the BF16 kernel 2 (96 KiB of
+  // stages each). When BF16 slices carry most of the cost, aim for the BF16 kernel's wave, so
+  // the last wave is not a half-empty second one.
+  if (target_ctas <= 0) target_ctas = std::max(1, num_sms) * (2 * bf16_cost > total_cost ? 2 : 3);
   // Work per item, in cost units; INT2 items are rounded to whole 4-slice units.
   int64_t budget = std::max<int64_t>(4, (total_cost + target_ctas - 1) / target_ctas);
   budget = (budget + 3) / 4 * 4;

@@ -58,6 +58,21 @@ TEST(PlanDecode, CoversEverySliceOnceWithHomogeneousItems) {
   }
 }
 
+// The default target is one resident wave: 2 CTAs/SM when BF16 slices dominate the cost (the
+// BF16 kernel's residency), 3 otherwise.
+TEST(PlanDecode, DefaultTargetIsOneWaveOfTheDominantKernel) {
+  for (uint8_t kind : {uint8_t{1}, uint8_t{2}}) {
+    std::vector<int32_t> indptr = {0, 512}, ids(512);
+    std::vector<uint8_t> kinds(512, kind);
+    for (int i = 0; i < 512; ++i) ids[i] = i;
+    auto plan = PlanDecode(Shape(), indptr, ids, kinds, 132);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const size_t wave = kind == 2 ? 2 * 132 : 3 * 132;
+    EXPECT_LE(plan->items.size(), wave) << "kind " << int{kind};
+    EXPECT_GE(plan->items.size(), wave * 3 / 4) << "kind " << int{kind};
+  }
+}
+
 TEST(PlanDecode, RejectsMalformedTables) {
   EXPECT_FALSE(PlanDecode(Shape(), {0, 2}, {0}, {1}, 132).ok());      // indptr past ids
   EXPECT_FALSE(PlanDecode(Shape(), {0, 1}, {3}, {1}, 132).ok());      // id out of range

@@ -81,7 +81,8 @@ struct DecodePlan {
 };
 
 // Host-side planning from host copies of the page table. `target_ctas` is the number of CTAs to
-// aim for (0 = a default for `num_sms`). Errors: InvalidArgument on a malformed table.
+// aim for (0 = one wave for `num_sms`: 3 CTAs per SM, or 2 -- the BF16 kernel's residency -- when
+// BF16 slices carry most of the cost). Errors: InvalidArgument on a malformed table.
 absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
                                       const std::vector<int32_t>& seq_page_indptr,
                                       const std::vector<int32_t>& seq_page_ids,
