@@ -168,6 +168,49 @@ TEST_P(UcxDataPlaneTest, KillDuringTransferTenRounds) {
   }
 }
 
+// Side by side on one daemon per UCX transport: the same 40-page prefix loaded 10 times by each
+// path (every load includes Lookup + Release and the checksum of every page). Prints MB/s.
+TEST(UcxDataPlane, ThroughputSideBySide) {
+  for (const std::string tls : {"tcp", "shm"}) {
+    auto d = StartDaemon(DaemonFlags(tls));
+    ASSERT_NE(d, nullptr);
+    auto c = Connect(d->address(), client::DataPath::kSharedMemory);
+    auto g = Connect(d->address(), client::DataPath::kGrpc);
+    ASSERT_NE(c, nullptr);
+    ASSERT_NE(g, nullptr);
+    const client::Codec codec = RegisterRefmodel(*c);
+    RegisterRefmodel(*g);
+    Stored s = StorePages(*c, codec, 900, 40);
+    auto loader = Loader(d->address(), tls);
+    ASSERT_NE(loader, nullptr);
+    auto measure = [&](const char* name, auto load) {
+      uint64_t bytes = 0;
+      const auto t0 = Clock::now();
+      for (int i = 0; i < 10; ++i) bytes += load();
+      const double s_ = std::chrono::duration<double>(Clock::now() - t0).count();
+      std::printf("daemon ucx=%s  %-10s %8.1f MB/s  (%llu bytes in %.1f ms)\n", tls.c_str(), name,
+                  bytes / s_ / 1e6, static_cast<unsigned long long>(bytes), s_ * 1e3);
+    };
+    measure(("ucx-" + tls).c_str(), [&]() -> uint64_t {
+      auto r = loader->Load(codec, s.keys);
+      EXPECT_TRUE(r.ok() && r->matched == 40u);
+      return r.ok() ? r->bytes : 0;
+    });
+    if (tls == "tcp") {
+      measure("grpc", [&]() -> uint64_t {
+        auto r = g->Load(codec, s.keys);
+        EXPECT_TRUE(r.ok() && r->matched == 40u);
+        return r.ok() ? r->bytes : 0;
+      });
+      measure("shm-map", [&]() -> uint64_t {
+        auto r = c->Load(codec, s.keys);
+        EXPECT_TRUE(r.ok() && r->matched == 40u);
+        return r.ok() ? r->bytes : 0;
+      });
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tls, UcxDataPlaneTest, ::testing::Values("tcp", "shm"),
                          [](const auto& info) { return info.param; });
 
