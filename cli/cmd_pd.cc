@@ -396,6 +396,12 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
       prompt = text.substr(start, o.prompt_bytes);
     }
   }
+  if (auto cfg = engine::ModelConfig::FromJsonFile(model_dir + "/config.json"); cfg.ok() &&
+      cfg->max_positions != 0 && prompt.size() + o.tokens + 2 > cfg->max_positions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a ", prompt.size(), "-byte prompt plus ", o.tokens, " tokens exceeds the model's context of ",
+        cfg->max_positions, " positions"));
+  }
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) return absl::InternalError("cannot find this executable (/proc/self/exe)");
@@ -474,7 +480,7 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
     ~Cleanup() {
       for (const auto& f : files) std::filesystem::remove(f);
     }
-  } cleanup{{prompt_file}};
+  } cleanup{{prompt_file, daemon_log[0], daemon_log[1]}};
   const std::vector<std::string> codec_args = {
       "--model", model_dir, "--page-tokens", std::to_string(c.page_tokens), "--sink",
       std::to_string(c.sink_tokens), "--recent", std::to_string(c.recent_tokens), "--rotation",
@@ -565,7 +571,10 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
                   std::max<uint64_t>(1, report.page_bytes + report.manifest_bytes));
   for (int i = 1; i >= 0; --i) {
     auto s = daemon[i]->Stop(5000);
-    if (s.ok() && *s == 0) std::filesystem::remove(daemon_log[i]);
+    if (!s.ok() || *s != 0) {
+      std::printf("%sdaemon %s did not stop cleanly (%s)\n", in.c_str(), i == 0 ? "A" : "B",
+                  s.ok() ? absl::StrCat("exit ", *s).c_str() : std::string(s.status().message()).c_str());
+    }
   }
   return report;
 }

@@ -14,6 +14,15 @@ double MsSince(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+absl::Status CheckContext(const engine::Model& model, size_t tokens, const char* what) {
+  const uint32_t max = model.config().max_positions;
+  if (max != 0 && tokens > max) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " needs ", tokens, " positions; the model's context is ", max, " positions"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<EngineCodec> MakeEngineCodec(const engine::ModelConfig& c,
@@ -63,6 +72,7 @@ std::string TokensToText(const std::vector<int32_t>& tokens) {
 absl::StatusOr<PrefillResult> PrefillWorker::Run(const std::vector<int32_t>& prompt,
                                                  const std::string& handle, uint64_t ttl_ms) {
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
+  OSCARKV_RETURN_IF_ERROR(CheckContext(model_, prompt.size() + 1, "the prompt plus its first token"));
   PrefillResult r;
   r.prompt_tokens = prompt.size();
   const auto t0 = Clock::now();
@@ -100,6 +110,7 @@ absl::StatusOr<DecodeResult> DecodeWorker::Run(const std::string& handle, uint32
   const std::vector<int32_t>& seq = h.manifest.tokens;
   if (seq.size() < 2) return absl::DataLossError("handoff manifest holds fewer than 2 tokens");
   r.prompt.assign(seq.begin(), seq.end() - 1);
+  OSCARKV_RETURN_IF_ERROR(CheckContext(model_, seq.size() + tokens + 1, "the handoff plus the generated tokens"));
   const auto t1 = Clock::now();
   OSCARKV_ASSIGN_OR_RETURN(
       auto dec, engine::Decoder::Create(model_, codec_.profile, codec_.rotations,
@@ -141,6 +152,7 @@ absl::StatusOr<std::vector<int32_t>> ReferenceGenerate(const engine::Model& mode
                                                        const EngineCodec& codec,
                                                        const std::vector<int32_t>& prompt,
                                                        uint32_t tokens) {
+  OSCARKV_RETURN_IF_ERROR(CheckContext(model, prompt.size() + tokens + 2, "the prompt plus the generated tokens"));
   OSCARKV_ASSIGN_OR_RETURN(
       auto dec, engine::Decoder::Create(model, codec.profile, codec.rotations,
                                         static_cast<uint32_t>(prompt.size() + tokens + 2)));
