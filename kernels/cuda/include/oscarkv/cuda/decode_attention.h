@@ -17,6 +17,9 @@
 //     into tensor-core operands in registers (no dequantization pass); a merge kernel combines
 //     the partial results with their log-sum-exp and optionally multiplies by R_Vᵀ.
 //
+// The INT2 kernel has variants (DecodeVariant below, chosen per launch in DecodeParams); the
+// extend (chunked-prefill) kernel over the same page tables is in extend_attention.h.
+//
 // Supported: head_dim 128, group 128 or 64, page_tokens a multiple of 64 (64..256), GQA ratio
 // (query heads per KV head) 1..8. Output and LSE are fp32; LSE is the natural log of the sum of
 // exp(scaled scores), -inf (and output 0) for a sequence with no tokens.
