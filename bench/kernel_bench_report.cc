@@ -145,6 +145,15 @@ std::string FormatJson(const KernelBenchReport& r) {
     // The full write path (rotation + clip, min-max): the figure.
     j["quant_bw_fraction"] = Ratio(Gbps(r.quant[0].bytes, r.quant[0].us), r.copy_gbps);
     j["quant_variant"] = r.quant[0].name;
+    // The fastest INT2 write configuration measured (may skip rotation or clipping).
+    const QuantRow* best = nullptr;
+    for (const auto& q : r.quant) {
+      if (q.name.rfind("int2", 0) == 0 && (best == nullptr || q.us < best->us)) best = &q;
+    }
+    if (best != nullptr) {
+      j["quant_bw_fraction_best"] = Ratio(Gbps(best->bytes, best->us), r.copy_gbps);
+      j["quant_best_variant"] = best->name;
+    }
   }
   for (const auto& d : r.decode) {
     nlohmann::json variants = nlohmann::json::array();
