@@ -70,7 +70,8 @@ std::string ResolveModel(const std::string& given) {
 
 void AddCodecOptions(Args& args, const std::string& page, const std::string& sink,
                      const std::string& recent) {
-  args.Option("model", "", "HF Qwen3-style checkpoint (default: $OSCARKV_REFMODEL or ../shared/refmodel)")
+  args.Option("model", "",
+              "HF Qwen3-style checkpoint (default: $OSCARKV_REFMODEL or ../shared/refmodel)")
       .Option("page-tokens", page, "tokens per page")
       .Option("sink", sink, "BF16 sink tokens")
       .Option("recent", recent, "BF16 recent-window tokens")
@@ -79,7 +80,8 @@ void AddCodecOptions(Args& args, const std::string& page, const std::string& sin
 
 absl::StatusOr<pd::CodecOptions> CodecOptionsFrom(const Args& args) {
   pd::CodecOptions o;
-  auto page = args.integer("page-tokens"), sink = args.integer("sink"), recent = args.integer("recent");
+  auto page = args.integer("page-tokens"), sink = args.integer("sink"),
+       recent = args.integer("recent");
   for (const auto* s : {&page, &sink, &recent}) {
     if (!s->ok()) return s->status();
   }
@@ -94,7 +96,8 @@ absl::StatusOr<client::DataPath> DataPathFrom(const std::string& s) {
   if (s == "auto") return client::DataPath::kAuto;
   if (s == "shm") return client::DataPath::kSharedMemory;
   if (s == "grpc") return client::DataPath::kGrpc;
-  return absl::InvalidArgumentError(absl::StrCat("--data-path must be auto, shm or grpc, got '", s, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--data-path must be auto, shm or grpc, got '", s, "'"));
 }
 
 struct Loaded {
@@ -122,8 +125,8 @@ absl::StatusOr<Loaded> LoadModelAndCodec(const Args& args) {
 }
 
 absl::StatusOr<std::unique_ptr<client::HandleClient>> Dial(const std::string& address,
-                                                     const std::string& path,
-                                                     const std::string& name) {
+                                                           const std::string& path,
+                                                           const std::string& name) {
   auto dp = DataPathFrom(path);
   if (!dp.ok()) return dp.status();
   client::ConnectOptions o;
@@ -150,31 +153,38 @@ int RunPrefill(int argc, char** argv) {
       .Option("prompt", "", "prompt text (bytes are tokens)")
       .Option("prompt-file", "", "read the prompt from this file instead")
       .Option("handle", "", "transfer handle name (required)")
-      .Option("ttl-ms", "600000", "the handle expires this long after publishing (0 = the daemon's default; the daemon caps it)")
+      .Option("ttl-ms", "600000",
+              "the handle expires this long after publishing (0 = the daemon's default; the daemon "
+              "caps it)")
       .Option("data-path", "auto", "auto, shm or grpc")
       .Flag("json", "print one JSON object as the result");
   AddCodecOptions(args, "64", "64", "256");
-  args.Epilog("example:\n  oscarkv pd prefill --daemon 127.0.0.1:50051 --prompt-file p.txt --handle req-42");
+  args.Epilog(
+      "example:\n  oscarkv pd prefill --daemon 127.0.0.1:50051 --prompt-file p.txt --handle "
+      "req-42");
   if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail("pd prefill", s, 2);
   if (args.help_requested()) {
     std::printf("%s", args.Help().c_str());
     return 0;
   }
   if (args.str("handle").empty()) {
-    return Fail("pd prefill", absl::InvalidArgumentError("--handle is required\n\n" + args.Help()), 2);
+    return Fail("pd prefill", absl::InvalidArgumentError("--handle is required\n\n" + args.Help()),
+                2);
   }
   std::string prompt = args.str("prompt");
   if (!args.str("prompt-file").empty()) {
     std::ifstream f(args.str("prompt-file"), std::ios::binary);
     if (!f) {
-      return Fail("pd prefill", absl::NotFoundError("cannot read --prompt-file " + args.str("prompt-file")));
+      return Fail("pd prefill",
+                  absl::NotFoundError("cannot read --prompt-file " + args.str("prompt-file")));
     }
     std::stringstream ss;
     ss << f.rdbuf();
     prompt = ss.str();
   }
   if (prompt.empty()) {
-    return Fail("pd prefill", absl::InvalidArgumentError("--prompt or --prompt-file is required"), 2);
+    return Fail("pd prefill", absl::InvalidArgumentError("--prompt or --prompt-file is required"),
+                2);
   }
   auto ttl = args.integer("ttl-ms");
   if (!ttl.ok()) return Fail("pd prefill", ttl.status(), 2);
@@ -205,11 +215,12 @@ int RunPrefill(int argc, char** argv) {
               {"publish_ms", r->publish_ms}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("published handle '%s': %u pages (%u INT2, %u BF16), %s + manifest %s "
-                "(BF16 pages would be %s); prefill %.0f ms, publish %.1f ms\n",
-                args.str("handle").c_str(), st.pages, st.int2_pages, st.bf16_pages,
-                Mib(st.page_bytes).c_str(), Mib(st.manifest_bytes).c_str(),
-                Mib(st.bf16_equivalent_bytes).c_str(), r->prefill_ms, r->publish_ms);
+    std::printf(
+        "published handle '%s': %u pages (%u INT2, %u BF16), %s + manifest %s "
+        "(BF16 pages would be %s); prefill %.0f ms, publish %.1f ms\n",
+        args.str("handle").c_str(), st.pages, st.int2_pages, st.bf16_pages,
+        Mib(st.page_bytes).c_str(), Mib(st.manifest_bytes).c_str(),
+        Mib(st.bf16_equivalent_bytes).c_str(), r->prefill_ms, r->publish_ms);
   }
   return 0;
 }
@@ -227,7 +238,8 @@ int RunDecode(int argc, char** argv) {
       .Option("handle", "", "transfer handle name (required)")
       .Option("tokens", "32", "tokens to generate after the handoff")
 #ifdef OSCARKV_PD_HAS_UCX
-      .Option("data-path", "ucx", "how the pages move: ucx (RMA gets from the daemon's pool), shm, grpc or auto")
+      .Option("data-path", "ucx",
+              "how the pages move: ucx (RMA gets from the daemon's pool), shm, grpc or auto")
       .Option("ucx-tls", "tcp", "UCX_TLS of this side (with --data-path ucx)")
       .Option("ucx-net-devices", "", "UCX_NET_DEVICES of this side, e.g. lo or eth0 (default: all)")
 #else
@@ -243,10 +255,12 @@ int RunDecode(int argc, char** argv) {
     return 0;
   }
   if (args.str("handle").empty()) {
-    return Fail("pd decode", absl::InvalidArgumentError("--handle is required\n\n" + args.Help()), 2);
+    return Fail("pd decode", absl::InvalidArgumentError("--handle is required\n\n" + args.Help()),
+                2);
   }
   auto n = args.integer("tokens");
-  if (!n.ok() || *n < 0) return Fail("pd decode", absl::InvalidArgumentError("--tokens must be >= 0"), 2);
+  if (!n.ok() || *n < 0)
+    return Fail("pd decode", absl::InvalidArgumentError("--tokens must be >= 0"), 2);
   const bool json = args.flag("json");
   auto loaded = LoadModelAndCodec(args);
   if (!loaded.ok()) return Fail("pd decode", loaded.status());
@@ -317,19 +331,20 @@ int RunDecode(int argc, char** argv) {
               {"generate_ms", r->generate_ms}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("loaded handle '%s': %u pages (%u INT2, %u BF16), %s + manifest %s in %.1f ms "
-                "(BF16 pages would be %s, %.2fx)\n",
-                args.str("handle").c_str(), st.pages, st.int2_pages, st.bf16_pages,
-                Mib(st.page_bytes).c_str(), Mib(st.manifest_bytes).c_str(), r->load_ms,
-                Mib(st.bf16_equivalent_bytes).c_str(),
-                st.page_bytes ? double(st.bf16_equivalent_bytes) / st.page_bytes : 0.0);
-    if (cached) std::printf("cached %u prefix pages in %s\n", cached, args.str("local-daemon").c_str());
+    std::printf(
+        "loaded handle '%s': %u pages (%u INT2, %u BF16), %s + manifest %s in %.1f ms "
+        "(BF16 pages would be %s, %.2fx)\n",
+        args.str("handle").c_str(), st.pages, st.int2_pages, st.bf16_pages,
+        Mib(st.page_bytes).c_str(), Mib(st.manifest_bytes).c_str(), r->load_ms,
+        Mib(st.bf16_equivalent_bytes).c_str(),
+        st.page_bytes ? double(st.bf16_equivalent_bytes) / st.page_bytes : 0.0);
+    if (cached)
+      std::printf("cached %u prefix pages in %s\n", cached, args.str("local-daemon").c_str());
     std::printf("generated (%zu tokens, %.0f ms): %s\n", r->generated.size(), r->generate_ms,
                 pd::TokensToText(r->generated).c_str());
   }
   return 0;
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // The demo: two daemons, two worker processes, one reference run.
@@ -357,12 +372,12 @@ absl::StatusOr<Json> ParseLastJsonLine(const pd::ProcessResult& r, const std::st
 
 // Shared with `oscarkv demo` (cmd_demo.cc).
 struct PdDemoOptions {
-  std::string model;           // empty: ResolveModel
-  std::string prompt;          // empty: the first prompt_bytes of the model's val.txt
+  std::string model;   // empty: ResolveModel
+  std::string prompt;  // empty: the first prompt_bytes of the model's val.txt
   uint32_t prompt_bytes = 1024;
   uint32_t tokens = 32;
   pd::CodecOptions codec;
-  bool loopback = false;       // skip the network namespaces
+  bool loopback = false;  // skip the network namespaces
   uint32_t pool_mb = 128;
   std::string indent = "  ";
 };
@@ -396,11 +411,11 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
       prompt = text.substr(start, o.prompt_bytes);
     }
   }
-  if (auto cfg = engine::ModelConfig::FromJsonFile(model_dir + "/config.json"); cfg.ok() &&
-      cfg->max_positions != 0 && prompt.size() + o.tokens + 2 > cfg->max_positions) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a ", prompt.size(), "-byte prompt plus ", o.tokens, " tokens exceeds the model's context of ",
-        cfg->max_positions, " positions"));
+  if (auto cfg = engine::ModelConfig::FromJsonFile(model_dir + "/config.json");
+      cfg.ok() && cfg->max_positions != 0 && prompt.size() + o.tokens + 2 > cfg->max_positions) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a ", prompt.size(), "-byte prompt plus ", o.tokens,
+                     " tokens exceeds the model's context of ", cfg->max_positions, " positions"));
   }
   std::error_code ec;
   const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
@@ -420,9 +435,7 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
     }
   }
   report.netns = hosts != nullptr;
-  auto exec_on = [&](int host) {
-    return hosts ? hosts->Exec(host) : std::vector<std::string>{};
-  };
+  auto exec_on = [&](int host) { return hosts ? hosts->Exec(host) : std::vector<std::string>{}; };
   const std::string addr[2] = {hosts ? hosts->address(0) : "127.0.0.1",
                                hosts ? hosts->address(1) : "127.0.0.1"};
   if (hosts) {
@@ -455,10 +468,10 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
     d.log_path = daemon_log[i];
     auto started = client::LocalDaemon::Start(d);
     if (!started.ok()) {
-      return absl::Status(started.status().code(),
-                          absl::StrCat("starting daemon ", i == 0 ? "A" : "B", ": ",
-                                       std::string(started.status().message()), " (log ",
-                                       daemon_log[i], ")"));
+      return absl::Status(
+          started.status().code(),
+          absl::StrCat("starting daemon ", i == 0 ? "A" : "B", ": ",
+                       std::string(started.status().message()), " (log ", daemon_log[i], ")"));
     }
     daemon[i] = std::move(*started);
   }
@@ -481,10 +494,11 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
       for (const auto& f : files) std::filesystem::remove(f);
     }
   } cleanup{{prompt_file, daemon_log[0], daemon_log[1]}};
-  const std::vector<std::string> codec_args = {
-      "--model", model_dir, "--page-tokens", std::to_string(c.page_tokens), "--sink",
-      std::to_string(c.sink_tokens), "--recent", std::to_string(c.recent_tokens), "--rotation",
-      c.rotation};
+  const std::vector<std::string> codec_args = {"--model",       model_dir,
+                                               "--page-tokens", std::to_string(c.page_tokens),
+                                               "--sink",        std::to_string(c.sink_tokens),
+                                               "--recent",      std::to_string(c.recent_tokens),
+                                               "--rotation",    c.rotation};
   const std::string handle = absl::StrCat("demo-request-", ::getpid());
 
   // 1. Single-process reference.
@@ -510,18 +524,19 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
   auto pj = ParseLastJsonLine(*pr, "the prefill process");
   if (!pj.ok()) return pj.status();
   const double pre_wall = MsSince(t0);
-  std::printf("%s[2/3] prefill process (host A): %d tokens, %d pages (%d INT2, %d BF16) published "
-              "as '%s' (prefill %.0f ms, publish %.1f ms, process %.0f ms)\n",
-              in.c_str(), (*pj)["prompt_tokens"].get<int>(), (*pj)["pages"].get<int>(),
-              (*pj)["int2_pages"].get<int>(), (*pj)["bf16_pages"].get<int>(), handle.c_str(),
-              (*pj)["prefill_ms"].get<double>(), (*pj)["publish_ms"].get<double>(), pre_wall);
+  std::printf(
+      "%s[2/3] prefill process (host A): %d tokens, %d pages (%d INT2, %d BF16) published "
+      "as '%s' (prefill %.0f ms, publish %.1f ms, process %.0f ms)\n",
+      in.c_str(), (*pj)["prompt_tokens"].get<int>(), (*pj)["pages"].get<int>(),
+      (*pj)["int2_pages"].get<int>(), (*pj)["bf16_pages"].get<int>(), handle.c_str(),
+      (*pj)["prefill_ms"].get<double>(), (*pj)["publish_ms"].get<double>(), pre_wall);
 
   // 3. Decode process on host B: opens the handle on daemon A over the network (gRPC), caches
   //    the prefix in daemon B, resumes and generates. Pages move by UCX RMA gets from daemon A's
   //    registered pool (TCP over the veth), the manifest by gRPC.
   std::vector<std::string> dec = exec_on(1);
-  dec.insert(dec.end(), {self, "pd", "decode", "--daemon", daemon[0]->address(),
-                         "--local-daemon", daemon[1]->address(), "--handle", handle, "--tokens",
+  dec.insert(dec.end(), {self, "pd", "decode", "--daemon", daemon[0]->address(), "--local-daemon",
+                         daemon[1]->address(), "--handle", handle, "--tokens",
                          std::to_string(o.tokens), "--json"});
 #ifdef OSCARKV_PD_HAS_UCX
   dec.insert(dec.end(), {"--data-path", "ucx", "--ucx-tls", "tcp", "--ucx-net-devices",
@@ -536,13 +551,14 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
   auto dj = ParseLastJsonLine(*dr, "the decode process");
   if (!dj.ok()) return dj.status();
   const double dec_wall = MsSince(t0);
-  std::printf("%s[3/3] decode process (host B): loaded %d pages from daemon A in %.1f ms over %s, "
-              "resumed in %.0f ms, generated %zu tokens in %.0f ms (process %.0f ms); cached %d "
-              "prefix pages in daemon B\n",
-              in.c_str(), (*dj)["pages"].get<int>(), (*dj)["load_ms"].get<double>(),
-              (*dj)["data_path"].get<std::string>().c_str(), (*dj)["resume_ms"].get<double>(),
-              (*dj)["generated"].size(), (*dj)["generate_ms"].get<double>(), dec_wall,
-              (*dj)["cached_local_pages"].get<int>());
+  std::printf(
+      "%s[3/3] decode process (host B): loaded %d pages from daemon A in %.1f ms over %s, "
+      "resumed in %.0f ms, generated %zu tokens in %.0f ms (process %.0f ms); cached %d "
+      "prefix pages in daemon B\n",
+      in.c_str(), (*dj)["pages"].get<int>(), (*dj)["load_ms"].get<double>(),
+      (*dj)["data_path"].get<std::string>().c_str(), (*dj)["resume_ms"].get<double>(),
+      (*dj)["generated"].size(), (*dj)["generate_ms"].get<double>(), dec_wall,
+      (*dj)["cached_local_pages"].get<int>());
 
   const std::vector<int32_t> got = (*dj)["generated"].get<std::vector<int32_t>>();
   report.equal = got == *ref;
@@ -557,23 +573,24 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
   const CodecProfile& prof = codec->profile;
   const uint64_t int2_page = GeometryFor(prof, PageKind::kInt2).page_bytes();
   const uint64_t bf16_page = GeometryFor(prof, PageKind::kBf16).page_bytes();
-  std::printf("%spage sizes            : INT2 %s, BF16 %s (%.2fx); this request: %d INT2 history "
-              "+ %d BF16 sink/tail pages\n",
-              in.c_str(), Mib(int2_page).c_str(), Mib(bf16_page).c_str(),
-              double(bf16_page) / int2_page, (*dj)["int2_pages"].get<int>(),
-              (*dj)["bf16_pages"].get<int>());
-  std::printf("%sbytes moved           : %s pages + %s manifest = %s; as BF16 pages: %s "
-              "(%.2fx the pages, %.2fx in all)\n",
-              in.c_str(), Mib(report.page_bytes).c_str(), Mib(report.manifest_bytes).c_str(),
-              Mib(report.page_bytes + report.manifest_bytes).c_str(), Mib(report.bf16_bytes).c_str(),
-              double(report.bf16_bytes) / std::max<uint64_t>(1, report.page_bytes),
-              double(report.bf16_bytes) /
-                  std::max<uint64_t>(1, report.page_bytes + report.manifest_bytes));
+  std::printf(
+      "%spage sizes            : INT2 %s, BF16 %s (%.2fx); this request: %d INT2 history "
+      "+ %d BF16 sink/tail pages\n",
+      in.c_str(), Mib(int2_page).c_str(), Mib(bf16_page).c_str(), double(bf16_page) / int2_page,
+      (*dj)["int2_pages"].get<int>(), (*dj)["bf16_pages"].get<int>());
+  std::printf(
+      "%sbytes moved           : %s pages + %s manifest = %s; as BF16 pages: %s "
+      "(%.2fx the pages, %.2fx in all)\n",
+      in.c_str(), Mib(report.page_bytes).c_str(), Mib(report.manifest_bytes).c_str(),
+      Mib(report.page_bytes + report.manifest_bytes).c_str(), Mib(report.bf16_bytes).c_str(),
+      double(report.bf16_bytes) / std::max<uint64_t>(1, report.page_bytes),
+      double(report.bf16_bytes) / std::max<uint64_t>(1, report.page_bytes + report.manifest_bytes));
   for (int i = 1; i >= 0; --i) {
     auto s = daemon[i]->Stop(5000);
     if (!s.ok() || *s != 0) {
-      std::printf("%sdaemon %s did not stop cleanly (%s)\n", in.c_str(), i == 0 ? "A" : "B",
-                  s.ok() ? absl::StrCat("exit ", *s).c_str() : std::string(s.status().message()).c_str());
+      std::printf(
+          "%sdaemon %s did not stop cleanly (%s)\n", in.c_str(), i == 0 ? "A" : "B",
+          s.ok() ? absl::StrCat("exit ", *s).c_str() : std::string(s.status().message()).c_str());
     }
   }
   return report;
@@ -621,10 +638,12 @@ int RunPdDemo(int argc, char** argv) {
   }
   PdDemoOptions o;
   auto codec = CodecOptionsFrom(args);
-  auto pb = args.integer("prompt-bytes"), n = args.integer("tokens"), pool = args.integer("pool-mb");
+  auto pb = args.integer("prompt-bytes"), n = args.integer("tokens"),
+       pool = args.integer("pool-mb");
   if (!codec.ok()) return Fail("pd demo", codec.status(), 2);
   if (!pb.ok() || !n.ok() || !pool.ok() || *pb < 2 || *n < 0 || *pool < 8) {
-    return Fail("pd demo", absl::InvalidArgumentError("bad --prompt-bytes, --tokens or --pool-mb"), 2);
+    return Fail("pd demo", absl::InvalidArgumentError("bad --prompt-bytes, --tokens or --pool-mb"),
+                2);
   }
   o.codec = *codec;
   o.model = args.str("model");
@@ -649,9 +668,11 @@ int RunPdDemo(int argc, char** argv) {
 
 OSCARKV_COMMAND("pd prefill", "P/D: prefill a prompt and publish its pages under a transfer handle",
                 RunPrefill);
-OSCARKV_COMMAND("pd decode", "P/D: open a transfer handle on a (remote) daemon and continue decoding",
+OSCARKV_COMMAND("pd decode",
+                "P/D: open a transfer handle on a (remote) daemon and continue decoding",
                 RunDecode);
-OSCARKV_COMMAND("pd demo", "P/D: prefill and decode processes on two hosts, two daemons, vs 1 process",
+OSCARKV_COMMAND("pd demo",
+                "P/D: prefill and decode processes on two hosts, two daemons, vs 1 process",
                 RunPdDemo);
 
 }  // namespace

@@ -69,8 +69,8 @@ absl::StatusOr<HandoffManifest> DecodeManifest(const std::string& text) {
   }
   try {
     if (j.at("format").get<std::string>() != "oscarkv-pd-manifest/1") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unsupported handoff manifest format '", j.at("format").get<std::string>(), "'"));
+      return absl::InvalidArgumentError(absl::StrCat("unsupported handoff manifest format '",
+                                                     j.at("format").get<std::string>(), "'"));
     }
     HandoffManifest m;
     m.handle = j.at("handle").get<std::string>();
@@ -144,7 +144,8 @@ std::vector<BlockKey> HandoffPageKeys(const client::Codec& codec, const std::str
                                       uint32_t pages) {
   std::vector<BlockKey> keys;
   keys.reserve(pages);
-  for (uint32_t i = 0; i < pages; ++i) keys.push_back(client::HandleClient::HandleTailKey(codec, handle, i));
+  for (uint32_t i = 0; i < pages; ++i)
+    keys.push_back(client::HandleClient::HandleTailKey(codec, handle, i));
   return keys;
 }
 
@@ -171,17 +172,20 @@ absl::StatusOr<TransferStats> PublishHandoff(client::HandleClient& client,
   for (size_t i = 0; i < pages.pages.size(); ++i) {
     writes.push_back({keys[i], pages.plan[i].kind, pages.pages[i]});
   }
-  const uint64_t ttl = manifest.expires_unix_ms ? manifest.expires_unix_ms - manifest.created_unix_ms : 0;
+  const uint64_t ttl =
+      manifest.expires_unix_ms ? manifest.expires_unix_ms - manifest.created_unix_ms : 0;
   const std::string text = EncodeManifest(manifest);
   auto published = client.Publish(codec, manifest.handle, writes, text,
                                   static_cast<uint32_t>(std::min<uint64_t>(ttl, UINT32_MAX)));
   if (!published.ok()) {
-    return Annotate(published.status(), absl::StrCat("publishing transfer handle '", manifest.handle,
-                                                     "' on ", client.client().options().address));
+    return Annotate(published.status(),
+                    absl::StrCat("publishing transfer handle '", manifest.handle, "' on ",
+                                 client.client().options().address));
   }
   TransferStats stats = PlanBytes(manifest.profile, manifest.plan);
   stats.manifest_bytes = text.size();
-  stats.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  stats.ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return stats;
 }
 
@@ -195,23 +199,26 @@ absl::StatusOr<OpenedHandoff> OpenHandoff(client::HandleClient& client, const cl
   auto info = client.Open(handle);
   if (!info.ok()) {
     if (absl::IsNotFound(info.status())) {
-      return absl::NotFoundError(absl::StrCat(where, " not found (never published, closed, or "
-                                              "expired): ", std::string(info.status().message())));
+      return absl::NotFoundError(absl::StrCat(where,
+                                              " not found (never published, closed, or "
+                                              "expired): ",
+                                              std::string(info.status().message())));
     }
     return Annotate(info.status(), absl::StrCat("opening ", where));
   }
   (void)client.client().Release(info->lease_id);  // Load below takes its own lease
   OSCARKV_ASSIGN_OR_RETURN(HandoffManifest manifest, DecodeManifest(info->metadata));
   if (manifest.handle != handle) {
-    return absl::DataLossError(absl::StrCat(where, ": manifest names handle '", manifest.handle, "'"));
+    return absl::DataLossError(
+        absl::StrCat(where, ": manifest names handle '", manifest.handle, "'"));
   }
   if (!(info->codec_id == codec.id) || !(manifest.profile.Id() == codec.id)) {
     return absl::FailedPreconditionError(
         absl::StrCat(where, ": published with codec ", info->codec_id.Hex(), " (page ",
                      manifest.profile.page_tokens, ", sink ", manifest.profile.sink_tokens,
                      ", recent ", manifest.profile.recent_tokens, "), the decoder uses ",
-                     codec.id.Hex(), " (page ", profile.page_tokens, ", sink ",
-                     profile.sink_tokens, ", recent ", profile.recent_tokens, ")"));
+                     codec.id.Hex(), " (page ", profile.page_tokens, ", sink ", profile.sink_tokens,
+                     ", recent ", profile.recent_tokens, ")"));
   }
   const uint64_t now = options.now_unix_ms ? options.now_unix_ms : UnixMs();
   if (manifest.expires_unix_ms != 0 && now > manifest.expires_unix_ms) {
@@ -223,8 +230,8 @@ absl::StatusOr<OpenedHandoff> OpenHandoff(client::HandleClient& client, const cl
   // The plan must be the one kernels' page planner gives for these tokens.
   const uint32_t stored_tokens = manifest.tokens.size() > 0 ? manifest.tokens.size() - 1 : 0;
   const std::vector<PlannedPage> expect = PlanSequencePages(profile, stored_tokens);
-  bool plan_ok = expect.size() == manifest.plan.size() && manifest.checksums.size() == expect.size() &&
-                 info->pages.size() == expect.size();
+  bool plan_ok = expect.size() == manifest.plan.size() &&
+                 manifest.checksums.size() == expect.size() && info->pages.size() == expect.size();
   for (size_t i = 0; plan_ok && i < expect.size(); ++i) {
     plan_ok = expect[i].kind == manifest.plan[i].kind &&
               expect[i].first_token == manifest.plan[i].first_token &&
@@ -246,20 +253,21 @@ absl::StatusOr<OpenedHandoff> OpenHandoff(client::HandleClient& client, const cl
   }
   if (!loaded.ok()) return Annotate(loaded.status(), absl::StrCat("loading the pages of ", where));
   if (loaded->pages.size() != manifest.plan.size()) {
-    return absl::DataLossError(absl::StrCat(where, ": ", loaded->pages.size(), " pages, the manifest lists ",
-                                            manifest.plan.size()));
+    return absl::DataLossError(absl::StrCat(where, ": ", loaded->pages.size(),
+                                            " pages, the manifest lists ", manifest.plan.size()));
   }
   for (size_t i = 0; i < loaded->pages.size(); ++i) {
     const std::vector<uint8_t>& page = loaded->pages[i];
     auto hdr = ParsePageHeader(page, profile, /*verify_checksum=*/true);
     if (!hdr.ok()) return Annotate(hdr.status(), absl::StrCat(where, ": page ", i));
     if (hdr->checksum != manifest.checksums[i]) {
-      return absl::DataLossError(absl::StrCat(where, ": page ", i,
-                                              " is not the page that was published (checksum)"));
+      return absl::DataLossError(
+          absl::StrCat(where, ": page ", i, " is not the page that was published (checksum)"));
     }
     if (static_cast<PageKind>(hdr->kind) != manifest.plan[i].kind ||
         hdr->token_count != manifest.plan[i].token_count) {
-      return absl::DataLossError(absl::StrCat(where, ": page ", i, " kind/token count differ from the plan"));
+      return absl::DataLossError(
+          absl::StrCat(where, ": page ", i, " kind/token count differ from the plan"));
     }
   }
   OpenedHandoff out;
@@ -270,7 +278,8 @@ absl::StatusOr<OpenedHandoff> OpenHandoff(client::HandleClient& client, const cl
   out.stats.manifest_bytes = info->metadata.size();
   out.manifest = std::move(manifest);
   if (options.consume) (void)client.Close(handle);
-  out.stats.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  out.stats.ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return out;
 }
 

@@ -78,7 +78,8 @@ pid_t ForkExec(const std::vector<std::string>& argv, bool merge_stderr, int* out
 }
 
 // Reads `fd` to EOF (or the deadline), then reaps `pid`.
-absl::StatusOr<ProcessResult> Collect(pid_t pid, int fd, int64_t timeout_ms, const std::string& what) {
+absl::StatusOr<ProcessResult> Collect(pid_t pid, int fd, int64_t timeout_ms,
+                                      const std::string& what) {
   ProcessResult r;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   bool timed_out = false;
@@ -186,8 +187,7 @@ std::vector<std::string> NetnsHosts::Exec(int host) const {
   return {ip_, "netns", "exec", ns_[host]};
 }
 
-absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
-                                         int64_t timeout_ms) {
+absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, int64_t timeout_ms) {
   return SpawnAndWait(argv, /*merge_stderr=*/false, timeout_ms);
 }
 

@@ -22,8 +22,10 @@ std::string OscarkvBinary() {
 
 std::vector<std::string> CodecArgs(const std::string& model) {
   const CodecOptions c = testing::SmallCodec();
-  return {"--model", model, "--page-tokens", std::to_string(c.page_tokens), "--sink",
-          std::to_string(c.sink_tokens), "--recent", std::to_string(c.recent_tokens)};
+  return {"--model",       model,
+          "--page-tokens", std::to_string(c.page_tokens),
+          "--sink",        std::to_string(c.sink_tokens),
+          "--recent",      std::to_string(c.recent_tokens)};
 }
 
 absl::StatusOr<Json> LastJson(const ProcessResult& r) {
@@ -52,9 +54,9 @@ void RunHandoff(const std::vector<std::string> exec[2], const std::string addr[2
   std::unique_ptr<client::LocalDaemon> daemon[2];
   for (int i = 0; i < 2; ++i) {
     std::vector<std::string> cmd = exec[i];
-    cmd.insert(cmd.end(), {*daemon_bin, "--listen", addr[i] + ":0", "--pool-mb", "64",
-                           "--metrics-listen", "off", "--log-level", "warn", "--ucx-tls", "tcp",
-                           "--ucx-net-devices", dev[i]});
+    cmd.insert(cmd.end(),
+               {*daemon_bin, "--listen", addr[i] + ":0", "--pool-mb", "64", "--metrics-listen",
+                "off", "--log-level", "warn", "--ucx-tls", "tcp", "--ucx-net-devices", dev[i]});
     client::LocalDaemonOptions o;
     o.binary = cmd[0];
     o.flags.assign(cmd.begin() + 1, cmd.end());
@@ -76,9 +78,9 @@ void RunHandoff(const std::vector<std::string> exec[2], const std::string addr[2
 
   const uint32_t n = 24;
   std::vector<std::string> dec = exec[1];
-  dec.insert(dec.end(), {bin, "pd", "decode", "--daemon", daemon[0]->address(),
-                         "--local-daemon", daemon[1]->address(), "--handle", handle, "--tokens",
-                         std::to_string(n), "--json"});
+  dec.insert(dec.end(),
+             {bin, "pd", "decode", "--daemon", daemon[0]->address(), "--local-daemon",
+              daemon[1]->address(), "--handle", handle, "--tokens", std::to_string(n), "--json"});
 #ifdef OSCARKV_PD_HAS_UCX
   dec.insert(dec.end(), {"--data-path", "ucx", "--ucx-net-devices", dev[1]});
 #else
@@ -135,7 +137,8 @@ TEST(PdProcessTest, NetnsHostsAreRemovedOnDestruction) {
   std::string name;
   {
     auto hosts = NetnsHosts::Create("okvpdtest");
-    if (!hosts.ok()) GTEST_SKIP() << "cannot create network namespaces here: " << hosts.status().message();
+    if (!hosts.ok())
+      GTEST_SKIP() << "cannot create network namespaces here: " << hosts.status().message();
     name = (*hosts)->name(0);
     EXPECT_EQ(::access(("/var/run/netns/" + name).c_str(), F_OK), 0);
   }

@@ -51,15 +51,15 @@ inline const char* Prompt() {
 inline absl::StatusOr<std::unique_ptr<client::LocalDaemon>> StartDaemon(
     std::vector<std::string> extra = {}) {
   client::LocalDaemonOptions o;
-  o.flags = {"--pool-mb", "64", "--metrics-listen", "off", "--log-level", "warn",
+  o.flags = {"--pool-mb", "64",  "--metrics-listen",  "off", "--log-level", "warn",
              "--ucx-tls", "tcp", "--ucx-net-devices", "lo"};
   o.flags.insert(o.flags.end(), extra.begin(), extra.end());
   return client::LocalDaemon::Start(o);
 }
 
 inline absl::StatusOr<std::unique_ptr<client::HandleClient>> Connect(const std::string& address,
-                                                               client::DataPath path,
-                                                               bool verify = true) {
+                                                                     client::DataPath path,
+                                                                     bool verify = true) {
   client::ConnectOptions o;
   o.address = address;
   o.data_path = path;

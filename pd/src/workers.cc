@@ -25,14 +25,15 @@ absl::Status CheckContext(const engine::Model& model, size_t tokens, const char*
 
 }  // namespace
 
-absl::StatusOr<EngineCodec> MakeEngineCodec(const engine::ModelConfig& c,
-                                            const CodecOptions& o) {
+absl::StatusOr<EngineCodec> MakeEngineCodec(const engine::ModelConfig& c, const CodecOptions& o) {
   EngineCodec out;
   std::shared_ptr<RotationSet> rot;
   if (o.rotation == "hadamard") {
-    rot = std::make_shared<RotationSet>(RotationSet::Hadamard(c.num_layers, c.num_kv_heads, c.head_dim));
+    rot = std::make_shared<RotationSet>(
+        RotationSet::Hadamard(c.num_layers, c.num_kv_heads, c.head_dim));
   } else if (o.rotation == "identity") {
-    rot = std::make_shared<RotationSet>(RotationSet::Identity(c.num_layers, c.num_kv_heads, c.head_dim));
+    rot = std::make_shared<RotationSet>(
+        RotationSet::Identity(c.num_layers, c.num_kv_heads, c.head_dim));
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown rotation '", o.rotation, "' (hadamard or identity)"));
@@ -72,13 +73,14 @@ std::string TokensToText(const std::vector<int32_t>& tokens) {
 absl::StatusOr<PrefillResult> PrefillWorker::Run(const std::vector<int32_t>& prompt,
                                                  const std::string& handle, uint64_t ttl_ms) {
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
-  OSCARKV_RETURN_IF_ERROR(CheckContext(model_, prompt.size() + 1, "the prompt plus its first token"));
+  OSCARKV_RETURN_IF_ERROR(
+      CheckContext(model_, prompt.size() + 1, "the prompt plus its first token"));
   PrefillResult r;
   r.prompt_tokens = prompt.size();
   const auto t0 = Clock::now();
-  OSCARKV_ASSIGN_OR_RETURN(
-      auto dec, engine::Decoder::Create(model_, codec_.profile, codec_.rotations,
-                                        static_cast<uint32_t>(prompt.size() + 1)));
+  OSCARKV_ASSIGN_OR_RETURN(auto dec,
+                           engine::Decoder::Create(model_, codec_.profile, codec_.rotations,
+                                                   static_cast<uint32_t>(prompt.size() + 1)));
   OSCARKV_RETURN_IF_ERROR(dec->Prefill(prompt));
   const SequencePages pages = dec->pages();  // the prompt's pages, before the first token
   OSCARKV_ASSIGN_OR_RETURN(r.first_token, dec->Step());
@@ -110,11 +112,12 @@ absl::StatusOr<DecodeResult> DecodeWorker::Run(const std::string& handle, uint32
   const std::vector<int32_t>& seq = h.manifest.tokens;
   if (seq.size() < 2) return absl::DataLossError("handoff manifest holds fewer than 2 tokens");
   r.prompt.assign(seq.begin(), seq.end() - 1);
-  OSCARKV_RETURN_IF_ERROR(CheckContext(model_, seq.size() + tokens + 1, "the handoff plus the generated tokens"));
+  OSCARKV_RETURN_IF_ERROR(
+      CheckContext(model_, seq.size() + tokens + 1, "the handoff plus the generated tokens"));
   const auto t1 = Clock::now();
-  OSCARKV_ASSIGN_OR_RETURN(
-      auto dec, engine::Decoder::Create(model_, codec_.profile, codec_.rotations,
-                                        static_cast<uint32_t>(seq.size() + tokens + 1)));
+  OSCARKV_ASSIGN_OR_RETURN(auto dec,
+                           engine::Decoder::Create(model_, codec_.profile, codec_.rotations,
+                                                   static_cast<uint32_t>(seq.size() + tokens + 1)));
   OSCARKV_RETURN_IF_ERROR(dec->Resume(seq, h.pages));
   r.resume_ms = MsSince(t1);
   const auto t2 = Clock::now();
@@ -152,7 +155,8 @@ absl::StatusOr<std::vector<int32_t>> ReferenceGenerate(const engine::Model& mode
                                                        const EngineCodec& codec,
                                                        const std::vector<int32_t>& prompt,
                                                        uint32_t tokens) {
-  OSCARKV_RETURN_IF_ERROR(CheckContext(model, prompt.size() + tokens + 2, "the prompt plus the generated tokens"));
+  OSCARKV_RETURN_IF_ERROR(
+      CheckContext(model, prompt.size() + tokens + 2, "the prompt plus the generated tokens"));
   OSCARKV_ASSIGN_OR_RETURN(
       auto dec, engine::Decoder::Create(model, codec.profile, codec.rotations,
                                         static_cast<uint32_t>(prompt.size() + tokens + 2)));

@@ -41,11 +41,11 @@ namespace oscarkv::pd {
 struct HandoffManifest {
   std::string handle;
   CodecProfile profile;
-  std::vector<int32_t> tokens;     // prompt + first generated token
-  std::vector<PlannedPage> plan;   // one per page, in sequence order
-  std::vector<uint64_t> checksums; // each page header's checksum, one per page
+  std::vector<int32_t> tokens;      // prompt + first generated token
+  std::vector<PlannedPage> plan;    // one per page, in sequence order
+  std::vector<uint64_t> checksums;  // each page header's checksum, one per page
   uint64_t created_unix_ms = 0;
-  uint64_t expires_unix_ms = 0;    // 0 = never
+  uint64_t expires_unix_ms = 0;  // 0 = never
   uint32_t prompt_tokens = 0;
 };
 
@@ -56,10 +56,10 @@ absl::StatusOr<HandoffManifest> DecodeManifest(const std::string& text);
 // Bytes a handoff moved (or would have moved).
 struct TransferStats {
   uint32_t pages = 0, int2_pages = 0, bf16_pages = 0;
-  uint64_t page_bytes = 0;         // the pages as stored (INT2 history + BF16 sink/tail)
-  uint64_t manifest_bytes = 0;     // the manifest (the handle's metadata)
+  uint64_t page_bytes = 0;             // the pages as stored (INT2 history + BF16 sink/tail)
+  uint64_t manifest_bytes = 0;         // the manifest (the handle's metadata)
   uint64_t bf16_equivalent_bytes = 0;  // the same tokens as all-BF16 pages
-  double ms = 0;                   // wall time of the transfer
+  double ms = 0;                       // wall time of the transfer
   uint64_t total_bytes() const { return page_bytes + manifest_bytes; }
 };
 
@@ -71,7 +71,7 @@ std::vector<BlockKey> HandoffPageKeys(const client::Codec& codec, const std::str
                                       uint32_t pages);
 
 struct OpenOptions {
-  bool consume = true;  // close the handle after a verified load
+  bool consume = true;       // close the handle after a verified load
   uint64_t now_unix_ms = 0;  // 0 = the wall clock (tests set it to check expiry)
 };
 
