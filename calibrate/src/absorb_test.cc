@@ -7,16 +7,12 @@
 
 #include "gtest/gtest.h"
 #include "oscarkv/engine/model.h"
+#include "oscarkv/util/refmodel.h"
 
 namespace oscarkv::calibrate {
 namespace {
 
-std::string RefModelDir() {
-  const char* env = std::getenv("OSCARKV_REFMODEL");
-  const char* src = std::getenv("OSCARKV_SOURCE_DIR");
-  std::string dir = env ? env : std::string(src ? src : ".") + "/../shared/refmodel";
-  return std::filesystem::exists(dir + "/config.json") ? dir : "";
-}
+std::string RefModelDir() { return FindRefModel(); }
 
 TEST(AbsorbTest, RewrittenModelMatchesOriginal) {
   const std::string dir = RefModelDir();

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <string>
 
+#include "oscarkv/util/refmodel.h"
+
 namespace oscarkv::engine::testing {
 
 inline std::string SourceDir() {
@@ -12,11 +14,7 @@ inline std::string SourceDir() {
   return s ? s : ".";
 }
 
-// $OSCARKV_REFMODEL, else <source>/../shared/refmodel; empty when absent.
-inline std::string RefModelDir() {
-  const char* env = std::getenv("OSCARKV_REFMODEL");
-  std::string dir = env ? env : SourceDir() + "/../shared/refmodel";
-  return std::filesystem::exists(dir + "/config.json") ? dir : "";
-}
+// See oscarkv::FindRefModel; empty when absent.
+inline std::string RefModelDir() { return FindRefModel(); }
 
 }  // namespace oscarkv::engine::testing
