@@ -600,7 +600,8 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
 // `prompt_bytes` prompt from the reference model's val.txt. Returns an exit code; 0 when the
 // section is skipped because the reference model is absent.
 int RunPdDemoSection(uint32_t prompt_bytes, uint32_t tokens) {
-  if (ResolveModel("").empty()) {
+  if (const std::string m = ResolveModel("");
+      m.empty() || !std::filesystem::exists(m + "/config.json")) {
     std::printf("(skipped: the reference model was not found; set OSCARKV_REFMODEL)\n");
     return 0;
   }
