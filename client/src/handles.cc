@@ -33,6 +33,12 @@ class HandleClientImpl final : public HandleClient {
     args.SetMaxReceiveMessageSize(-1);
     args.SetMaxSendMessageSize(-1);
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    // A channel of its own, with short reconnect backoff: a subchannel shared with older
+    // channels may still be backing off from a previous incarnation of the daemon at this
+    // address and would fail calls to the restarted one.
+    args.SetInt("grpc.use_local_subchannel_pool", 1);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     stub_ = pb::KvCache::NewStub(
         grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args));
     const ServerInfo& s = client_->server();
