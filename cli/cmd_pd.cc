@@ -23,6 +23,7 @@
 #include "oscarkv/pd/hosts.h"
 #include "oscarkv/pd/workers.h"
 #include "oscarkv/util/args.h"
+#include "oscarkv/util/refmodel.h"
 #ifdef OSCARKV_PD_HAS_UCX
 #include "oscarkv/client/ucx_loader.h"
 #endif
@@ -49,12 +50,13 @@ const char kDefaultPrompt[] =
     "available to extract or replace matching substrings and to split a string at matching "
     "locations. The LIKE expression returns true if the string matches the supplied pattern. ";
 
-// --model, else $OSCARKV_REFMODEL, else ../shared/refmodel next to the working directory or the
-// source tree the binary was built from.
+// --model, else $OSCARKV_REFMODEL, else util's FindRefModel (../shared/refmodel above the working
+// directory), else shared/refmodel above the binary's own folder.
 std::string ResolveModel(const std::string& given) {
   if (!given.empty()) return given;
   if (const char* env = std::getenv("OSCARKV_REFMODEL")) return env;
-  std::vector<std::filesystem::path> candidates = {"../shared/refmodel", "shared/refmodel"};
+  if (std::string found = FindRefModel(); !found.empty()) return found;
+  std::vector<std::filesystem::path> candidates;
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {

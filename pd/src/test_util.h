@@ -11,6 +11,7 @@
 #include "oscarkv/client/handles.h"
 #include "oscarkv/client/local_daemon.h"
 #include "oscarkv/pd/workers.h"
+#include "oscarkv/util/refmodel.h"
 
 namespace oscarkv::pd::testing {
 
@@ -23,12 +24,9 @@ inline std::string BinaryDir() {
   return s ? s : "..";
 }
 
-// $OSCARKV_REFMODEL, else <source>/../shared/refmodel; empty when absent.
-inline std::string RefModelDir() {
-  const char* env = std::getenv("OSCARKV_REFMODEL");
-  std::string dir = env ? env : SourceDir() + "/../shared/refmodel";
-  return std::filesystem::exists(dir + "/config.json") ? dir : "";
-}
+// The reference model (util/refmodel.h: $OSCARKV_REFMODEL, else ../shared/refmodel); empty
+// when absent.
+inline std::string RefModelDir() { return FindRefModel(); }
 
 // page 16, sink 16, recent 32: a 300-byte prompt has a BF16 sink page, ~15 INT2 history pages
 // and a BF16 tail.
