@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "oscarkv/client/cluster_client.h"
 #include "test_util.h"
@@ -301,6 +302,60 @@ TEST_P(ClusterTest, HungMemberIsAMissWithinTheBound) {
     full = again.ok() && again->matched == 24u;
   }
   EXPECT_TRUE(full) << "member did not rejoin after SIGCONT";
+}
+
+// Membership from a DNS name (the headless-service pattern) with the resolver seam standing in
+// for DNS: the name resolves to every member; a member that leaves the answer stops owning keys,
+// one that reappears owns them again.
+TEST_P(ClusterTest, DnsMembershipFollowsTheAnswer) {
+  auto answer = std::make_shared<std::vector<std::string>>(addrs_);
+  auto mu = std::make_shared<absl::Mutex>();
+  client::ClusterOptions o;
+  o.membership.dns_name = "oscarkv.ns.svc.cluster.local:50051";
+  o.membership.probe_interval = absl::Milliseconds(100);
+  o.membership.probe_timeout = absl::Milliseconds(300);
+  o.owner_timeout_ms = 600;
+  if (GetParam() == 2) {
+    o.ucx = true;
+    o.ucx_net_devices = "lo";
+  }
+  auto c = ClusterClient::Connect(
+      o, nullptr, [answer, mu](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
+        EXPECT_EQ(name, "oscarkv.ns.svc.cluster.local:50051");
+        absl::MutexLock l(mu.get());
+        return *answer;
+      });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ((*c)->membership().Live().size(), 3u);
+  auto codec = (*c)->RegisterCodec(*BuiltinProfile("refmodel"));
+  ASSERT_TRUE(codec.ok());
+  MakeRequest(*codec, 4242, 12);
+  ASSERT_EQ((*c)->Store(*codec, writes_)->stored, 12u);
+  ASSERT_EQ((*c)->Load(*codec, keys_)->matched, 12u);
+  {
+    absl::MutexLock l(mu.get());
+    answer->erase(answer->begin());
+  }
+  bool left = false;
+  for (int i = 0; i < 100 && !left; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    left = (*c)->membership().Live().size() == 2;
+  }
+  EXPECT_TRUE(left);
+  {
+    absl::MutexLock l(mu.get());
+    *answer = addrs_;
+  }
+  bool back = false;
+  for (int i = 0; i < 100 && !back; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    back = (*c)->membership().Live().size() == 3;
+  }
+  EXPECT_TRUE(back);
+  auto r = (*c)->Load(*codec, keys_);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->matched, 12u);
+  for (size_t j = 0; j < r->matched; ++j) EXPECT_EQ(r->pages[j], pages_[j]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Hosts, ClusterTest, ::testing::Values(0, 1, 2), [](const auto& info) {
