@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -91,6 +92,26 @@ TEST_P(UcxDataPlaneTest, LoadAndHandleByRma) {
   for (size_t i = 0; i < 40; ++i) EXPECT_EQ(r->pages[i], s.pages[i]) << i;
   std::printf("tls=%s: %u pages, %llu bytes by RMA in %lld ms\n", tls.c_str(), r->matched,
               static_cast<unsigned long long>(r->bytes), static_cast<long long>(ms));
+
+  // Engine buffers: pages straight into a registered caller buffer.
+  std::vector<uint8_t> engine(size_t{40} * codec.int2_page_bytes + 4096);
+  ASSERT_TRUE(loader->RegisterBuffer(engine.data(), engine.size()).ok());
+  std::vector<std::span<uint8_t>> slots;
+  for (size_t i = 0; i < 40; ++i) {
+    slots.emplace_back(engine.data() + i * codec.int2_page_bytes, codec.int2_page_bytes);
+  }
+  std::vector<uint64_t> sizes;
+  auto n = loader->LoadInto(codec, s.keys, slots, &sizes);
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_EQ(*n, 40u);
+  for (size_t i = 0; i < 40; ++i) {
+    ASSERT_EQ(sizes[i], s.pages[i].size());
+    EXPECT_TRUE(std::equal(s.pages[i].begin(), s.pages[i].end(), slots[i].begin())) << i;
+  }
+  std::vector<uint8_t> unregistered(codec.int2_page_bytes);
+  std::vector<std::span<uint8_t>> bad = {std::span<uint8_t>(unregistered)};
+  EXPECT_EQ(loader->LoadInto(codec, std::span(s.keys).subspan(0, 1), bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
 
   // Handles: published through the plain client, loaded by RMA.
   std::vector<BlockKey> hk(s.keys.begin(), s.keys.begin() + 5);

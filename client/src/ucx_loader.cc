@@ -34,6 +34,7 @@ class UcxLoaderImpl final : public UcxLoader {
   ~UcxLoaderImpl() override {
     absl::MutexLock lock(&mu_);
     Disconnect();
+    user_regions_.clear();
     region_.reset();
     buffer_.clear();
     context_.reset();
@@ -77,6 +78,33 @@ class UcxLoaderImpl final : public UcxLoader {
       out.bytes += r.bytes;
     }
     return out;
+  }
+
+  absl::Status RegisterBuffer(void* base, size_t bytes) override {
+    absl::MutexLock lock(&mu_);
+    OSCARKV_ASSIGN_OR_RETURN(auto region, context_->Register(base, bytes));
+    user_regions_.push_back(std::move(region));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<uint32_t> LoadInto(const Codec& codec, std::span<const BlockKey> keys,
+                                    std::span<const std::span<uint8_t>> dst,
+                                    std::vector<uint64_t>* bytes_out) override {
+    if (dst.size() < keys.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(keys.size(), " keys but only ", dst.size(),
+                                                     " destination buffers"));
+    }
+    LookupOptions lo;
+    lo.pin = true;
+    OSCARKV_ASSIGN_OR_RETURN(LookupResult lookup, hc_->client().Lookup(codec, keys, lo));
+    absl::Status s = FetchInto(codec, lookup.pages, dst);
+    hc_->client().Release(lookup).IgnoreError();
+    if (!s.ok()) return s;
+    if (bytes_out != nullptr) {
+      bytes_out->clear();
+      for (const PageRef& r : lookup.pages) bytes_out->push_back(r.bytes);
+    }
+    return lookup.matched;
   }
 
   absl::StatusOr<HandlePages> LoadHandle(const Codec& codec, const std::string& handle) override {
@@ -201,6 +229,60 @@ class UcxLoaderImpl final : public UcxLoader {
     return absl::OkStatus();
   }
 
+  // RMA straight into caller buffers: one batch per registered region.
+  absl::Status FetchInto(const Codec& codec, const std::vector<PageRef>& refs,
+                         std::span<const std::span<uint8_t>> dst) {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::vector<size_t>> by_region(user_regions_.size());  // page indices
+    for (size_t i = 0; i < refs.size(); ++i) {
+      if (refs[i].bytes != codec.page_bytes(refs[i].kind)) {
+        return absl::DataLossError("daemon's page size does not match the codec");
+      }
+      if (dst[i].size() < refs[i].bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("dst[", i, "] holds ", dst[i].size(),
+                                                       " bytes; the page is ", refs[i].bytes));
+      }
+      size_t r = 0;
+      while (r < user_regions_.size() &&
+             !user_regions_[r]->Contains(dst[i].data(), refs[i].bytes)) {
+        ++r;
+      }
+      if (r == user_regions_.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dst[", i, "] is not inside a buffer given to RegisterBuffer"));
+      }
+      by_region[r].push_back(i);
+    }
+    OSCARKV_RETURN_IF_ERROR(EnsureConnected());
+    for (size_t r = 0; r < by_region.size(); ++r) {
+      if (by_region[r].empty()) continue;
+      std::vector<transport::TransferDesc> descs;
+      for (size_t i : by_region[r]) {
+        descs.push_back({dst[i].data(), remote_->base() + refs[i].offset, refs[i].bytes});
+      }
+      absl::Status s = ep_->Run(transport::Direction::kGet, *user_regions_[r], *remote_, descs,
+                                absl::Milliseconds(options_.transfer_timeout_ms));
+      if (!s.ok()) {
+        Disconnect();
+        return absl::Status(s.code() == absl::StatusCode::kDeadlineExceeded
+                                ? absl::StatusCode::kUnavailable
+                                : s.code(),
+                            absl::StrCat("UCX get from ", options_.connect.address, ": ",
+                                         s.message()));
+      }
+    }
+    for (size_t i = 0; i < refs.size(); ++i) {
+      std::span<const uint8_t> page(dst[i].data(), refs[i].bytes);
+      auto hdr = ParsePageHeader(page, codec.profile, options_.connect.verify_checksums);
+      if (!hdr.ok() || hdr->kind != static_cast<uint8_t>(refs[i].kind)) {
+        return absl::DataLossError(absl::StrCat(
+            "page ", i, " fetched by UCX failed verification: ",
+            hdr.ok() ? std::string("wrong kind") : std::string(hdr.status().message())));
+      }
+    }
+    return absl::OkStatus();
+  }
+
   const UcxLoaderOptions options_;
   std::unique_ptr<HandleClient> hc_;
   std::unique_ptr<pb::KvCache::Stub> stub_;
@@ -208,6 +290,7 @@ class UcxLoaderImpl final : public UcxLoader {
   std::unique_ptr<transport::Context> context_ ABSL_GUARDED_BY(mu_);
   std::vector<uint8_t> buffer_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::MemoryRegion> region_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<transport::MemoryRegion>> user_regions_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::Worker> worker_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::Endpoint> ep_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::RemoteMemory> remote_ ABSL_GUARDED_BY(mu_);

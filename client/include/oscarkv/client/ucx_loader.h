@@ -58,6 +58,17 @@ class UcxLoader {
 
   // The longest cached prefix of `keys`, fetched by RMA.
   virtual absl::StatusOr<LoadResult> Load(const Codec& codec, std::span<const BlockKey> keys) = 0;
+  // Engine buffers: registers [base, base + bytes) with UCX once (pinned until the loader is
+  // destroyed), so LoadInto can fetch pages straight into it with no extra copy. The memory must
+  // outlive the loader. INVALID_ARGUMENT for unmapped memory.
+  virtual absl::Status RegisterBuffer(void* base, size_t bytes) = 0;
+  // The longest cached prefix of `keys` fetched by RMA directly into dst[i] (each span inside one
+  // registered buffer and at least the page's size), verified in place. Returns the pages loaded;
+  // `bytes_out` (optional) each page's size. On any error the contents of dst are unspecified
+  // (never a page that passed as verified) and the lease is released.
+  virtual absl::StatusOr<uint32_t> LoadInto(const Codec& codec, std::span<const BlockKey> keys,
+                                            std::span<const std::span<uint8_t>> dst,
+                                            std::vector<uint64_t>* bytes_out = nullptr) = 0;
   // Every page of a transfer handle, fetched by RMA.
   virtual absl::StatusOr<HandlePages> LoadHandle(const Codec& codec,
                                                  const std::string& handle) = 0;
