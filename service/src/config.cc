@@ -39,6 +39,10 @@ server:
   drain_timeout_ms: 5000        # on SIGTERM, in-flight RPCs get this long to finish
   index_shards: 64              # lock shards of the page index
   grpc_threads: 0               # max gRPC server threads; 0 = gRPC's default
+ucx:
+  enabled: true                 # UCX data plane (GetDataPlane); false = off
+  tls: tcp                      # UCX_TLS: tcp, shm (posix/sysv/cma), rc,ud, ...
+  net_devices: ""               # UCX_NET_DEVICES; empty = all, "lo" = loopback only
 )");
   return *yaml;
 }
@@ -113,7 +117,8 @@ absl::Status ApplyMap(const YAML::Node& map, const std::string& prefix, DaemonCo
     const std::string key = prefix + kv.first.as<std::string>();
     if (kv.second.IsMap()) {
       if (!prefix.empty()) return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "'"));
-      if (key != "pool" && key != "leases" && key != "limits" && key != "server") {
+      if (key != "pool" && key != "leases" && key != "limits" && key != "server" &&
+          key != "ucx") {
         return absl::InvalidArgumentError(absl::StrCat("unknown section '", key, "'"));
       }
       if (absl::Status s = ApplyMap(kv.second, key + ".", c); !s.ok()) return s;
