@@ -295,13 +295,19 @@ TEST_P(ClusterTest, HungMemberIsAMissWithinTheBound) {
   EXPECT_EQ(r->matched, groups[victim][0]);
   for (size_t j = 0; j < r->matched; ++j) EXPECT_EQ(r->pages[j], pages_[j]);
   // Back: the prober sees it again and the full prefix loads.
+  const auto resumed = Clock::now();
   bool full = false;
-  for (int i = 0; i < 100 && !full; ++i) {
+  absl::Status last;
+  for (int i = 0; i < 200 && !full && MsSince(resumed) < 10000; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     auto again = b->Load(*codec, keys_);
     full = again.ok() && again->matched == 24u;
+    if (!again.ok()) last = again.status();
   }
-  EXPECT_TRUE(full) << "member did not rejoin after SIGCONT";
+  std::printf("hung member: rejoined %lld ms after SIGCONT\n",
+              static_cast<long long>(MsSince(resumed)));
+  EXPECT_TRUE(full) << "member did not rejoin after SIGCONT; last error: " << last
+                    << "; live members: " << b->membership().Live().size();
 }
 
 // Membership from a DNS name (the headless-service pattern) with the resolver seam standing in
