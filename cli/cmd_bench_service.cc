@@ -332,14 +332,7 @@ int RunBenchService(int argc, char** argv) {
          "one TCP connection per client (default: the clients of this process share one, as "
          "Clients in one engine process do)");
   a.Epilog("Acceptance targets: shm load >= 70% of memcpy; open-loop p99 <= 1 ms at 10,000/s.");
-  if (absl::Status s = a.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (a.help_requested()) {
-    std::printf("%s", a.Help().c_str());
-    return 0;
-  }
+  if (auto rc = a.ParseOrExitCode(argc, argv)) return *rc;
   auto duration = a.real("duration-s");
   auto pool_mb = a.integer("pool-mb");
   auto batch = a.integer("batch");

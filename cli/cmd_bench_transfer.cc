@@ -539,14 +539,7 @@ int RunBenchTransfer(int argc, char** argv) {
       .Epilog(
           "Traffic stays on this host: UCX_NET_DEVICES=lo for tcp, shared memory for shm.\n"
           "Example: oscarkv bench transfer --transports tcp,shm --json");
-  if (absl::Status s = args.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", Msg(s).c_str());
-    return 2;
-  }
-  if (args.help_requested()) {
-    std::printf("%s", args.Help().c_str());
-    return 0;
-  }
+  if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   if (args.flag("serve")) return Serve(args);
 
   auto profile = BuiltinProfile(args.str("shape"));

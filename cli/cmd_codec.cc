@@ -17,14 +17,7 @@ int RunCodec(int argc, char** argv) {
       .Option("page-tokens", "64", "tokens per page (16..256, multiple of 16)")
       .Option("group", "128", "quantization group size (32, 64 or 128)")
       .Flag("json", "print JSON (int2_page_bytes, bf16_page_bytes, ratio, ...)");
-  if (absl::Status s = args.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (args.help_requested()) {
-    std::printf("%s", args.Help().c_str());
-    return 0;
-  }
+  if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   auto profile = BuiltinProfile(args.str("shape"));
   auto page_tokens = args.integer("page-tokens");
   auto group = args.integer("group");

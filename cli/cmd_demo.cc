@@ -212,14 +212,7 @@ int RunDemo(int argc, char** argv) {
 #ifdef OSCARKV_DEMO_HAS_PD
   args.Flag("no-pd", "skip the prefill->decode handoff part (oscarkv pd demo runs it alone)");
 #endif
-  if (absl::Status s = args.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (args.help_requested()) {
-    std::printf("%s", args.Help().c_str());
-    return 0;
-  }
+  if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   auto tokens = args.integer("tokens");
   if (!tokens.ok() || *tokens < 384 || *tokens > 65536) {
     std::fprintf(stderr, "oscarkv demo: --tokens must be 384..65536\n");

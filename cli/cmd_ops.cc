@@ -40,14 +40,7 @@ void AddCodecOptions(Args& a) {
 
 // Parses argv; returns -1 to continue, else the exit code (help / usage error).
 int ParseOrExit(Args& a, int argc, char** argv) {
-  if (absl::Status s = a.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (a.help_requested()) {
-    std::printf("%s", a.Help().c_str());
-    return 0;
-  }
+  if (auto rc = a.ParseOrExitCode(argc, argv)) return *rc;
   if (!a.positional().empty()) {
     std::fprintf(stderr, "unexpected argument '%s'\n\n%s", a.positional()[0].c_str(), a.Help().c_str());
     return 2;

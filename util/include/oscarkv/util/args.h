@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstdio>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +84,20 @@ class Args {
       given_[name] = true;
     }
     return absl::OkStatus();
+  }
+
+  // The usual subcommand prologue: parses argv; on a usage error prints it and returns 2, on
+  // --help prints the help and returns 0; std::nullopt means "go on".
+  std::optional<int> ParseOrExitCode(int argc, char** argv) {
+    if (absl::Status s = Parse(argc, argv); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+    if (help_requested()) {
+      std::printf("%s", Help().c_str());
+      return 0;
+    }
+    return std::nullopt;
   }
 
   bool help_requested() const { return help_; }
