@@ -370,6 +370,17 @@ absl::StatusOr<Json> ParseLastJsonLine(const pd::ProcessResult& r, const std::st
   return j;
 }
 
+// Runs a child `oscarkv pd ...` process and returns its JSON result and wall time in ms.
+absl::StatusOr<std::pair<Json, double>> RunJsonProcess(const std::vector<std::string>& argv,
+                                                       const std::string& what) {
+  const auto t0 = Clock::now();
+  auto r = pd::RunProcess(argv);
+  if (!r.ok()) return r.status();
+  auto j = ParseLastJsonLine(*r, what);
+  if (!j.ok()) return j.status();
+  return std::make_pair(*std::move(j), MsSince(t0));
+}
+
 }  // namespace
 
 // Shared with `oscarkv demo` (cmd_demo.cc).
@@ -520,12 +531,10 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
   pre.insert(pre.end(), {self, "pd", "prefill", "--daemon", daemon[0]->address(), "--prompt-file",
                          prompt_file, "--handle", handle, "--json"});
   pre.insert(pre.end(), codec_args.begin(), codec_args.end());
-  t0 = Clock::now();
-  auto pr = pd::RunProcess(pre);
-  if (!pr.ok()) return pr.status();
-  auto pj = ParseLastJsonLine(*pr, "the prefill process");
-  if (!pj.ok()) return pj.status();
-  const double pre_wall = MsSince(t0);
+  auto pre_run = RunJsonProcess(pre, "the prefill process");
+  if (!pre_run.ok()) return pre_run.status();
+  const Json* pj = &pre_run->first;
+  const double pre_wall = pre_run->second;
   std::printf(
       "%s[2/3] prefill process (host A): %d tokens, %d pages (%d INT2, %d BF16) published "
       "as '%s' (prefill %.0f ms, publish %.1f ms, process %.0f ms)\n",
@@ -547,12 +556,10 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
   dec.insert(dec.end(), {"--data-path", "grpc"});
 #endif
   dec.insert(dec.end(), codec_args.begin(), codec_args.end());
-  t0 = Clock::now();
-  auto dr = pd::RunProcess(dec);
-  if (!dr.ok()) return dr.status();
-  auto dj = ParseLastJsonLine(*dr, "the decode process");
-  if (!dj.ok()) return dj.status();
-  const double dec_wall = MsSince(t0);
+  auto dec_run = RunJsonProcess(dec, "the decode process");
+  if (!dec_run.ok()) return dec_run.status();
+  const Json* dj = &dec_run->first;
+  const double dec_wall = dec_run->second;
   std::printf(
       "%s[3/3] decode process (host B): loaded %d pages from daemon A in %.1f ms over %s, "
       "resumed in %.0f ms, generated %zu tokens in %.0f ms (process %.0f ms); cached %d "
