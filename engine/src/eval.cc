@@ -65,8 +65,17 @@ absl::StatusOr<std::vector<CodecQuality>> EvaluateCodecs(const Model& model,
                                                           const std::string& text,
                                                           const std::vector<KvCodec>& codecs,
                                                           const EvalOptions& o,
-                                                          const ProgressFn& progress) {
+                                                          const ProgressFn& progress,
+                                                          const BackendFactory& backends) {
   OSCARKV_ASSIGN_OR_RETURN(EvalPlan plan, PlanEval(text.size(), o));
+  std::vector<std::unique_ptr<AttentionBackend>> backend(codecs.size());
+  for (size_t c = 0; c < codecs.size(); ++c) {
+    if (backends) {
+      OSCARKV_ASSIGN_OR_RETURN(backend[c], backends(codecs[c]));
+    } else {
+      backend[c] = std::make_unique<MixedPrecisionAttention>(codecs[c]);
+    }
+  }
   const uint32_t vocab = model.config().vocab_size;
   if (vocab < 256) return absl::InvalidArgumentError("the harness needs a byte-level model");
   std::vector<CodecQuality> out(codecs.size());
@@ -76,8 +85,7 @@ absl::StatusOr<std::vector<CodecQuality>> EvaluateCodecs(const Model& model,
   std::vector<float> logits;
   auto run = [&](const std::vector<int32_t>& tokens, uint32_t from, std::vector<double>& acc) -> absl::Status {
     for (size_t c = 0; c < codecs.size(); ++c) {
-      MixedPrecisionAttention backend(codecs[c]);
-      OSCARKV_RETURN_IF_ERROR(model.Forward(tokens, backend, &logits));
+      OSCARKV_RETURN_IF_ERROR(model.Forward(tokens, *backend[c], &logits));
       acc[c] += SumNll(logits, tokens, vocab, from);
       if (progress) progress(++done, total);
     }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,11 +41,17 @@ absl::StatusOr<EvalPlan> PlanEval(size_t text_size, const EvalOptions& options);
 // Progress callback: (done, total) forward passes.
 using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
+// Makes the attention backend of one codec; EvaluateCodecs makes one per codec and reuses it for
+// every window. Empty: MixedPrecisionAttention (the CPU reference).
+using BackendFactory =
+    std::function<absl::StatusOr<std::unique_ptr<AttentionBackend>>(const KvCodec& codec)>;
+
 absl::StatusOr<std::vector<CodecQuality>> EvaluateCodecs(const Model& model,
                                                           const std::string& text,
                                                           const std::vector<KvCodec>& codecs,
                                                           const EvalOptions& options,
-                                                          const ProgressFn& progress = {});
+                                                          const ProgressFn& progress = {},
+                                                          const BackendFactory& backends = {});
 
 // Sum of next-token NLL in nats over predicted positions [from, n) of a teacher-forced pass.
 double SumNll(const std::vector<float>& logits, std::span<const int32_t> tokens, uint32_t vocab,
