@@ -8,9 +8,11 @@
 #             -DOSCARKV_MODULES="engine;calibrate;cli;transport" \
 #             -DOSCARKV_ENGINE_NATIVE=OFF -DCMAKE_CXX_FLAGS=-march=x86-64-v3
 #           ninja -C build-eng -j2 oscarkv engine_cuda_attention_gpu_test
-#           scripts/gpu/eval_gpu.sh pack /tmp/rot_final   # -> build-eng/carry (< 64 MiB, xz)
+#           scripts/gpu/eval_gpu.sh pack /tmp/rot_final   # -> build-eng/carry (xz, ~10 MB)
 #           scripts/gpu/eval_gpu.sh                        # dry run: no GPU -> fails clearly
 #   device: run(command="scripts/gpu/eval_gpu.sh", carry=["build-eng/carry"])
+# The reference model comes from <root>/shared/refmodel (the checkout's shared/ travels with the
+# tree) or $OSCARKV_REFMODEL; `INCLUDE_MODEL=1 ... pack` puts it into the payload instead.
 # Environment: WINDOWS (default 16), SEED (1), CODECS (all five), BUILD (build-eng).
 # Portable binaries: the engine is built for x86-64-v3, not -march=native (the device's CPU is
 # another one); the CPU and GPU tables come from the same binary in the same call.
@@ -31,8 +33,10 @@ if [ "${1:-}" = pack ]; then
       grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libdl|libpthread|librt' |
       while read -r lib; do cp -Ln "$lib" "$stage/lib/" 2>/dev/null || true; done
   done
-  cp "$model"/config.json "$model"/*.safetensors "$model"/model.safetensors.index.json \
-     "$model"/val.txt "$stage/refmodel/" 2>/dev/null || cp "$model"/* "$stage/refmodel/"
+  if [ "${INCLUDE_MODEL:-0}" = 1 ]; then
+    cp "$model"/config.json "$model"/*.safetensors "$model"/model.safetensors.index.json \
+       "$model"/val.txt "$stage/refmodel/"
+  fi
   cp "$rot"/rotations.json "$rot"/rotations.safetensors "$stage/rot/"
   rm -rf "$carry" && mkdir -p "$carry"
   tar -C "$stage" -cf - . | xz -T2 -6 >"$carry/payload.tar.xz"
@@ -53,7 +57,14 @@ xz -dc "$carry/payload.tar.xz" 2>/dev/null | tar -C "$work" -xf - ||
   python3 -c "import lzma,sys,tarfile; tarfile.open(fileobj=lzma.open(sys.argv[1])).extractall(sys.argv[2])" \
     "$carry/payload.tar.xz" "$work" || { echo "cannot unpack the payload" >&2; exit 2; }
 export LD_LIBRARY_PATH=$work/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export OSCARKV_REFMODEL=$work/refmodel
+if [ -f "$work/refmodel/config.json" ]; then
+  export OSCARKV_REFMODEL=$work/refmodel
+elif [ -z "${OSCARKV_REFMODEL:-}" ]; then
+  for m in "$root/shared/refmodel" "$root/../shared/refmodel"; do
+    [ -f "$m/config.json" ] && export OSCARKV_REFMODEL=$(cd "$m" && pwd) && break
+  done
+fi
+model=${OSCARKV_REFMODEL:?no reference model: set OSCARKV_REFMODEL or pack with INCLUDE_MODEL=1}
 export OSCARKV_SOURCE_DIR=$root
 bin=$work/bin
 echo "== $(nproc) CPU cores; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
@@ -67,7 +78,7 @@ grep -E 'no CUDA device|Failure|^\[  FAILED|^  (eval|naive)' "$out/gpu_test.log"
 grep -E '^  refmodel sink 64 recent 256' "$out/gpu_test.log" | head -40
 
 # 2. The same eval on both paths.
-args=(eval --model "$work/refmodel" --text "$work/refmodel/val.txt" --rotations "$work/rot"
+args=(eval --model "$model" --text "$model/val.txt" --rotations "$work/rot"
       --windows "${WINDOWS:-16}" --seed "${SEED:-1}" --json)
 [ -n "${CODECS:-}" ] && args+=(--codecs "$CODECS")
 rc=0
@@ -81,7 +92,7 @@ for dev in cpu cuda; do
     rc=1
   fi
 done
-echo "== command: oscarkv ${args[*]//$work\//} --device cpu|cuda  (refmodel = ../shared/refmodel, rot = the calibrated artifact)"
+echo "== command: oscarkv ${args[*]//$work\//} --device cpu|cuda  (rot = the calibrated artifact)"
 python3 - "$out/eval_cpu.json" "$out/eval_cuda.json" <<'EOF' || rc=1
 import json, math, sys
 def load(p):
