@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "command.h"
 #include "nlohmann/json.hpp"
@@ -115,6 +116,7 @@ int RunEval(int argc, char** argv) {
       .Option("group", "128", "INT2 quantization group size (32, 64 or 128)")
       .Option("threads", "0", "worker threads (0 = all cores)")
       .Option("device", "cpu", "where attention runs: cpu (the reference) or cuda (GPU kernels)")
+      .Option("shard", "0/1", "K/N: only windows i with i % N == K (combine by windows_evaluated)")
       .Flag("json", "print {\"rows\": [{codec, bpb, gap, recall_bpb, recall_gap}, ...]}");
   if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail(s, 2);
   if (args.help_requested()) {
@@ -142,6 +144,14 @@ int RunEval(int argc, char** argv) {
   if (device == "cuda" && !engine::CudaAttentionCompiled()) {
     return Fail(absl::UnimplementedError("--device cuda: this oscarkv was built without CUDA "
                                          "(no nvcc at configure time)"), 2);
+  }
+  uint32_t shard = 0, shards = 1;
+  {
+    std::pair<std::string, std::string> kn = absl::StrSplit(args.str("shard"), absl::MaxSplits('/', 1));
+    if (!absl::SimpleAtoi(kn.first, &shard) || !absl::SimpleAtoi(kn.second, &shards) || shards == 0 ||
+        shard >= shards) {
+      return Fail(absl::InvalidArgumentError("--shard must be K/N with 0 <= K < N"), 2);
+    }
   }
   if (*threads > 0) omp_set_num_threads(static_cast<int>(*threads));
   auto model = engine::Model::Load(args.str("model"));
@@ -176,10 +186,12 @@ int RunEval(int argc, char** argv) {
   o.window_bytes = *wbytes;
   o.recall_span = *span;
   o.seed = *seed;
+  o.shard = shard;
+  o.shards = shards;
   std::fprintf(stderr, "eval: %s, %u windows of %u bytes + %u recall probes of 2x%u bytes, %zu codecs, "
-               "sink %u, recent %u, group %u, attention on %s\n",
+               "sink %u, recent %u, group %u, attention on %s, shard %u/%u\n",
                c.model_id.c_str(), o.windows, o.window_bytes, o.recall_span ? o.windows : 0,
-               o.recall_span, codecs.size(), S, R, G, device.c_str());
+               o.recall_span, codecs.size(), S, R, G, device.c_str(), shard, shards);
   engine::BackendFactory backends;
   if (device == "cuda") {
     backends = [](const engine::KvCodec& k) { return engine::MakeCudaAttention(k); };
@@ -210,6 +222,9 @@ int RunEval(int argc, char** argv) {
     j["recent"] = R;
     j["group"] = G;
     j["device"] = device;
+    j["shard"] = absl::StrCat(shard, "/", shards);
+    j["windows_evaluated"] = base.windows;
+    j["recall_windows_evaluated"] = base.recall_windows;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }

@@ -68,6 +68,9 @@ absl::StatusOr<std::vector<CodecQuality>> EvaluateCodecs(const Model& model,
                                                           const ProgressFn& progress,
                                                           const BackendFactory& backends) {
   OSCARKV_ASSIGN_OR_RETURN(EvalPlan plan, PlanEval(text.size(), o));
+  if (o.shards == 0 || o.shard >= o.shards) {
+    return absl::InvalidArgumentError(absl::StrCat("shard ", o.shard, " of ", o.shards));
+  }
   std::vector<std::unique_ptr<AttentionBackend>> backend(codecs.size());
   for (size_t c = 0; c < codecs.size(); ++c) {
     if (backends) {
@@ -80,8 +83,7 @@ absl::StatusOr<std::vector<CodecQuality>> EvaluateCodecs(const Model& model,
   if (vocab < 256) return absl::InvalidArgumentError("the harness needs a byte-level model");
   std::vector<CodecQuality> out(codecs.size());
   std::vector<double> nll(codecs.size(), 0), recall(codecs.size(), 0);
-  const uint64_t total = (plan.window_offsets.size() + plan.recall_offsets.size()) * codecs.size();
-  uint64_t done = 0;
+  uint64_t total = 0, done = 0;
   std::vector<float> logits;
   auto run = [&](const std::vector<int32_t>& tokens, uint32_t from, std::vector<double>& acc) -> absl::Status {
     for (size_t c = 0; c < codecs.size(); ++c) {
@@ -91,12 +93,21 @@ absl::StatusOr<std::vector<CodecQuality>> EvaluateCodecs(const Model& model,
     }
     return absl::OkStatus();
   };
-  for (uint64_t off : plan.window_offsets) {
+  auto mine = [&](size_t i) { return i % o.shards == o.shard; };
+  uint32_t windows = 0, probes = 0;
+  for (size_t i = 0; i < plan.window_offsets.size(); ++i) windows += mine(i);
+  for (size_t i = 0; i < plan.recall_offsets.size(); ++i) probes += mine(i);
+  total = uint64_t{windows + probes} * codecs.size();
+  for (size_t w = 0; w < plan.window_offsets.size(); ++w) {
+    if (!mine(w)) continue;
+    const uint64_t off = plan.window_offsets[w];
     std::vector<int32_t> tokens(o.window_bytes);
     for (uint32_t i = 0; i < o.window_bytes; ++i) tokens[i] = static_cast<uint8_t>(text[off + i]);
     OSCARKV_RETURN_IF_ERROR(run(tokens, 1, nll));
   }
-  for (uint64_t off : plan.recall_offsets) {
+  for (size_t w = 0; w < plan.recall_offsets.size(); ++w) {
+    if (!mine(w)) continue;
+    const uint64_t off = plan.recall_offsets[w];
     std::vector<int32_t> tokens(2 * o.recall_span);
     for (uint32_t i = 0; i < o.recall_span; ++i) {
       tokens[i] = tokens[i + o.recall_span] = static_cast<uint8_t>(text[off + i]);
@@ -106,10 +117,12 @@ absl::StatusOr<std::vector<CodecQuality>> EvaluateCodecs(const Model& model,
   const double ln2 = std::log(2.0);
   for (size_t c = 0; c < codecs.size(); ++c) {
     out[c].codec = codecs[c].name;
-    out[c].bpb = nll[c] / ln2 / (double(plan.window_offsets.size()) * (o.window_bytes - 1));
-    out[c].recall_bpb = plan.recall_offsets.empty()
-                            ? std::numeric_limits<double>::quiet_NaN()
-                            : recall[c] / ln2 / (double(plan.recall_offsets.size()) * o.recall_span);
+    out[c].windows = windows;
+    out[c].recall_windows = probes;
+    out[c].bpb = windows == 0 ? std::numeric_limits<double>::quiet_NaN()
+                              : nll[c] / ln2 / (double(windows) * (o.window_bytes - 1));
+    out[c].recall_bpb = probes == 0 ? std::numeric_limits<double>::quiet_NaN()
+                                    : recall[c] / ln2 / (double(probes) * o.recall_span);
   }
   return out;
 }

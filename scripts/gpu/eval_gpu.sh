@@ -77,39 +77,78 @@ echo "== gpu test rc=$test_rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASS
 grep -E 'no CUDA device|Failure|^\[  FAILED|^  (eval|naive)' "$out/gpu_test.log" | head -40
 grep -E '^  refmodel sink 64 recent 256' "$out/gpu_test.log" | head -40
 
-# 2. The same eval on both paths.
+# 2. The same eval on both paths. Each path runs as SHARDS processes (window i in shard i % N,
+#    the full run's offsets), all 2*SHARDS at once with nproc/(2*SHARDS) threads each: one
+#    32-thread process scaled poorly (1 window pair x 5 codecs took 9 s on the 32-core H200 host,
+#    ~30 core-seconds of work), separate processes fill the machine.
+#    Shards combine exactly (equal bytes per window), see the merge below.
+shards=${SHARDS:-4}
+threads=$(( $(nproc) / (2 * shards) ))
+[ "$threads" -ge 1 ] || threads=1
 args=(eval --model "$model" --text "$model/val.txt" --rotations "$work/rot"
-      --windows "${WINDOWS:-16}" --seed "${SEED:-1}" --json)
+      --windows "${WINDOWS:-16}" --seed "${SEED:-1}" --json --threads "$threads")
 [ -n "${CODECS:-}" ] && args+=(--codecs "$CODECS")
 rc=0
+t1=$(date +%s)
+pids=()
 for dev in cpu cuda; do
-  t1=$(date +%s)
-  timeout 130 "$bin/oscarkv" "${args[@]}" --device "$dev" >"$out/eval_$dev.json" 2>"$out/eval_$dev.err"
+  for ((k = 0; k < shards; ++k)); do
+    timeout "${EVAL_TIMEOUT:-150}" "$bin/oscarkv" "${args[@]}" --device "$dev" --shard "$k/$shards" \
+      >"$out/eval_${dev}_$k.json" 2>"$out/eval_${dev}_$k.err" &
+    pids+=("$!:$dev:$k")
+  done
+done
+for p in "${pids[@]}"; do
+  wait "${p%%:*}"
   r=$?
-  echo "== oscarkv eval --device $dev rc=$r ($(( $(date +%s) - t1 )) s)"
   if [ $r -ne 0 ]; then
-    tail -3 "$out/eval_$dev.err"
+    echo "== oscarkv eval ${p#*:} rc=$r"
+    e="$out/eval_$(echo "${p#*:}" | tr : _).err"
+    grep -m2 '^oscarkv eval:' "$e" || tail -2 "$e"
     rc=1
   fi
 done
-echo "== command: oscarkv ${args[*]//$work\//} --device cpu|cuda  (rot = the calibrated artifact)"
-python3 - "$out/eval_cpu.json" "$out/eval_cuda.json" <<'EOF' || rc=1
-import json, math, sys
-def load(p):
+echo "== oscarkv eval, cpu and cuda, $shards shards each x $threads threads: $(( $(date +%s) - t1 )) s"
+echo "== command: oscarkv ${args[*]//$work\//} --device cpu|cuda --shard K/$shards  (rot = the calibrated artifact)"
+python3 - "$out" "$shards" <<'EOF' || rc=1
+import json, sys
+out, shards = sys.argv[1], int(sys.argv[2])
+def load(dev):
+    """Merges the shards of one path: bpb weighted by windows evaluated (equal bytes each)."""
+    acc = {}
     try:
-        return {r["codec"]: r for r in json.load(open(p))["rows"]}
+        for k in range(shards):
+            j = json.load(open(f"{out}/eval_{dev}_{k}.json"))
+            w, rw = j["windows_evaluated"], j["recall_windows_evaluated"]
+            for r in j["rows"]:
+                a = acc.setdefault(r["codec"], [0.0, 0, 0.0, 0])
+                if w:
+                    a[0] += r["bpb"] * w; a[1] += w
+                if rw:
+                    a[2] += r["recall_bpb"] * rw; a[3] += rw
     except Exception as e:
-        print(f"no table in {p}: {e}")
+        print(f"no table for --device {dev}: {e}")
         return None
-cpu, gpu = load(sys.argv[1]), load(sys.argv[2])
+    rows = {}
+    for c, a in acc.items():
+        bpb, rec = a[0] / a[1], a[2] / a[3]
+        rows[c] = {"bpb": bpb, "recall_bpb": rec, "windows": a[1], "recall_windows": a[3]}
+    b = next(iter(rows.values()))
+    for r in rows.values():
+        r["gap"], r["recall_gap"] = r["bpb"] - b["bpb"], r["recall_bpb"] - b["recall_bpb"]
+    json.dump(rows, open(f"{out}/eval_{dev}_merged.json", "w"), indent=1)
+    return rows
+cpu, gpu = load("cpu"), load("cuda")
 for name, t in (("CPU (MixedPrecisionAttention)", cpu), ("GPU (CudaAttention)", gpu)):
     if t is None:
         continue
-    print(f"\n{name}\n{'codec':<16} {'bpb':>8} {'gap':>9} {'recall_bpb':>11} {'recall_gap':>11}")
+    n = next(iter(t.values()))
+    print(f"\n{name}, {n['windows']} windows + {n['recall_windows']} recall probes")
+    print(f"{'codec':<16} {'bpb':>8} {'gap':>9} {'recall_bpb':>11} {'recall_gap':>11}")
     for c, r in t.items():
         print(f"{c:<16} {r['bpb']:8.4f} {r['gap']:+9.4f} {r['recall_bpb']:11.4f} {r['recall_gap']:+11.4f}")
 if cpu is None or gpu is None:
-    print("\nFAIL: the GPU path did not produce a table (no GPU, or see eval_cuda.err)")
+    print("\nFAIL: the GPU path did not produce a table (no GPU? see eval_cuda_*.err)")
     sys.exit(1)
 print(f"\n{'codec':<16} {'|d bpb|':>9} {'|d recall|':>11}  (bound 0.002)")
 ok = True

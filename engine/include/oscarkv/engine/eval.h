@@ -25,11 +25,16 @@ struct EvalOptions {
   uint32_t window_bytes = 2048;
   uint32_t recall_span = 1000;  // 0 disables the recall probe
   uint64_t seed = 1;
+  // Evaluate only windows (and probes) i with i % shards == shard; offsets are those of the full
+  // plan, so shards of one run partition it and their figures combine exactly (weighted by the
+  // evaluated counts: every window has the same number of predicted bytes).
+  uint32_t shard = 0, shards = 1;
 };
 
 struct CodecQuality {
   std::string codec;
   double bpb = 0, recall_bpb = 0;  // recall_bpb is NaN when the probe is disabled
+  uint32_t windows = 0, recall_windows = 0;  // how many were evaluated (fewer in a shard)
 };
 
 // The window and probe offsets the harness uses (deterministic in seed and text size).
