@@ -1,6 +1,7 @@
 // Host-side split-KV planning for the paged decode kernel.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "oscarkv/cuda/decode_attention.h"
@@ -58,6 +59,9 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
   const uint32_t H = shape.num_kv_heads;
   // Cost model: an INT2 slice reads ~7x fewer bytes than a BF16 slice.
   constexpr int64_t kInt2Cost = 1, kBf16Cost = 7;
+  // Per-item latency (slice table, query rotation, pipeline fill, partial write), in the same
+  // units: about 4 µs, i.e. ~6 INT2 slices of one CTA or ~2 BF16 slices.
+  constexpr int64_t kItemOverhead = 8;
   int64_t total_cost = 0, bf16_cost = 0;
   for (int32_t id : ids) {
     const bool int2 = kinds[id] == static_cast<uint8_t>(PageKind::kInt2);
@@ -70,9 +74,76 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
   // stages each). When BF16 slices carry most of the cost, aim for the BF16 kernel's wave, so
   // the last wave is not a half-empty second one.
   if (target_ctas <= 0) target_ctas = std::max(1, num_sms) * (2 * bf16_cost > total_cost ? 2 : 3);
-  // Work per item, in cost units; INT2 items are rounded to whole 4-slice units.
-  int64_t budget = std::max<int64_t>(4, (total_cost + target_ctas - 1) / target_ctas);
-  budget = (budget + 3) / 4 * 4;
+
+  // Maximal runs of one page kind per (sequence, KV head), in plan order.
+  struct Run {
+    int32_t seq, head, first, len;
+    uint8_t kind;
+  };
+  std::vector<Run> runs;
+  for (size_t b = 0; b < num_seqs; ++b) {
+    const int32_t p0 = indptr[b], p1 = indptr[b + 1];
+    const int32_t total_slices = (p1 - p0) * static_cast<int32_t>(spp);
+    for (uint32_t h = 0; h < H; ++h) {
+      int32_t s = 0;
+      while (s < total_slices) {
+        const uint8_t kind = kinds[ids[p0 + s / static_cast<int32_t>(spp)]];
+        int32_t run_end = s;
+        while (run_end < total_slices &&
+               kinds[ids[p0 + run_end / static_cast<int32_t>(spp)]] == kind) {
+          ++run_end;
+        }
+        runs.push_back({static_cast<int32_t>(b), static_cast<int32_t>(h), s, run_end - s, kind});
+        s = run_end;
+      }
+    }
+  }
+  auto is_int2 = [](uint8_t k) { return k == static_cast<uint8_t>(PageKind::kInt2); };
+  // Items of a run for a per-item cost budget: equal parts of at most budget / unit cost slices.
+  auto parts_of = [&](const Run& r, int64_t budget) {
+    const int64_t unit_cost = is_int2(r.kind) ? kInt2Cost : kBf16Cost;
+    const int32_t max_slices =
+        static_cast<int32_t>(std::clamp<int64_t>(budget / unit_cost, 1, kMaxItemSlices));
+    return (r.len + max_slices - 1) / max_slices;
+  };
+  // Estimated finishing time of the plan for a budget: CTAs dispatched in plan order (INT2
+  // items, then BF16) to the first free of target_ctas slots. An INT2 item's 4 warps take
+  // every 4th slice, so its time is set by ceil(slices / 4).
+  std::vector<int64_t> slot_end;
+  auto makespan = [&](int64_t budget) {
+    slot_end.assign(static_cast<size_t>(target_ctas), 0);
+    std::make_heap(slot_end.begin(), slot_end.end(), std::greater<int64_t>());
+    for (int pass = 0; pass < 2; ++pass) {
+      for (const Run& r : runs) {
+        if (is_int2(r.kind) != (pass == 0)) continue;
+        const int32_t parts = parts_of(r, budget);
+        for (int32_t part = 0; part < parts; ++part) {
+          const int64_t n = int64_t{r.len} * (part + 1) / parts - int64_t{r.len} * part / parts;
+          const int64_t cost = kItemOverhead + (is_int2(r.kind) ? 4 * kInt2Cost * ((n + 3) / 4)
+                                                                : kBf16Cost * n);
+          std::pop_heap(slot_end.begin(), slot_end.end(), std::greater<int64_t>());
+          slot_end.back() += cost;
+          std::push_heap(slot_end.begin(), slot_end.end(), std::greater<int64_t>());
+        }
+      }
+    }
+    return *std::max_element(slot_end.begin(), slot_end.end());
+  };
+  // Budget: the one-wave share of the total cost, then the best of a geometric range around
+  // it by the estimate (ties: the larger budget, i.e. fewer items).
+  const int64_t base = std::max<int64_t>(4, (total_cost + target_ctas - 1) / target_ctas);
+  int64_t budget = (base + 3) / 4 * 4;
+  if (!runs.empty()) {
+    int64_t best = makespan(budget);
+    for (double f = 0.25; f <= 4.0; f *= 1.04) {
+      const int64_t b = std::max<int64_t>(4, static_cast<int64_t>(base * f));
+      const int64_t m = makespan(b);
+      if (m < best || (m == best && b > budget)) {
+        best = m;
+        budget = b;
+      }
+    }
+  }
 
   DecodePlan plan;
   plan.item_indptr.reserve(num_seqs * H + 1);
@@ -81,29 +152,20 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
   const size_t int2_slice_bytes = 2 * (kSliceTokens * g2.code_row_bytes() +
                                        size_t{kSliceTokens} * g2.groups_per_row() * 4);
   const size_t bf16_slice_bytes = 2 * size_t{kSliceTokens} * shape.head_dim * 2;
+  size_t ri = 0;
   for (size_t b = 0; b < num_seqs; ++b) {
-    const int32_t p0 = indptr[b], p1 = indptr[b + 1];
     for (uint32_t h = 0; h < H; ++h) {
-      int32_t s = 0;
-      const int32_t total_slices = (p1 - p0) * static_cast<int32_t>(spp);
-      while (s < total_slices) {
-        // A maximal run of one kind, split into equal items of at most the budget.
-        const uint8_t kind = kinds[ids[p0 + s / static_cast<int32_t>(spp)]];
-        int32_t run_end = s;
-        while (run_end < total_slices && kinds[ids[p0 + run_end / static_cast<int32_t>(spp)]] == kind) {
-          ++run_end;
-        }
-        const int64_t unit_cost = kind == static_cast<uint8_t>(PageKind::kInt2) ? kInt2Cost : kBf16Cost;
-        const int32_t max_slices = static_cast<int32_t>(
-            std::clamp<int64_t>(budget / unit_cost, 1, kMaxItemSlices));
-        const int32_t run = run_end - s;
-        const int32_t parts = (run + max_slices - 1) / max_slices;
+      for (; ri < runs.size() && runs[ri].seq == static_cast<int32_t>(b) &&
+             runs[ri].head == static_cast<int32_t>(h);
+           ++ri) {
+        const Run& r = runs[ri];
+        const int32_t parts = parts_of(r, budget);
         for (int32_t part = 0; part < parts; ++part) {
-          const int32_t b0 = s + static_cast<int32_t>(int64_t{run} * part / parts);
-          const int32_t b1 = s + static_cast<int32_t>(int64_t{run} * (part + 1) / parts);
+          const int32_t b0 = r.first + static_cast<int32_t>(int64_t{r.len} * part / parts);
+          const int32_t b1 = r.first + static_cast<int32_t>(int64_t{r.len} * (part + 1) / parts);
           plan.items.push_back({static_cast<int32_t>(b), static_cast<int32_t>(h),
-                                static_cast<int32_t>(kind), b0, b1 - b0});
-          if (kind == static_cast<uint8_t>(PageKind::kInt2)) {
+                                static_cast<int32_t>(r.kind), b0, b1 - b0});
+          if (is_int2(r.kind)) {
             plan.int2_slices += b1 - b0;
             plan.page_bytes_read += size_t(b1 - b0) * int2_slice_bytes;
           } else {
@@ -111,7 +173,6 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
             plan.page_bytes_read += size_t(b1 - b0) * bf16_slice_bytes;
           }
         }
-        s = run_end;
       }
       plan.item_indptr.push_back(static_cast<int32_t>(plan.items.size()));
     }
