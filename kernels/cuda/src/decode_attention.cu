@@ -39,12 +39,15 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       CpAsync16(sbase + kv * 16384 + t * 256 + ((j ^ (t & 7)) * 16), ok ? src : page, ok);
     }
   };
-  float* qs = reinterpret_cast<float*>(smem + kBf16StageArea);
-  RotateQueries(p, it, qs + 8 * 128, qs, reinterpret_cast<float*>(smem));  // stages not in use yet
+  // First copies, then the query rotation while they are in flight (its scratch is the last
+  // stage, which the loop issues only after the rotation).
   for (int s = 0; s < kBf16Stages - 1; ++s) {
     if (s < n) issue(s, s);
     CpAsyncCommit();
   }
+  float* qs = reinterpret_cast<float*>(smem + kBf16StageArea);
+  RotateQueries(p, it, qs + 8 * 128, qs,
+                reinterpret_cast<float*>(smem + (kBf16Stages - 1) * kBf16Stage), 8 * 128);
   const float* qrot = qs;
   uint32_t qhi[8][2], qlo[8][2];
   #pragma unroll
@@ -149,6 +152,9 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 
 __global__ void __launch_bounds__(kThreads, 2) DecodeBf16Kernel(const DecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
+  // The merge kernel (next, programmatic serialization) may start its CTAs now; they wait
+  // for this grid's completion before reading the partials.
+  asm volatile("griddepcontrol.launch_dependents;");
   const int item = p.item_order[p.num_int2_items + blockIdx.x];
   const DecodeWorkItem it = p.items[item];
   uint8_t* t = smem + kBf16StageArea + kWarps * kWarpXchg;
@@ -156,6 +162,9 @@ __global__ void __launch_bounds__(kThreads, 2) DecodeBf16Kernel(const DecodePara
   LoadSliceTable(p, it, tab);
   __syncthreads();
   Bf16Item(p, item, it, smem, tab);
+  // This grid (launched as a dependent of the INT2 kernel) completes only after the INT2
+  // kernel has: the merge waits on this grid alone.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
 // Merges the partials of every item of (sequence, KV head) for one query head; optionally
@@ -185,6 +194,8 @@ __global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
   const int seq = sq / p.shape.num_q_heads, qh = sq % p.shape.num_q_heads;
   const int gqa = p.shape.gqa(), h = qh / gqa, j = qh % gqa;
   const int t = threadIdx.x;
+  // Launched as a programmatic dependent of the decode kernel(s): wait for their partials.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   const size_t qrot_bytes = 0;
   const float* part_o = reinterpret_cast<const float*>(static_cast<const uint8_t*>(p.workspace) + qrot_bytes);
   const size_t po_bytes = (sizeof(float) * size_t(p.num_items) * gqa * 128 + 255) / 256 * 256;
@@ -194,7 +205,7 @@ __global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
   const int i1 = p.item_indptr[seq * p.shape.num_kv_heads + h + 1];
   float mx = -INFINITY;
   for (int i = i0 + t; i < i1; i += 128) {
-    if (part_ml[(size_t(i) * gqa + j) * 2 + 1] > 0.f) mx = fmaxf(mx, part_ml[(size_t(i) * gqa + j) * 2]);
+    if (__ldcg(&part_ml[(size_t(i) * gqa + j) * 2 + 1]) > 0.f) mx = fmaxf(mx, __ldcg(&part_ml[(size_t(i) * gqa + j) * 2]));
   }
   mx = BlockReduce(mx, red, true);
   float L = 0.f, O = 0.f;
@@ -203,8 +214,8 @@ __global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
       const int i = c0 + t;
       float w = 0.f;
       if (i < i1) {
-        const float l = part_ml[(size_t(i) * gqa + j) * 2 + 1];
-        if (l > 0.f) w = exp2f(part_ml[(size_t(i) * gqa + j) * 2] - mx) * l;
+        const float l = __ldcg(&part_ml[(size_t(i) * gqa + j) * 2 + 1]);
+        if (l > 0.f) w = exp2f(__ldcg(&part_ml[(size_t(i) * gqa + j) * 2]) - mx) * l;
       }
       __syncthreads();
       wsm[t] = w;
@@ -214,11 +225,11 @@ __global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
       int k = 0;
       for (; k + 4 <= n; k += 4) {
         const float* base = part_o + (size_t(c0 + k) * gqa + j) * 128 + t;
-        const float o0 = base[0], o1 = base[size_t(gqa) * 128], o2 = base[size_t(2 * gqa) * 128],
-                    o3 = base[size_t(3 * gqa) * 128];
+        const float o0 = __ldcg(base), o1 = __ldcg(base + size_t(gqa) * 128),
+                    o2 = __ldcg(base + size_t(2 * gqa) * 128), o3 = __ldcg(base + size_t(3 * gqa) * 128);
         O += wsm[k] * o0 + wsm[k + 1] * o1 + wsm[k + 2] * o2 + wsm[k + 3] * o3;
       }
-      for (; k < n; ++k) O += wsm[k] * part_o[(size_t(c0 + k) * gqa + j) * 128 + t];
+      for (; k < n; ++k) O += wsm[k] * __ldcg(&part_o[(size_t(c0 + k) * gqa + j) * 128 + t]);
     }
     L = BlockReduce(L, red, false);
   }
@@ -282,7 +293,20 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
       return st;
     }
   }
-  MergeKernel<<<sq, 128, 0, stream>>>(p);
+  {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(sq);
+    cfg.blockDim = dim3(128);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    if (absl::Status st = CudaStatus(cudaLaunchKernelEx(&cfg, MergeKernel, p), "merge launch"); !st.ok()) {
+      return st;
+    }
+  }
   return CudaStatus(cudaGetLastError(), "decode attention launch");
 }
 

@@ -158,12 +158,14 @@ __device__ void LoadSliceTable(const DecodeParams& p, const DecodeWorkItem& it, 
 }
 
 // q' = q · R_K[kv head] · softmax_scale · log2(e) for the item's GQA query heads, into shared
-// memory (qs, [gqa][128]). qin ([gqa][128]) and scratch (16 KiB) are shared-memory scratch. Warp w
+// memory (qs, [gqa][128]). qin ([gqa][128]) is shared-memory scratch, and warp w's partial sums
+// go to scratch + w * warp_stride ([8][128] floats each, so the regions may lie in stages whose
+// copies have not been issued yet). Warp w
 // takes input rows [32w, 32w+32) and lane l output channels [4l, 4l+4), so all of a thread's R
 // loads are in flight at once (one L2 round trip instead of 128 dependent ones); the four warps'
 // partial sums are added through `scratch`. All threads of the CTA take part.
 __device__ void RotateQueries(const DecodeParams& p, const DecodeWorkItem& it, float* qin,
-                              float* qs, float* scratch) {
+                              float* qs, float* scratch, int warp_stride) {
   const int gqa = static_cast<int>(p.shape.gqa());
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const float* q = p.q + (size_t(it.seq) * p.shape.num_q_heads + size_t(it.kv_head) * gqa) * 128;
@@ -204,14 +206,14 @@ __device__ void RotateQueries(const DecodeParams& p, const DecodeWorkItem& it, f
   }
 #pragma unroll
   for (int h = 0; h < 8; ++h)
-    if (h < gqa) reinterpret_cast<float4*>(scratch + (warp * 8 + h) * 128)[lane] = acc[h];
+    if (h < gqa) reinterpret_cast<float4*>(scratch + warp * warp_stride + h * 128)[lane] = acc[h];
   __syncthreads();
 #pragma unroll
   for (int h = 0; h < 8; ++h) {
     if (h < gqa) {
       float v = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) v += scratch[(w * 8 + h) * 128 + t];
+      for (int w = 0; w < kWarps; ++w) v += scratch[w * warp_stride + h * 128 + t];
       qs[h * 128 + t] = v * scale;
     }
   }

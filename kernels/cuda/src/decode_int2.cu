@@ -115,6 +115,8 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   const uint32_t ring_addr = SmemAddr(ring) + lane * 16;
   // Copies slice k of this warp into stage `stage`: the K codes (2 KiB contiguous), K params,
   // V codes, V params. Chunks past the valid tokens are zero-filled (src-size 0) and not read.
+  // (Bulk/TMA copies issued by one lane, with an mbarrier per stage, measured 7-11% slower here:
+  // the single-lane issue and the barrier wait cost as many instructions per slice and add latency.)
   auto issue = [&](int k, int stage) {
     const int sl = warp + kWarps * k;
     const int info = tab.info[sl], tok0 = info >> 16, valid = info & 0xffff;
@@ -140,15 +142,18 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
   };
 
-  // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
-  float* qs = reinterpret_cast<float*>(smem + kInt2StageArea);
-  RotateQueries(p, it, qs + 8 * 128, qs, reinterpret_cast<float*>(smem));  // ring not in use yet
-  // Start the first copies, then build the query fragments while they are in flight.
+  // Start the first copies, then rotate the queries and build their fragments while they are
+  // in flight (the rotation's per-warp scratch is each warp's last stage, not issued yet).
 #pragma unroll
   for (int k = 0; k < kInt2WarpStages - 1; ++k) {
     if (k < mine) issue(k, k);
     CpAsyncCommit();
   }
+  // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
+  float* qs = reinterpret_cast<float*>(smem + kInt2StageArea);
+  RotateQueries(p, it, qs + 8 * 128, qs,
+                reinterpret_cast<float*>(smem + (kInt2WarpStages - 1) * kInt2Slot),
+                kInt2WarpStages * kInt2Slot / 4);
   const float* qrot = qs;
   uint32_t qhi[8][2], qlo[8][2];
   float q0[NG], q1[NG];  // Σ q (true) and Σ q·2^-k (as used), this lane's channels
@@ -165,21 +170,32 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       const int byte_lo = (r < 4 ? 0 : 1), idx = r & 3;
       const int base = Lay::KWordByte(tig, v);
       const int ch_lo = 4 * (base + byte_lo) + idx, ch_hi = 4 * (base + byte_lo + 2) + idx;
-      const float x_lo = gid < gqa ? qrot[gid * 128 + ch_lo] * inv : 0.f;
-      const float x_hi = gid < gqa ? qrot[gid * 128 + ch_hi] * inv : 0.f;
+      const int head = kPack ? (gid & 3) : gid;
+      const float x_lo = head < gqa ? qrot[head * 128 + ch_lo] * inv : 0.f;
+      const float x_hi = head < gqa ? qrot[head * 128 + ch_hi] * inv : 0.f;
       const __half h_lo = __float2half_rn(x_lo), h_hi = __float2half_rn(x_hi);
       __half l_lo = __float2half_rn(0.f), l_hi = __float2half_rn(0.f);
       if (p.precise_query) {
         l_lo = __float2half_rn(x_lo - __half2float(h_lo));
         l_hi = __float2half_rn(x_hi - __half2float(h_hi));
       }
-      qhi[s][b] = PackHalf2(h_lo, h_hi);
-      qlo[s][b] = PackHalf2(l_lo, l_hi);
       const float used = __half2float(h_lo) + __half2float(l_lo) + __half2float(h_hi) +
                          __half2float(l_hi);
       const int g = (G == 64) ? v : 0;
-      q1[g] += used;
-      q0[g] += used * static_cast<float>(1 << k);
+      if (kPack) {
+        // Column gid < 4: the high parts of head gid; column gid >= 4: the low parts of head
+        // gid - 4 (the padding columns carry the precision), so one mma serves both.
+        const bool lo_col = gid >= 4;
+        qhi[s][b] = lo_col ? PackHalf2(l_lo, l_hi) : PackHalf2(h_lo, h_hi);
+        q1[g] += lo_col ? __half2float(l_lo) + __half2float(l_hi)
+                        : __half2float(h_lo) + __half2float(h_hi);
+        q0[g] += lo_col ? 0.f : used * static_cast<float>(1 << k);
+      } else {
+        qhi[s][b] = PackHalf2(h_lo, h_hi);
+        qlo[s][b] = PackHalf2(l_lo, l_hi);
+        q1[g] += used;
+        q0[g] += used * static_cast<float>(1 << k);
+      }
     }
   }
 #pragma unroll
@@ -271,7 +287,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
               a[r][1] = CodeReg(2 * uu + 1, wd[mt][r][v], w8[mt][r][v], magic);
             }
             MmaF16(acc[mt][g], a[0][0], a[1][0], a[0][1], a[1][1], qhi[s][0], qhi[s][1]);
-            if (p.precise_query) {
+            if (!kPack && p.precise_query) {
               MmaF16(acc[mt][g], a[0][0], a[1][0], a[0][1], a[1][1], qlo[s][0], qlo[s][1]);
             }
           }
@@ -282,12 +298,15 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int t = mt * 16 + gid + 8 * r;
-          float sv[2] = {0.f, 0.f};
+          float sv[2];
 #pragma unroll
           for (int g = 0; g < NG; ++g) {
             const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(kp + (t * NG + g) * 4));
 #pragma unroll
-            for (int e = 0; e < 2; ++e) sv[e] += fmaf(sm.x, acc[mt][g][2 * r + e], sm.y * Q0[e][g]);
+            for (int e = 0; e < 2; ++e) {
+              const float x = fmaf(sm.x, acc[mt][g][2 * r + e], sm.y * Q0[e][g]);
+              sv[e] = g == 0 ? x : sv[e] + x;
+            }
           }
 #pragma unroll
           for (int e = 0; e < 2; ++e) sc[mt][2 * r + e] = sv[e];
@@ -301,8 +320,10 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
         for (int c = 0; c < 4; ++c)
           if (mt * 16 + gid + 8 * (c >> 1) >= valid) sc[mt][c] = -INFINITY;
     }
-    // Packed mode: lanes tig 2, 3 (padding heads) take the scores of the odd m-tiles from lanes
-    // tig 0, 1; lane (gid, tig) then owns tiles mt = 2j + (tig >> 1), heads 2·(tig & 1) + e.
+    // Packed mode: lanes tig 0, 1 hold the high-part scores of heads 2·tig + e, lanes tig 2, 3
+    // the low-part scores of heads 2·(tig - 2) + e. One exchange sums them so that lanes tig 0, 1
+    // own the even m-tiles and lanes tig 2, 3 the odd ones: lane (gid, tig) then owns tiles
+    // mt = 2j + (tig >> 1), heads 2·(tig & 1) + e.
     constexpr int NT = kPack ? 2 : 4;
     float ps[NT][4];
     if (kPack) {
@@ -311,8 +332,9 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       for (int j = 0; j < 2; ++j)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          const float other = __shfl_xor_sync(0xffffffffu, sc[2 * j + 1][c], 2);
-          ps[j][c] = upper ? other : sc[2 * j][c];
+          const float send = upper ? sc[2 * j][c] : sc[2 * j + 1][c];
+          const float other = __shfl_xor_sync(0xffffffffu, send, 2);
+          ps[j][c] = (upper ? sc[2 * j + 1][c] : sc[2 * j][c]) + other;
         }
     } else {
 #pragma unroll

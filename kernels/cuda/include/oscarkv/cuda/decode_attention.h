@@ -99,9 +99,11 @@ enum class DecodeVariant : int32_t {
   // Each lane runs the online softmax and the W = p·scale products for query heads 2·tig and
   // 2·tig+1 of every 16-token tile (8 mma columns; at GQA <= 4 half of them are padding).
   kBaseline = 0,
-  // GQA <= 4: after the score mma the padding lanes (heads 4..7) take over the useful scores of
-  // every second 16-token tile (one shuffle per value), so softmax, W and Σ p·min run on half as
-  // many values per lane. Same arithmetic per (token, head) as kBaseline; GQA > 4 falls back.
+  // GQA <= 4: the score mma's padding columns (heads 4..7) carry the low fp16 parts of the
+  // query, so one mma per k-step gives both parts (half the score mmas of kBaseline); one
+  // shuffle per value adds them so that lanes of columns 4..7 own every second 16-token tile,
+  // and softmax, W and Σ p·min run on half as many values per lane. Same accuracy as
+  // kBaseline; GQA > 4 falls back to it.
   kPackedHeads = 1,
 };
 inline constexpr int kNumDecodeVariants = 2;
