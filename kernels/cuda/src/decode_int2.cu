@@ -18,7 +18,7 @@
 // accumulators at −1024·Σ q·2^-k, and 1024·Σ W comes from one more mma with every code 0. Channel orders inside the mma tiles are
 // permuted so each lane's operands come from contiguous bytes; the query fragments and the
 // output mapping use the same permutation.
-#include "decode_common.cuh"
+#include "decode_bf16.cuh"
 
 namespace oscarkv::cuda {
 namespace {
@@ -476,7 +476,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   });
 }
 
-// One CTA per work item of one kind; blockIdx.x indexes the plan's per-kind order.
+// One CTA per work item; blockIdx.x indexes the plan's order (its first num_int2_items entries).
 template <int G, bool kPack>
 __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
@@ -489,7 +489,16 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
   SliceTable tab{reinterpret_cast<const uint8_t**>(t), reinterpret_cast<int32_t*>(t + kMaxItemSlices * 8)};
   LoadSliceTable(p, it, tab);
   __syncthreads();
-  Int2Item<G, kPack>(p, item, it, smem, tab);
+  // An INT2-dominated plan runs its few BF16 items (sink, recent tokens) here too, in the
+  // 2-stage layout that fits this kernel's shared memory, instead of in a BF16 kernel whose
+  // CTAs could start only as INT2 CTAs leave (a tail after the INT2 work).
+  static_assert(2 * kBf16Stage + kWarps * 2 * 8 * 24 * 2 <= kInt2StageArea + kWarps * kWarpXchg,
+                "2-stage BF16 layout must fit below the slice table");
+  if (it.kind == static_cast<int32_t>(PageKind::kBf16)) {
+    Bf16Item<2>(p, item, it, smem, tab);
+  } else {
+    Int2Item<G, kPack>(p, item, it, smem, tab);
+  }
 }
 
 // Raises an INT2 kernel's dynamic shared-memory limit on its first launch (one static per

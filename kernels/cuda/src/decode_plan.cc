@@ -113,7 +113,10 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
   auto makespan = [&](int64_t budget) {
     slot_end.assign(static_cast<size_t>(target_ctas), 0);
     std::make_heap(slot_end.begin(), slot_end.end(), std::greater<int64_t>());
-    for (int pass = 0; pass < 2; ++pass) {
+    // INT2-dominated batches run every item in the INT2 kernel (its BF16 items after the INT2
+  // ones, on the same CTA slots); otherwise the BF16 items go to the BF16 kernel.
+  const bool fused = 2 * bf16_cost <= total_cost;
+  for (int pass = 0; pass < 2; ++pass) {
       for (const Run& r : runs) {
         if (is_int2(r.kind) != (pass == 0)) continue;
         const int32_t parts = parts_of(r, budget);
@@ -177,6 +180,9 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
       plan.item_indptr.push_back(static_cast<int32_t>(plan.items.size()));
     }
   }
+  // INT2-dominated batches run every item in the INT2 kernel (its BF16 items after the INT2
+  // ones, on the same CTA slots); otherwise the BF16 items go to the BF16 kernel.
+  const bool fused = 2 * bf16_cost <= total_cost;
   for (int pass = 0; pass < 2; ++pass) {
     const int32_t kind = pass == 0 ? static_cast<int32_t>(PageKind::kInt2) : static_cast<int32_t>(PageKind::kBf16);
     for (size_t i = 0; i < plan.items.size(); ++i) {
@@ -184,6 +190,7 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
     }
     if (pass == 0) plan.num_int2_items = static_cast<int32_t>(plan.order.size());
   }
+  if (fused) plan.num_int2_items = static_cast<int32_t>(plan.order.size());
   return plan;
 }
 

@@ -77,6 +77,9 @@ struct DecodePlan {
   std::vector<DecodeWorkItem> items;  // ordered by (seq, kv_head)
   std::vector<int32_t> item_indptr;   // [num_seqs * num_kv_heads + 1] into items
   std::vector<int32_t> order;         // item indices: the INT2 items, then the BF16 items
+  // Items run by the INT2 kernel (the first entries of `order`): the INT2 items, plus the BF16
+  // items when INT2 slices carry most of the cost (the INT2 kernel then runs every item, so
+  // the few BF16 items do not wait for INT2 CTAs to leave); the rest run in the BF16 kernel.
   int32_t num_int2_items = 0;
   size_t int2_slices = 0, bf16_slices = 0;
   // Bytes the decode kernel reads from the pages (K and V segments of the attended layer).
@@ -128,7 +131,7 @@ struct DecodeParams {
   int32_t num_items = 0;
   const int32_t* item_indptr = nullptr;   // [num_seqs * num_kv_heads + 1]
   const int32_t* item_order = nullptr;    // plan.order (INT2 items first)
-  int32_t num_int2_items = 0;
+  int32_t num_int2_items = 0;             // plan.num_int2_items
   const float* q = nullptr;               // [num_seqs][num_q_heads][head_dim], unrotated
   const float* rot_k = nullptr;  // [num_kv_heads][d][d] R_K of `layer` (nullptr: q already rotated)
   const float* rot_v = nullptr;  // [num_kv_heads][d][d] R_V, used when unrotate_output
