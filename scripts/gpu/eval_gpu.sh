@@ -10,7 +10,10 @@
 #           ninja -C build-eng -j2 oscarkv engine_cuda_attention_gpu_test
 #           scripts/gpu/eval_gpu.sh pack /tmp/rot_final   # -> build-eng/carry (xz, ~10 MB)
 #           scripts/gpu/eval_gpu.sh                        # dry run: no GPU -> fails clearly
-#   device: run(command="scripts/gpu/eval_gpu.sh", carry=["build-eng/carry"])
+#   device: run(command="scripts/gpu/eval_gpu.sh", carry=["build-eng/carry"], timeout_s=300)
+# Time on the 32-core H200 x2 host: GPU test 15 s; with 4+4 shards of 4 threads the GPU path
+# finished its 16 windows within 120 s and the CPU path needed ~140 s (32/40 passes at 110 s),
+# so the whole call takes ~170 s (EVAL_TIMEOUT defaults to 240). SKIP_TEST=1 skips the test.
 # The reference model comes from <root>/shared/refmodel (the checkout's shared/ travels with the
 # tree) or $OSCARKV_REFMODEL; `INCLUDE_MODEL=1 ... pack` puts it into the payload instead.
 # Environment: WINDOWS (default 16), SEED (1), CODECS (all five), BUILD (build-eng).
@@ -71,11 +74,21 @@ echo "== $(nproc) CPU cores; $(nvidia-smi --query-gpu=name,driver_version,memory
 echo "== unpacked in $(( $(date +%s) - t0 )) s"
 
 # 1. CudaAttention vs MixedPrecisionAttention (skips, and says so, without a GPU).
-timeout 90 "$bin/engine_cuda_attention_gpu_test" >"$out/gpu_test.log" 2>&1
-test_rc=$?
-echo "== gpu test rc=$test_rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/gpu_test.log" | tr '\n' ' ')"
-grep -E 'no CUDA device|Failure|^\[  FAILED|^  (eval|naive)' "$out/gpu_test.log" | head -40
-grep -E '^  refmodel sink 64 recent 256' "$out/gpu_test.log" | head -40
+test_rc=0
+if [ "${SKIP_TEST:-0}" != 1 ]; then
+  timeout 90 "$bin/engine_cuda_attention_gpu_test" >"$out/gpu_test.log" 2>&1
+  test_rc=$?
+fi
+if [ -f "$out/gpu_test.log" ]; then
+  echo "== gpu test rc=$test_rc ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ test' "$out/gpu_test.log" | tr '\n' ' ')"
+  grep -E 'no CUDA device|Failure|^\[  FAILED|^  (eval|naive)' "$out/gpu_test.log" | head -30
+  # Worst layer per (case, codec): relative RMS error and share of elements outside 2e-3(1+|x|).
+  awk '/ layer [0-9]+ T=/ { key = $0; sub(/ +layer [0-9]+ T=.*/, "", key); split($0, a, "rel_rms ");
+         split(a[2], b, ","); r = b[1] + 0; split($0, c, "outside "); o = c[2] + 0;
+         if (!(key in m) || r > m[key]) m[key] = r; if (!(key in f) || o > f[key]) f[key] = o }
+       END { for (k in m) printf "  worst %-50s rel_rms %.2e outside %.4f%%\n", k, m[k], f[k] }' \
+    "$out/gpu_test.log" | sort
+fi
 
 # 2. The same eval on both paths. Each path runs as SHARDS processes (window i in shard i % N,
 #    the full run's offsets), all 2*SHARDS at once with nproc/(2*SHARDS) threads each: one
@@ -93,7 +106,7 @@ t1=$(date +%s)
 pids=()
 for dev in cpu cuda; do
   for ((k = 0; k < shards; ++k)); do
-    timeout "${EVAL_TIMEOUT:-150}" "$bin/oscarkv" "${args[@]}" --device "$dev" --shard "$k/$shards" \
+    timeout "${EVAL_TIMEOUT:-240}" "$bin/oscarkv" "${args[@]}" --device "$dev" --shard "$k/$shards" \
       >"$out/eval_${dev}_$k.json" 2>"$out/eval_${dev}_$k.err" &
     pids+=("$!:$dev:$k")
   done
