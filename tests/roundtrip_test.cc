@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <thread>
 
@@ -243,6 +244,63 @@ TEST(AsyncTest, FuturesAndCallbacks) {
   ASSERT_TRUE(n.ok()) << n.status();
   EXPECT_EQ(*n, 4u);
   for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(bufs[i] == pages[i]);
+}
+
+// LookupAsync recycles its call state (request, response, context) and the daemon recycles its
+// Lookup messages: calls of different sizes and pin flags, back to back and from several threads,
+// each get exactly their own answer.
+TEST(AsyncTest, RecycledLookupsCarryNothingOver) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  auto c = Connect(daemon->address());
+  ASSERT_NE(c, nullptr);
+  const client::Codec codec = RegisterRefmodel(*c);
+  const auto keys = client::Client::BlockKeys(codec, Tokens(8, 4 * 64));
+  const auto absent = client::Client::BlockKeys(codec, Tokens(9, 2 * 64));
+  std::vector<std::vector<uint8_t>> pages;
+  std::vector<PageWrite> writes;
+  for (size_t i = 0; i < 4; ++i) pages.push_back(MakePage(codec.profile, PageKind::kInt2, 40 + i));
+  for (size_t i = 0; i < 4; ++i) writes.push_back({keys[i], PageKind::kInt2, pages[i]});
+  ASSERT_EQ(c->Store(codec, writes)->stored, 4u);
+  const std::span<const BlockKey> all(keys), two(keys.data(), 2);
+  for (int round = 0; round < 3; ++round) {
+    auto pinned = c->LookupAsync(codec, all, {.pin = true}).get();
+    ASSERT_TRUE(pinned.ok()) << pinned.status();
+    EXPECT_EQ(pinned->matched, 4u);
+    EXPECT_EQ(pinned->pages.size(), 4u);
+    EXPECT_EQ(pinned->lease_ids.size(), 1u);
+    EXPECT_TRUE(c->Release(*pinned).ok());
+    auto probe = c->LookupAsync(codec, two).get();
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    EXPECT_EQ(probe->matched, 2u);
+    EXPECT_TRUE(probe->pages.empty());
+    EXPECT_TRUE(probe->lease_ids.empty());
+    auto miss = c->LookupAsync(codec, absent).get();
+    ASSERT_TRUE(miss.ok()) << miss.status();
+    EXPECT_EQ(miss->matched, 0u);
+    auto sync = c->Lookup(codec, two);  // the blocking path reuses a per-thread request
+    ASSERT_TRUE(sync.ok());
+    EXPECT_EQ(sync->matched, 2u);
+    auto sync_miss = c->Lookup(codec, absent);
+    ASSERT_TRUE(sync_miss.ok());
+    EXPECT_EQ(sync_miss->matched, 0u);
+  }
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        const bool hit = (i + t) % 2 == 0;
+        auto r = c->LookupAsync(codec, hit ? all : std::span<const BlockKey>(absent)).get();
+        if (!r.ok() || r->matched != (hit ? 4u : 0u)) wrong++;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  auto stats = c->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->leases, 0u);
 }
 
 // The C ABI test binary, pointed at a live daemon.

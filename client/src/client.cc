@@ -4,7 +4,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <cstring>
 #include <unordered_map>
 
@@ -91,9 +93,12 @@ class GrpcClient final : public Client {
 
   ~GrpcClient() override {
     pool_.reset();  // drain async work before unmapping
-    absl::MutexLock lock(&inflight_mu_);
-    inflight_mu_.Await(absl::Condition(
-        +[](int* n) { return *n == 0; }, &inflight_));  // callbacks in flight use `this`
+    // Callbacks in flight use `this`; a callback's last access to it is its decrement.
+    while (inflight_.load(std::memory_order_acquire) != 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    absl::MutexLock lock(&calls_mu_);
+    for (LookupCall* c : free_calls_) delete c;
   }
 
   absl::Status Init() {
@@ -209,31 +214,26 @@ class GrpcClient final : public Client {
       done(LookupResult{});
       return;
     }
-    struct Call {
-      std::unique_ptr<grpc::ClientContext> ctx;
-      pb::LookupRequest req;
-      pb::LookupResponse resp;
-      size_t n;
-      bool pin;
-      std::function<void(absl::StatusOr<LookupResult>)> done;
-    };
-    {
-      absl::MutexLock lock(&inflight_mu_);
-      ++inflight_;
-    }
-    auto* call = new Call{Context(), {}, {}, keys.size(), opts.pin, std::move(done)};
+    inflight_.fetch_add(1, std::memory_order_relaxed);
+    LookupCall* call = TakeCall();
+    call->ctx = Context();
+    call->n = keys.size();
+    call->pin = opts.pin;
+    call->done = std::move(done);
     call->req.set_codec_id(IdBytes(codec.id));
-    for (const BlockKey& k : keys) call->req.add_keys(KeyBytes(k));
+    for (const BlockKey& k : keys) {
+      call->req.add_keys()->assign(reinterpret_cast<const char*>(k.bytes.data()), k.bytes.size());
+    }
     call->req.set_pin(opts.pin);
     call->req.set_lease_ms(opts.lease_ms);
     stub_->async()->Lookup(call->ctx.get(), &call->req, &call->resp,
                            [this, call](grpc::Status gs) {
-                             std::unique_ptr<Call> owned(call);
-                             owned->done(ToResult(FromGrpc(gs, "Lookup"), owned->resp, owned->n,
-                                                  owned->pin));
-                             owned.reset();
-                             absl::MutexLock lock(&inflight_mu_);
-                             --inflight_;
+                             auto done = std::move(call->done);
+                             absl::StatusOr<LookupResult> r =
+                                 ToResult(FromGrpc(gs, "Lookup"), call->resp, call->n, call->pin);
+                             ReturnCall(call);
+                             done(std::move(r));
+                             inflight_.fetch_sub(1, std::memory_order_acq_rel);
                            });
   }
 
@@ -423,9 +423,13 @@ class GrpcClient final : public Client {
 
   absl::Status LookupChunk(const Codec& codec, std::span<const BlockKey> keys,
                            const LookupOptions& opts, pb::LookupResponse* resp) {
-    pb::LookupRequest req;
+    // Reused per thread: a cleared request keeps its key strings' buffers (no malloc per key).
+    thread_local pb::LookupRequest req;
+    req.Clear();
     req.set_codec_id(IdBytes(codec.id));
-    for (const BlockKey& k : keys) req.add_keys(KeyBytes(k));
+    for (const BlockKey& k : keys) {
+      req.add_keys()->assign(reinterpret_cast<const char*>(k.bytes.data()), k.bytes.size());
+    }
     req.set_pin(opts.pin);
     req.set_lease_ms(opts.lease_ms);
     auto ctx = Context();
@@ -648,14 +652,52 @@ class GrpcClient final : public Client {
     return absl::OkStatus();
   }
 
+  // One LookupAsync in flight. Recycled: a cleared request keeps its key strings' buffers, so
+  // the next call's keys are copied without allocating.
+  struct LookupCall {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    pb::LookupRequest req;
+    pb::LookupResponse resp;
+    size_t n = 0;
+    bool pin = false;
+    std::function<void(absl::StatusOr<LookupResult>)> done;
+  };
+  static constexpr size_t kMaxFreeCalls = 256;
+
+  LookupCall* TakeCall() {
+    {
+      absl::MutexLock lock(&calls_mu_);
+      if (!free_calls_.empty()) {
+        LookupCall* c = free_calls_.back();
+        free_calls_.pop_back();
+        return c;
+      }
+    }
+    return new LookupCall;
+  }
+  void ReturnCall(LookupCall* c) {
+    c->ctx.reset();
+    c->req.Clear();
+    c->resp.Clear();
+    {
+      absl::MutexLock lock(&calls_mu_);
+      if (free_calls_.size() < kMaxFreeCalls) {
+        free_calls_.push_back(c);
+        return;
+      }
+    }
+    delete c;
+  }
+
   const ConnectOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::KvCache::Stub> stub_;
   ServerInfo server_;
   std::unique_ptr<ShmMapping> shm_;
   std::unique_ptr<TaskPool> pool_;
-  absl::Mutex inflight_mu_;
-  int inflight_ ABSL_GUARDED_BY(inflight_mu_) = 0;  // callback-API calls not yet completed
+  std::atomic<int> inflight_{0};  // callback-API calls whose callback has not returned
+  absl::Mutex calls_mu_;
+  std::vector<LookupCall*> free_calls_ ABSL_GUARDED_BY(calls_mu_);
 };
 
 }  // namespace

@@ -12,6 +12,60 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+class LookupMessagePool::Holder final
+    : public grpc::MessageHolder<pb::LookupRequest, pb::LookupResponse> {
+ public:
+  explicit Holder(LookupMessagePool* pool) : pool_(pool) {
+    set_request(&request_);
+    set_response(&response_);
+  }
+  void Release() override { pool_->Recycle(this); }
+  void Clear() {
+    request_.Clear();
+    response_.Clear();
+  }
+
+ private:
+  LookupMessagePool* pool_;
+  pb::LookupRequest request_;
+  pb::LookupResponse response_;
+};
+
+LookupMessagePool::~LookupMessagePool() {
+  absl::MutexLock lock(&mu_);
+  for (Holder* h : free_) delete h;
+}
+
+grpc::MessageHolder<pb::LookupRequest, pb::LookupResponse>*
+LookupMessagePool::AllocateMessages() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!free_.empty()) {
+      Holder* h = free_.back();
+      free_.pop_back();
+      return h;
+    }
+  }
+  return new Holder(this);
+}
+
+void LookupMessagePool::Recycle(Holder* h) {
+  h->Clear();  // outside the lock
+  {
+    absl::MutexLock lock(&mu_);
+    if (free_.size() < kMaxFree) {
+      free_.push_back(h);
+      return;
+    }
+  }
+  delete h;
+}
+
+size_t LookupMessagePool::idle() const {
+  absl::MutexLock lock(&mu_);
+  return free_.size();
+}
+
 namespace {
 
 class CallTimer {
