@@ -30,6 +30,14 @@ void ClipRowAtQuantile(std::span<float> x, float c) {
   for (float& v : x) v = std::clamp(v, -t, t);
 }
 
+namespace {
+
+// clamp(floor(t), 0, 3) for finite t, written as comparisons so that +inf gives 3 and -inf or
+// NaN give 0 (docs/FORMAT.md §1.3 step 3; the CUDA kernels' saturating conversion agrees).
+inline int CodeOf(float t) { return (t >= 1.0f) + (t >= 2.0f) + (t >= 3.0f); }
+
+}  // namespace
+
 GroupParams ComputeGroupParams(const float* x, uint32_t n) {
   float mn = x[0], mx = x[0];
   for (uint32_t i = 1; i < n; ++i) {
@@ -43,6 +51,9 @@ GroupParams ComputeRangeParams(float mn, float mx) {
   // Saturate to the finite fp16 range so stored parameters are never inf.
   mn = std::clamp(mn, -65504.0f, 65504.0f);
   mx = std::clamp(mx, -65504.0f, 65504.0f);
+  // -0 counts as +0 (min/max of a row mixing signed zeros may return either).
+  if (mn == 0.0f) mn = 0.0f;
+  if (mx == 0.0f) mx = 0.0f;
   uint16_t min16 = FloatToHalf(mn, RoundMode::kDown);
   if (min16 == 0xfc00) min16 = 0xfbff;  // -inf -> -65504
   const float minf = HalfToFloat(min16);
@@ -64,8 +75,7 @@ void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, uint8_t* codes,
     for (uint32_t j = g0; j < g0 + group; ++j) {
       // Written as separate multiply and add (no FMA) to match the CUDA kernel bit for bit;
       // this file is compiled with -ffp-contract=off.
-      const float t = (x[j] - minf) * inv + 0.5f;
-      const int c = std::clamp(static_cast<int>(std::floor(t)), 0, 3);
+      const int c = CodeOf((x[j] - minf) * inv + 0.5f);
       codes[j / 4] |= static_cast<uint8_t>(c << (2 * (j % 4)));
     }
   }
@@ -77,10 +87,15 @@ namespace {
 void GroupCodes(const float* x, uint32_t n, GroupParams p, uint8_t* out) {
   const float minf = HalfToFloat(p.min16), sf = HalfToFloat(p.scale16);
   const float inv = sf > 0 ? 1.0f / sf : 0.0f;
-  for (uint32_t j = 0; j < n; ++j) {
-    const float t = (x[j] - minf) * inv + 0.5f;
-    out[j] = static_cast<uint8_t>(std::clamp(static_cast<int>(std::floor(t)), 0, 3));
-  }
+  for (uint32_t j = 0; j < n; ++j) out[j] = static_cast<uint8_t>(CodeOf((x[j] - minf) * inv + 0.5f));
+}
+
+// Sum of the per-chunk partials p[0..n) (n = G/32 chunks of 32 channels) by the fixed tree of
+// docs/FORMAT.md §1.3.1: ((p0 + p1) + (p2 + p3)) for four chunks, p0 + p1 for two.
+double ChunkTree(const double* p, uint32_t n) {
+  if (n == 1) return p[0];
+  if (n == 2) return p[0] + p[1];
+  return (p[0] + p[1]) + (p[2] + p[3]);
 }
 
 }  // namespace
@@ -105,20 +120,41 @@ void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, RangeMode mode,
     const float width = mx - mn;
     GroupParams best_p = ComputeRangeParams(mn, mx);
     if (mode == RangeMode::kUnbiased) {
+      // docs/FORMAT.md §1.3.1: chunk partials (32 consecutive channels, ascending) combined by
+      // a fixed tree, X1 partials in fp32, the score from the sums. The CUDA kernel evaluates
+      // the same expressions in the same order (one lane per chunk, an xor butterfly).
+      const uint32_t chunks = group / 32;
+      double s1p[4] = {}, s2p[4] = {};
+      for (uint32_t k = 0; k < chunks; ++k) {
+        double a = 0, b = 0;
+        for (uint32_t j = 32 * k; j < 32 * k + 32; ++j) {
+          const double xj = xg[j];
+          a += xj;
+          b += xj * xj;  // exact: a product of two floats fits a double
+        }
+        s1p[k] = a;
+        s2p[k] = b;
+      }
+      const double s1 = ChunkTree(s1p, chunks), s2 = ChunkTree(s2p, chunks), n = group;
       double best_err = 0;
       for (uint32_t i = 0; i < kRangeSearchCandidates; ++i) {
         const float f = static_cast<float>(i) / 32.0f;
         GroupParams p = ComputeRangeParams(i == 0 ? mn : mn + f * width, i == 0 ? mx : mx - f * width);
         GroupCodes(xg, group, p, cand);
-        double s1 = 0, s2 = 0, c1 = 0, x1 = 0;
-        for (uint32_t j = 0; j < group; ++j) {
-          const double xj = xg[j], cj = cand[j];
-          s1 += xj;
-          s2 += xj * xj;
-          c1 += cj;
-          x1 += cj * xj;
+        double x1p[4] = {};
+        int32_t c1i = 0, c2i = 0;
+        for (uint32_t k = 0; k < chunks; ++k) {
+          float a = 0.0f;
+          for (uint32_t j = 32 * k; j < 32 * k + 32; ++j) {
+            const float cf = static_cast<float>(cand[j]);
+            a = a + cf * xg[j];  // fp32, unfused (-ffp-contract=off)
+            c1i += cand[j];
+            c2i += cand[j] * cand[j];
+          }
+          x1p[k] = a;
         }
-        const double n = group, det = n * x1 - c1 * s1;
+        const double x1 = ChunkTree(x1p, chunks), c1 = c1i, c2 = c2i;
+        const double det = n * x1 - c1 * s1;
         if (det > 0) {
           const double scale = (n * s2 - s1 * s1) / det;
           if (scale > 0) {
@@ -127,12 +163,10 @@ void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, RangeMode mode,
             p = {FloatToHalf(sat(scale)), FloatToHalf(sat(mn_fit))};
           }
         }
-        const double minf = HalfToFloat(p.min16), sf = HalfToFloat(p.scale16);
-        double err = 0;
-        for (uint32_t j = 0; j < group; ++j) {
-          const double e = minf + cand[j] * sf - xg[j];
-          err += e * e;
-        }
+        // Σ (m + c·s − x)² expanded over the sums, left to right (NaN counts as +inf).
+        const double m = HalfToFloat(p.min16), sc = HalfToFloat(p.scale16);
+        double err = n * m * m + 2.0 * m * sc * c1 + sc * sc * c2 - 2.0 * m * s1 - 2.0 * sc * x1 + s2;
+        if (std::isnan(err)) err = std::numeric_limits<double>::infinity();
         if (i == 0 || err < best_err) {
           best_err = err;
           best_p = p;

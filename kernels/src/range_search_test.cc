@@ -1,5 +1,7 @@
 // Write-time range selection (RangeMode::kSearch, docs/FORMAT.md §1.3.1).
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -116,6 +118,127 @@ TEST(RangeUnbiased, DeterministicAndDecodable) {
   std::vector<float> y(64);
   DequantizeRowInt2(c.data(), p.data(), 64, 64, y.data());
   for (float v : y) EXPECT_NEAR(v, -2.5f, 1e-3f);
+}
+
+// docs/FORMAT.md §1.3.1, written out independently (no FMA contraction: x86-64 baseline build):
+// 32-channel chunks, S1/S2 fp64 and X1 fp32
+// per chunk in ascending order, the fixed tree over chunks, the score from the sums.
+void SpecUnbiasedGroup(const float* x, uint32_t g, uint8_t* codes, uint16_t* sm) {
+  float mn = x[0], mx = x[0];
+  for (uint32_t j = 1; j < g; ++j) {
+    mn = std::min(mn, x[j]);
+    mx = std::max(mx, x[j]);
+  }
+  mn = std::clamp(mn, -65504.0f, 65504.0f);
+  mx = std::clamp(mx, -65504.0f, 65504.0f);
+  const float w = mx - mn;
+  const uint32_t nc = g / 32;
+  auto tree = [&](const double* p) { return nc == 4 ? (p[0] + p[1]) + (p[2] + p[3]) : nc == 2 ? p[0] + p[1] : p[0]; };
+  double s1p[4] = {}, s2p[4] = {};
+  for (uint32_t k = 0; k < nc; ++k) {
+    for (uint32_t j = 32 * k; j < 32 * k + 32; ++j) {
+      s1p[k] = s1p[k] + double{x[j]};
+      s2p[k] = s2p[k] + double{x[j]} * double{x[j]};
+    }
+  }
+  const double s1 = tree(s1p), s2 = tree(s2p), n = g;
+  double best = 0;
+  for (int i = 0; i < 8; ++i) {
+    const float f = i / 32.0f;
+    GroupParams p = ComputeRangeParams(i == 0 ? mn : mn + f * w, i == 0 ? mx : mx - f * w);
+    const float minf = HalfToFloat(p.min16), sf = HalfToFloat(p.scale16), inv = sf > 0 ? 1.0f / sf : 0.0f;
+    uint8_t c[128];
+    double x1p[4] = {};
+    int64_t c1 = 0, c2 = 0;
+    for (uint32_t k = 0; k < nc; ++k) {
+      float a = 0.0f;
+      for (uint32_t j = 32 * k; j < 32 * k + 32; ++j) {
+        const float t = (x[j] - minf) * inv + 0.5f;
+        c[j] = static_cast<uint8_t>((t >= 1.0f) + (t >= 2.0f) + (t >= 3.0f));
+        const float prod = static_cast<float>(c[j]) * x[j];
+        a = a + prod;
+        c1 += c[j];
+        c2 += c[j] * c[j];
+      }
+      x1p[k] = a;
+    }
+    const double x1 = tree(x1p), det = n * x1 - double(c1) * s1;
+    if (det > 0) {
+      const double sc = (n * s2 - s1 * s1) / det;
+      if (sc > 0) {
+        const double m = (s1 - sc * double(c1)) / n;
+        p = {FloatToHalf(static_cast<float>(std::clamp(sc, -65504.0, 65504.0))),
+             FloatToHalf(static_cast<float>(std::clamp(m, -65504.0, 65504.0)))};
+      }
+    }
+    const double m = HalfToFloat(p.min16), sc = HalfToFloat(p.scale16);
+    const double t1 = (n * m) * m, t2 = ((2.0 * m) * sc) * double(c1), t3 = (sc * sc) * double(c2);
+    const double t4 = (2.0 * m) * s1, t5 = (2.0 * sc) * x1;
+    double e = ((((t1 + t2) + t3) - t4) - t5) + s2;
+    if (std::isnan(e)) e = INFINITY;
+    if (i == 0 || e < best) {
+      best = e;
+      sm[0] = p.scale16;
+      sm[1] = p.min16;
+      std::copy(c, c + g, codes);
+    }
+  }
+}
+
+TEST(RangeUnbiased, FollowsTheSpecifiedSummationOrder) {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd;
+  int rows = 0;
+  for (uint32_t g : {32u, 64u, 128u}) {
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<float> x(128);
+      const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 30) - 15);
+      for (auto& v : x) v = (nd(rng) + (trial % 3 == 0 ? 3.0f : 0.0f)) * scale;
+      if (trial % 7 == 0) x[rng() % 128] = x[rng() % 128];  // ties
+      std::vector<uint8_t> c(32);
+      std::vector<uint16_t> p(2 * 128 / g);
+      QuantizeRowInt2(x.data(), 128, g, RangeMode::kUnbiased, c.data(), p.data());
+      for (uint32_t g0 = 0; g0 < 128; g0 += g) {
+        uint8_t sc[128];
+        uint16_t sp[2];
+        SpecUnbiasedGroup(x.data() + g0, g, sc, sp);
+        ASSERT_EQ(p[2 * (g0 / g)], sp[0]) << "G" << g << " trial " << trial;
+        ASSERT_EQ(p[2 * (g0 / g) + 1], sp[1]) << "G" << g << " trial " << trial;
+        for (uint32_t j = 0; j < g; ++j) {
+          ASSERT_EQ((c[(g0 + j) / 4] >> (2 * ((g0 + j) % 4))) & 3, sc[j]) << "G" << g << " trial " << trial;
+        }
+      }
+      ++rows;
+    }
+  }
+  EXPECT_EQ(rows, 900);
+}
+
+// Codes of +-inf (the comparison rule of §1.3 step 3) and signed zeros (-0 counts as +0), in
+// every range mode: the parameters stay finite and do not depend on the order of the zeros.
+TEST(Quantize, InfinitiesAndSignedZeros) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (RangeMode mode : {RangeMode::kMinMax, RangeMode::kSearch, RangeMode::kUnbiased}) {
+    std::vector<float> x(128);
+    for (int j = 0; j < 128; ++j) x[j] = 0.01f * static_cast<float>(j % 17) - 0.05f;
+    x[5] = inf;
+    x[77] = -inf;
+    std::vector<uint8_t> c(32);
+    std::vector<uint16_t> p(2);
+    QuantizeRowInt2(x.data(), 128, 128, mode, c.data(), p.data());
+    EXPECT_EQ((c[5 / 4] >> (2 * (5 % 4))) & 3, 3) << int(mode);
+    EXPECT_EQ((c[77 / 4] >> (2 * (77 % 4))) & 3, 0) << int(mode);
+    EXPECT_TRUE(std::isfinite(HalfToFloat(p[0])) && std::isfinite(HalfToFloat(p[1])));
+    std::vector<float> z(64, 0.0f), zr(64, 0.0f);
+    for (int j = 0; j < 64; ++j) (j % 3 ? z[j] : zr[j]) = -0.0f;
+    std::vector<uint8_t> ca(16), cb(16);
+    std::vector<uint16_t> pa(2), pb(2);
+    QuantizeRowInt2(z.data(), 64, 64, mode, ca.data(), pa.data());
+    QuantizeRowInt2(zr.data(), 64, 64, mode, cb.data(), pb.data());
+    EXPECT_EQ(pa, pb) << int(mode);
+    EXPECT_EQ(ca, cb) << int(mode);
+    EXPECT_EQ(pa[1], 0u) << "min16 of zeros is +0";
+  }
 }
 
 TEST(RangeSearch, DigestUnchangedUnlessAModeIsSet) {

@@ -5,7 +5,8 @@
 // Quantization of one group x[0..G):
 //   min16   = fp16_round_down(min x)                 (so min16 <= every x)
 //   scale16 = fp16_round_up((max x - min16) / 3)     (so min16 + 3*scale16 >= every x)
-//   code    = clamp(floor((x - min16) * (1/scale16) + 0.5), 0, 3)   (0 when scale16 == 0)
+//   code    = clamp(floor((x - min16) * (1/scale16) + 0.5), 0, 3)   (0 when scale16 == 0;
+//             +inf gives 3, -inf 0; a -0 min or max counts as +0)
 //   x_hat   = min16 + code * scale16
 // which gives |x - x_hat| <= scale16/2 (up to fp32 rounding) for every element.
 // Packing: code of channel j goes to byte j/4, bits 2*(j%4)..2*(j%4)+1.
@@ -41,11 +42,13 @@ void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, uint8_t* codes,
 // (min, scale) solve  sum_j (x_hat_j - x_j) = 0  and  sum_j (x_hat_j - x_j) x_j = 0, i.e. the
 // error is orthogonal to the row and to the constant, so q.x_hat is an unbiased estimate of
 // q.x for q along x (clipping alone shrinks every logit, which costs long-range recall). With
-// sums in fp64 in ascending channel order: S1 = sum x, S2 = sum x^2, C1 = sum c, X1 = sum c x,
-// det = G*X1 - C1*S1; if det > 0 and the solution scale = (G*S2 - S1^2)/det is > 0, then
-// min = (S1 - scale*C1)/G and both are stored as fp16 round-to-nearest (saturated); otherwise
-// the candidate keeps its range parameters. The candidate with the smallest fp64 sum of
-// squared errors of its stored parameters wins (first on ties).
+// S1 = sum x, S2 = sum x^2, C1 = sum c, C2 = sum c^2, X1 = sum c x (summation order fixed by
+// docs/FORMAT.md §1.3.1: 32-channel chunks, S1/S2 in fp64 and X1 in fp32 per chunk, chunks
+// combined by a fixed fp64 tree), det = G*X1 - C1*S1; if det > 0 and the solution
+// scale = (G*S2 - S1^2)/det is > 0, then min = (S1 - scale*C1)/G and both are stored as fp16
+// round-to-nearest (saturated); otherwise the candidate keeps its range parameters. The
+// candidate with the smallest sum of squared errors of its stored parameters (evaluated in fp64
+// from the sums; NaN counts as +inf) wins (first on ties).
 enum class RangeMode : uint8_t { kMinMax = 0, kSearch = 1, kUnbiased = 2 };
 inline constexpr uint32_t kRangeSearchCandidates = 8;
 
