@@ -108,20 +108,128 @@ __device__ __forceinline__ void QuadTopOrderStats(const uint32_t (&a)[32], int l
   }
 }
 
-// The c-quantile of |y| over the quad's 128 values, exactly as AbsQuantile (numpy linear).
-__device__ float QuadAbsQuantile(const float (&y)[32], float c) {
-  uint32_t a[32];
+// Sorting networks on |x| bits (non-negative floats order as unsigned integers). Cas leaves the
+// larger value in `a`.
+__device__ __forceinline__ void Cas(uint32_t& a, uint32_t& b) {
+  const uint32_t hi = max(a, b);
+  b = min(a, b);
+  a = hi;
+}
+// Sorts v[0..8) descending (19 comparators).
+__device__ __forceinline__ void Sort8Desc(uint32_t* v) {
+  Cas(v[0], v[2]); Cas(v[1], v[3]); Cas(v[4], v[6]); Cas(v[5], v[7]);
+  Cas(v[0], v[4]); Cas(v[1], v[5]); Cas(v[2], v[6]); Cas(v[3], v[7]);
+  Cas(v[0], v[1]); Cas(v[2], v[3]); Cas(v[4], v[5]); Cas(v[6], v[7]);
+  Cas(v[2], v[4]); Cas(v[3], v[5]);
+  Cas(v[1], v[4]); Cas(v[3], v[6]);
+  Cas(v[1], v[2]); Cas(v[3], v[4]); Cas(v[5], v[6]);
+}
+// a, b sorted descending: a becomes the top 8 of a ∪ b (as a multiset), sorted descending
+// (max against the reversed b gives a bitonic sequence holding the top 8; a bitonic sorter
+// orders it).
+__device__ __forceinline__ void MergeTop8(uint32_t* a, const uint32_t* b) {
 #pragma unroll
-  for (int i = 0; i < 32; ++i) a[i] = __float_as_uint(fabsf(y[i]));
+  for (int i = 0; i < 8; ++i) a[i] = max(a[i], b[7 - i]);
+  Cas(a[0], a[4]); Cas(a[1], a[5]); Cas(a[2], a[6]); Cas(a[3], a[7]);
+  Cas(a[0], a[2]); Cas(a[1], a[3]); Cas(a[4], a[6]); Cas(a[5], a[7]);
+  Cas(a[0], a[1]); Cas(a[2], a[3]); Cas(a[4], a[5]); Cas(a[6], a[7]);
+}
+
+// Sorts a bitonic sequence v[0..16) descending (32 comparators).
+__device__ __forceinline__ void BitonicSort16Desc(uint32_t* v) {
+#pragma unroll
+  for (int half = 8; half >= 1; half /= 2) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if ((i & half) == 0) Cas(v[i], v[i + half]);
+    }
+  }
+}
+
+// Order statistics at top ranks need - 1 and need (0 = the quad's maximum; ties counted with
+// their multiplicity, as a sort would) for need < 16. Every lane sorts its own top 8 (sorting
+// networks); lane pairs (xor 1) merge their lists into a sorted 16, and the two pairs (xor 2)
+// keep the top 16 of their 32: every lane ends with the top 16 of the union of the four lists.
+// Those are the row's true top values down to rank `need` unless some lane's 8th value lies
+// above rank need (its 9th, unknown, might too): such quads (*exact = false) take
+// QuadTopOrderStats. Branch-free; `need` is warp-uniform.
+__device__ __forceinline__ void QuadTopOrderStatsFast(const float (&y)[32], int need,
+                                                      uint32_t* rlo, uint32_t* rhi, bool* exact) {
+  uint32_t v[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) v[i] = __float_as_uint(fabsf(y[i]));
+#pragma unroll
+  for (int b = 0; b < 4; ++b) Sort8Desc(v + 8 * b);
+  MergeTop8(v, v + 8);
+  MergeTop8(v + 16, v + 24);
+  MergeTop8(v, v + 16);
+  const uint32_t eighth = v[7];
+  // Pair merge: mine descending, the partner's reversed (ascending) -> bitonic 16.
+  uint32_t w[16];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    w[i] = v[i];
+    w[15 - i] = __shfl_xor_sync(0xffffffffu, v[i], 1);
+  }
+  BitonicSort16Desc(w);
+  // Quad: the top 16 of the two pairs' sorted 16s (max against the reversed other is bitonic).
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v[i] = __shfl_xor_sync(0xffffffffu, w[i], 2);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) w[i] = max(w[i], v[15 - i]);
+  BitonicSort16Desc(w);
+  // Rank `need` and need - 1 by masks (an indexed read would go through local memory).
+  uint32_t lo_v = 0, hi_v = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    lo_v |= w[i] & (0u - static_cast<uint32_t>(i == need));
+    hi_v |= w[i] & (0u - static_cast<uint32_t>(i == need - 1));
+  }
+  uint32_t top_eighth = max(eighth, __shfl_xor_sync(0xffffffffu, eighth, 1));
+  top_eighth = max(top_eighth, __shfl_xor_sync(0xffffffffu, top_eighth, 2));
+  *rlo = lo_v;
+  *rhi = need == 0 ? lo_v : hi_v;
+  *exact = top_eighth <= lo_v;
+}
+
+// Where the c-quantile of a row's 128 |x| sits: order statistic `lo` (ascending, 0-based) and
+// the interpolation weight `frac` (numpy's linear rule, as AbsQuantile computes them).
+struct QuantilePos {
+  int lo;
+  float frac;
+};
+__device__ __forceinline__ QuantilePos QuantilePosition(float c) {
   const double pos = static_cast<double>(fmaxf(0.0f, c)) * 127.0;
   const int lo = static_cast<int>(pos);
-  const float frac = static_cast<float>(pos - static_cast<double>(lo));
-  if (127 - lo < kMaxTopWalk) {  // the usual clips (c >= 0.89): a short walk from the top
+  return {lo, static_cast<float>(pos - static_cast<double>(lo))};
+}
+
+// The c-quantile of |y| over the quad's 128 values, exactly as AbsQuantile (numpy linear).
+// `qp` is warp-uniform.
+__device__ float QuadAbsQuantile(const float (&y)[32], QuantilePos qp) {
+  const int lo = qp.lo;
+  const float frac = qp.frac;
+  if (127 - lo < kMaxTopWalk) {  // the usual clips (c >= 0.89): top-8 lists merged
     uint32_t rlo, rhi;
-    QuadTopOrderStats(a, lo, &rlo, &rhi);
+    bool exact;
+    QuadTopOrderStatsFast(y, 127 - lo, &rlo, &rhi, &exact);
+    if (!__all_sync(0xffffffffu, exact)) {
+      uint32_t a[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) a[i] = __float_as_uint(fabsf(y[i]));
+      uint32_t wlo, whi;
+      QuadTopOrderStats(a, lo, &wlo, &whi);
+      if (!exact) {
+        rlo = wlo;
+        rhi = whi;
+      }
+    }
     const float a_lo = __uint_as_float(rlo), a_hi = __uint_as_float(rhi);
     return __fadd_rn(a_lo, __fmul_rn(frac, __fsub_rn(a_hi, a_lo)));
   }
+  uint32_t a[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) a[i] = __float_as_uint(fabsf(y[i]));
   const uint32_t rlo = QuadKth(a, lo);
   int le = 0;
   uint32_t above = 0x7f800000u;  // +inf
@@ -166,36 +274,6 @@ __device__ __forceinline__ int GroupSumInt(int v) {
   return v;
 }
 
-// fp64 sums over the group's channels in ascending order, exactly as the CPU's sequential loop:
-// lane k of the group adds its 32 terms (in channel order) to lane k-1's running total. All
-// lanes run every step (shuffles stay convergent); term(i, t) writes the N terms of value i.
-template <int G, int N, typename Term>
-__device__ __forceinline__ void OrderedGroupSums(int tig, Term term, double (&out)[N]) {
-  constexpr int L = G / 32;
-  const int lane = threadIdx.x & 31, base = lane & ~(L - 1), sub = tig & (L - 1);
-  double acc[N];
-#pragma unroll
-  for (int n = 0; n < N; ++n) acc[n] = 0.0;
-#pragma unroll
-  for (int k = 0; k < L; ++k) {
-    if (k > 0) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) acc[n] = __shfl_sync(0xffffffffu, acc[n], base + k - 1);
-    }
-    if (sub == k) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        double t[N];
-        term(i, t);
-#pragma unroll
-        for (int n = 0; n < N; ++n) acc[n] = __dadd_rn(acc[n], t[n]);
-      }
-    }
-  }
-#pragma unroll
-  for (int n = 0; n < N; ++n) out[n] = __shfl_sync(0xffffffffu, acc[n], base + L - 1);
-}
-
 // ComputeRangeParams (kernels/src/quantize.cc) with the same directed rounding and saturation.
 struct DevParams {
   uint16_t scale16, min16;
@@ -203,6 +281,8 @@ struct DevParams {
 __device__ __forceinline__ DevParams RangeParams(float mn, float mx) {
   mn = fminf(fmaxf(mn, -65504.0f), 65504.0f);
   mx = fminf(fmaxf(mx, -65504.0f), 65504.0f);
+  mn = mn == 0.f ? 0.f : mn;  // -0 counts as +0 (fminf's choice between signed zeros differs)
+  mx = mx == 0.f ? 0.f : mx;
   uint16_t min16 = __half_as_ushort(__float2half_rd(mn));
   if (min16 == 0xfc00) min16 = 0xfbff;
   const float minf = __half2float(__ushort_as_half(min16));
@@ -229,64 +309,198 @@ __device__ __forceinline__ int CodeAt(const uint32_t (&c)[2], int i) {
   return static_cast<int>((c[i / 16] >> (2 * (i % 16))) & 3u);
 }
 
-// Range selection of one group (RangeMode::kSearch / kUnbiased), mirroring QuantizeRowInt2's
-// write-time modes bit for bit: the same 8 candidate ranges, the same integer (kSearch) or
-// fp64-in-channel-order (kUnbiased) error sums, the same first-smallest choice. Returns the
+// Candidate range i of §1.3.1 (i = 0 is exactly [mn, mx]).
+__device__ __forceinline__ DevParams CandidateParams(int i, float mn, float mx, float width) {
+  const float f = static_cast<float>(i) / 32.0f;
+  return i == 0 ? RangeParams(mn, mx)
+                : RangeParams(__fadd_rn(mn, __fmul_rn(f, width)), __fsub_rn(mx, __fmul_rn(f, width)));
+}
+__device__ __forceinline__ float InvScale(uint16_t scale16) {
+  const float sf = H2F(scale16);
+  return sf > 0.f ? __frcp_rn(sf) : 0.f;
+}
+__device__ __forceinline__ uint32_t PackParams(DevParams q) {
+  return static_cast<uint32_t>(q.scale16) | (static_cast<uint32_t>(q.min16) << 16);
+}
+__device__ __forceinline__ DevParams UnpackParams(uint32_t w) {
+  return {static_cast<uint16_t>(w & 0xffffu), static_cast<uint16_t>(w >> 16)};
+}
+
+// RangeMode::kUnbiased (docs/FORMAT.md §1.3.1), bit for bit with QuantizeRowInt2. The group's
+// L = G/32 lanes each hold one 32-channel chunk (ascending), so the chunk partials are per-lane
+// loops and the fixed tree ((p0 + p1) + (p2 + p3)) is an xor butterfly. Work is spread over the
+// group's lanes: lane `sub` computes the range parameters of candidates sub, sub + L, ... and
+// broadcasts them; every lane accumulates its chunk's X1, C1, C2 for all 8 candidates; a
+// reduce-scatter butterfly leaves each candidate's totals on the lane that owns it, which refits
+// and scores it; an (error, index) minimum across the group picks the first smallest.
+template <int G>
+__device__ DevParams SelectUnbiased(const float (&y)[32], int tig, float mn, float mx,
+                                    uint32_t (&best)[2]) {
+  constexpr int L = G / 32, kOwn = 8 / L;
+  const int lane = threadIdx.x & 31, base = lane & ~(L - 1), sub = tig & (L - 1);
+  const float width = __fsub_rn(mx, mn);
+  uint32_t own_p[kOwn];
+  float own_inv[kOwn];
+#pragma unroll
+  for (int r = 0; r < kOwn; ++r) {
+    const DevParams q = CandidateParams(sub + L * r, mn, mx, width);
+    own_p[r] = PackParams(q);
+    own_inv[r] = InvScale(q.scale16);
+  }
+  // S1, S2: chunk partials in fp64, then the tree.
+  double s1 = 0.0, s2 = 0.0;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const double x = static_cast<double>(y[i]);
+    s1 = __dadd_rn(s1, x);
+    s2 = __fma_rn(x, x, s2);  // x*x is exact in fp64, so fused == unfused
+  }
+  s1 = __dadd_rn(s1, __shfl_xor_sync(0xffffffffu, s1, 1));
+  s2 = __dadd_rn(s2, __shfl_xor_sync(0xffffffffu, s2, 1));
+  if (L == 4) {
+    s1 = __dadd_rn(s1, __shfl_xor_sync(0xffffffffu, s1, 2));
+    s2 = __dadd_rn(s2, __shfl_xor_sync(0xffffffffu, s2, 2));
+  }
+  // Per-chunk X1 (fp32, unfused) and C1 | C2 << 16 of every candidate; elements outer and
+  // candidates inner, so the 8 candidates' accumulation chains run side by side.
+  float minv[8], invv[8], acc[8], cs[8], c2[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t pw = __shfl_sync(0xffffffffu, own_p[i / L], base + i % L);
+    invv[i] = __shfl_sync(0xffffffffu, own_inv[i / L], base + i % L);
+    minv[i] = H2F(static_cast<uint16_t>(pw >> 16));
+    acc[i] = cs[i] = c2[i] = 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    const float yj = y[j];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float t = __fadd_rn(__fmul_rn(__fsub_rn(yj, minv[i]), invv[i]), 0.5f);
+      const float cf = (t >= 1.f ? 1.f : 0.f) + (t >= 2.f ? 1.f : 0.f) + (t >= 3.f ? 1.f : 0.f);
+      acc[i] = __fadd_rn(acc[i], __fmul_rn(cf, yj));
+      cs[i] += cf;  // small integers: exact in any order
+      c2[i] = fmaf(cf, cf, c2[i]);
+    }
+  }
+  float xp[8];
+  int cp[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    xp[i] = acc[i];
+    cp[i] = static_cast<int>(cs[i]) | (static_cast<int>(c2[i]) << 16);
+  }
+  // Reduce-scatter: after the xor-1 step a lane keeps the candidates with (i & 1) == (tig & 1),
+  // after the xor-2 step (G = 128) those with (i & 3) == (tig & 3): i = sub + L * r.
+  double xa[4];
+  int ca[4];
+  const bool b0 = tig & 1;
+#pragma unroll
+  for (int pr = 0; pr < 4; ++pr) {
+    const float send = b0 ? xp[2 * pr] : xp[2 * pr + 1];
+    const float keep = b0 ? xp[2 * pr + 1] : xp[2 * pr];
+    const int csend = b0 ? cp[2 * pr] : cp[2 * pr + 1];
+    const int ckeep = b0 ? cp[2 * pr + 1] : cp[2 * pr];
+    xa[pr] = __dadd_rn(static_cast<double>(keep),
+                       static_cast<double>(__shfl_xor_sync(0xffffffffu, send, 1)));
+    ca[pr] = ckeep + __shfl_xor_sync(0xffffffffu, csend, 1);
+  }
+  double xo[kOwn];
+  int co[kOwn];
+  if constexpr (L == 4) {
+    const bool b1 = tig & 2;
+#pragma unroll
+    for (int pr = 0; pr < 2; ++pr) {
+      const double send = b1 ? xa[2 * pr] : xa[2 * pr + 1];
+      const double keep = b1 ? xa[2 * pr + 1] : xa[2 * pr];
+      const int csend = b1 ? ca[2 * pr] : ca[2 * pr + 1];
+      const int ckeep = b1 ? ca[2 * pr + 1] : ca[2 * pr];
+      xo[pr] = __dadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 2));
+      co[pr] = ckeep + __shfl_xor_sync(0xffffffffu, csend, 2);
+    }
+  } else {
+#pragma unroll
+    for (int pr = 0; pr < kOwn; ++pr) {
+      xo[pr] = xa[pr];
+      co[pr] = ca[pr];
+    }
+  }
+  // Refit and score the owned candidates (ascending index), then the group minimum.
+  const double n = static_cast<double>(G);
+  double best_err = 0.0;
+  int best_i = 0;
+  uint32_t best_w = 0;
+#pragma unroll
+  for (int r = 0; r < kOwn; ++r) {
+    const double x1 = xo[r], c1 = static_cast<double>(co[r] & 0xffff), c2 = static_cast<double>(co[r] >> 16);
+    DevParams q = UnpackParams(own_p[r]);
+    const double det = __dsub_rn(__dmul_rn(n, x1), __dmul_rn(c1, s1));
+    if (det > 0) {
+      const double scale = __ddiv_rn(__dsub_rn(__dmul_rn(n, s2), __dmul_rn(s1, s1)), det);
+      if (scale > 0) {
+        const double mn_fit = __ddiv_rn(__dsub_rn(s1, __dmul_rn(scale, c1)), n);
+        const auto sat = [](double v) { return __double2float_rn(fmin(fmax(v, -65504.0), 65504.0)); };
+        q = {__half_as_ushort(__float2half_rn(sat(scale))), __half_as_ushort(__float2half_rn(sat(mn_fit)))};
+      }
+    }
+    const double m = H2F(q.min16), sc = H2F(q.scale16);
+    double err = __dmul_rn(__dmul_rn(n, m), m);
+    err = __dadd_rn(err, __dmul_rn(__dmul_rn(__dmul_rn(2.0, m), sc), c1));
+    err = __dadd_rn(err, __dmul_rn(__dmul_rn(sc, sc), c2));
+    err = __dsub_rn(err, __dmul_rn(__dmul_rn(2.0, m), s1));
+    err = __dsub_rn(err, __dmul_rn(__dmul_rn(2.0, sc), x1));
+    err = __dadd_rn(err, s2);
+    if (isnan(err)) err = __longlong_as_double(0x7ff0000000000000ll);  // +inf
+    if (r == 0 || err < best_err) {
+      best_err = err;
+      best_i = sub + L * r;
+      best_w = PackParams(q);
+    }
+  }
+#pragma unroll
+  for (int off = 1; off < L; off *= 2) {
+    const double oe = __shfl_xor_sync(0xffffffffu, best_err, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
+    const uint32_t ow = __shfl_xor_sync(0xffffffffu, best_w, off);
+    if (oe < best_err || (oe == best_err && oi < best_i)) {
+      best_err = oe;
+      best_i = oi;
+      best_w = ow;
+    }
+  }
+  // The winner's codes are those of its range parameters (before the refit).
+  uint32_t rw = 0, rinv_bits = 0;  // masks, not an indexed read (local memory)
+#pragma unroll
+  for (int r = 0; r < kOwn; ++r) {
+    const uint32_t m = 0u - static_cast<uint32_t>(best_i / L == r);
+    rw |= own_p[r] & m;
+    rinv_bits |= __float_as_uint(own_inv[r]) & m;
+  }
+  float rinv = __uint_as_float(rinv_bits);
+  rw = __shfl_sync(0xffffffffu, rw, base + best_i % L);
+  rinv = __shfl_sync(0xffffffffu, rinv, base + best_i % L);
+  {
+    const float minf = H2F(static_cast<uint16_t>(rw >> 16));
+    best[0] = best[1] = 0u;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const float t = __fadd_rn(__fmul_rn(__fsub_rn(y[i], minf), rinv), 0.5f);
+      best[i / 16] |= static_cast<uint32_t>(min(max(static_cast<int>(floorf(t)), 0), 3)) << (2 * (i % 16));
+    }
+  }
+  return UnpackParams(best_w);
+}
+
+// RangeMode::kSearch, mirroring QuantizeRowInt2 bit for bit: the same 8 candidate ranges, the
+// same integer error sums (exact, so any order), the same first-smallest choice. Returns the
 // chosen parameters and the lane's codes.
 template <int G>
 __device__ DevParams SelectRange(const float (&y)[32], int tig, float mn, float mx, RangeMode mode,
                                  uint32_t (&best)[2]) {
+  if (mode == RangeMode::kUnbiased) return SelectUnbiased<G>(y, tig, mn, mx, best);
   const float width = __fsub_rn(mx, mn);
   DevParams best_p = RangeParams(mn, mx);
   uint32_t cand[2];
-  if (mode == RangeMode::kUnbiased) {
-    double st[2];  // S1 = Σ x, S2 = Σ x², channel order
-    OrderedGroupSums<G, 2>(tig, [&](int i, double (&t)[2]) {
-      const double x = y[i];
-      t[0] = x;
-      t[1] = __dmul_rn(x, x);
-    }, st);
-    const double s1 = st[0], s2 = st[1], n = static_cast<double>(G);
-    double best_err = 0;
-    for (int ci = 0; ci < static_cast<int>(kRangeSearchCandidates); ++ci) {
-      const float f = static_cast<float>(ci) / 32.0f;
-      DevParams q = RangeParams(ci == 0 ? mn : __fadd_rn(mn, __fmul_rn(f, width)),
-                                ci == 0 ? mx : __fsub_rn(mx, __fmul_rn(f, width)));
-      LaneCodes(y, q, cand);
-      int csum = 0;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) csum += CodeAt(cand, i);
-      const double c1 = static_cast<double>(GroupSumInt<G>(csum));  // exact in any order
-      double xs[1];
-      OrderedGroupSums<G, 1>(tig, [&](int i, double (&t)[1]) {
-        t[0] = __dmul_rn(static_cast<double>(CodeAt(cand, i)), static_cast<double>(y[i]));
-      }, xs);
-      const double x1 = xs[0];
-      const double det = __dsub_rn(__dmul_rn(n, x1), __dmul_rn(c1, s1));
-      if (det > 0) {
-        const double scale = __ddiv_rn(__dsub_rn(__dmul_rn(n, s2), __dmul_rn(s1, s1)), det);
-        if (scale > 0) {
-          const double mn_fit = __ddiv_rn(__dsub_rn(s1, __dmul_rn(scale, c1)), n);
-          const auto sat = [](double v) { return __double2float_rn(fmin(fmax(v, -65504.0), 65504.0)); };
-          q = {__half_as_ushort(__float2half_rn(sat(scale))), __half_as_ushort(__float2half_rn(sat(mn_fit)))};
-        }
-      }
-      const double minf = H2F(q.min16), sf = H2F(q.scale16);
-      double es[1];
-      OrderedGroupSums<G, 1>(tig, [&](int i, double (&t)[1]) {
-        const double e = __dsub_rn(__dadd_rn(minf, __dmul_rn(static_cast<double>(CodeAt(cand, i)), sf)),
-                                   static_cast<double>(y[i]));
-        t[0] = __dmul_rn(e, e);
-      }, es);
-      if (ci == 0 || es[0] < best_err) {
-        best_err = es[0];
-        best_p = q;
-        best[0] = cand[0];
-        best[1] = cand[1];
-      }
-    }
-    return best_p;
-  }
   // kSearch.
   LaneCodes(y, best_p, best);
   const float s0 = H2F(best_p.scale16);
@@ -360,26 +574,37 @@ __device__ void QuantizeStore(const float (&y)[32], int tig, uint8_t* codes_row,
   }
 }
 
-// kSelect (some head uses search / unbiased) is a template argument so the min-max kernel keeps
-// its registers.
-template <int G, bool kSelect>
-__global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWriteParams p) {
+// kSelect (some head uses search / unbiased) and kRotate (rot_fragments set) are template
+// arguments so that the simpler kernels keep their registers (occupancy); the selecting kernels
+// are capped at 168 registers (3 CTAs per SM), measured faster than 2 CTAs of 255.
+template <int G, bool kSelect, bool kRotate>
+__global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel(const QuantizeWriteParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
   const int head = blockIdx.y;
   const int li = blockIdx.z >> 1, kv = blockIdx.z & 1;
   const int H = static_cast<int>(p.num_kv_heads);
   const int mat = (li * 2 + kv) * H + head;
-  const bool rotate = p.rot_fragments != nullptr;
-  const uint4* frag = reinterpret_cast<const uint4*>(smem);
+  constexpr bool rotate = kRotate;
+  const uint4* frag = reinterpret_cast<const uint4*>(smem);    // hi + lo parts
+  const uint2* frag_hi = reinterpret_cast<const uint2*>(smem);  // hi parts only, packed
+  const bool precise = p.precise_rotation;
   if (rotate) {
     const uint8_t* src = static_cast<const uint8_t*>(p.rot_fragments) + size_t(mat) * kFragSmem;
-    for (int c = tid; c < kFragSmem / 16; c += kThreads) CpAsync16(smem + c * 16, src + c * 16, true);
-    CpAsyncCommit();
-    CpAsyncWait<0>();
+    if (precise) {
+      for (int c = tid; c < kFragSmem / 16; c += kThreads) CpAsync16(smem + c * 16, src + c * 16, true);
+      CpAsyncCommit();
+      CpAsyncWait<0>();
+    } else {
+      // Only the fp16 high parts, packed (8 bytes per lane and step: conflict-free loads).
+      const uint2* s2 = reinterpret_cast<const uint2*>(src);
+      uint2* d2 = reinterpret_cast<uint2*>(smem);
+      for (int c = tid; c < kFragSmem / 16; c += kThreads) d2[c] = s2[2 * c];
+    }
     __syncthreads();
   }
   const float clip = p.clips != nullptr ? p.clips[mat] : 1.0f;
+  const QuantilePos qpos = QuantilePosition(clip);
   const RangeMode mode = p.range_modes != nullptr ? static_cast<RangeMode>(p.range_modes[mat]) : p.range_mode;
   const uint16_t* base = (kv ? p.v_src : p.k_src) + li * p.src_layer_stride + head * p.src_head_stride;
   const uint32_t layer = p.first_layer + li;
@@ -420,7 +645,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWr
     uint32_t xn[2][16];
     load(tile + gridDim.x, xn);
     float y[2][32];
-    if (rotate) {
+    if constexpr (rotate) {
       uint32_t a[2][16];  // fp16x2 of the same words
 #pragma unroll
       for (int r = 0; r < 2; ++r)
@@ -430,24 +655,39 @@ __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWr
           const __half2 h = __float22half2_rn(f);
           a[r][q] = *reinterpret_cast<const uint32_t*>(&h);
         }
+      // y accumulates in place: 16 independent mma chains (one per 8 output channels), k
+      // steps outer, so consecutive mmas never wait on each other.
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int i = 0; i < 32; ++i) y[0][i] = y[1][i] = 0.f;
+      if (precise) {
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
-          if (p.precise_rotation) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
             const uint4 b = frag[(j * 8 + s) * 32 + lane];
+            float acc[4] = {y[0][2 * j], y[0][2 * j + 1], y[1][2 * j], y[1][2 * j + 1]};
             MmaF16(acc, a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1], b.x, b.y);
             MmaF16(acc, a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1], b.z, b.w);
-          } else {
-            const uint2 b = *reinterpret_cast<const uint2*>(&frag[(j * 8 + s) * 32 + lane]);
-            MmaF16(acc, a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1], b.x, b.y);
+            y[0][2 * j] = acc[0];
+            y[0][2 * j + 1] = acc[1];
+            y[1][2 * j] = acc[2];
+            y[1][2 * j + 1] = acc[3];
           }
         }
-        y[0][2 * j] = acc[0];
-        y[0][2 * j + 1] = acc[1];
-        y[1][2 * j] = acc[2];
-        y[1][2 * j + 1] = acc[3];
+      } else {
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            const uint2 b = frag_hi[(j * 8 + s) * 32 + lane];
+            float acc[4] = {y[0][2 * j], y[0][2 * j + 1], y[1][2 * j], y[1][2 * j + 1]};
+            MmaF16(acc, a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1], b.x, b.y);
+            y[0][2 * j] = acc[0];
+            y[0][2 * j + 1] = acc[1];
+            y[1][2 * j] = acc[2];
+            y[1][2 * j + 1] = acc[3];
+          }
+        }
       }
     } else {
 #pragma unroll
@@ -483,7 +723,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeWriteKernel(const QuantizeWr
       // stay within quads, and whole quads skip together.
       if (!__any_sync(0xffffffffu, int2)) continue;
       if (clip < 1.0f) {
-        const float t = QuadAbsQuantile(y[r], clip);
+        const float t = QuadAbsQuantile(y[r], qpos);
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
           const float v = y[r][i];
@@ -544,7 +784,7 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   const int tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
   const int per_cta = p.rot_fragments != nullptr ? 8 : 2;  // amortize the 64 KiB fragment load
   dim3 grid((tiles + per_cta - 1) / per_cta, p.num_kv_heads, 2 * p.layer_count);
-  const int smem = p.rot_fragments != nullptr ? kFragSmem : 0;
+  const int smem = p.rot_fragments == nullptr ? 0 : p.precise_rotation ? kFragSmem : kFragSmem / 2;
   auto launch = [&](auto kernel) {
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFragSmem);
     kernel<<<grid, kThreads, smem, stream>>>(p);
@@ -553,10 +793,17 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   // Per-head modes live in device memory (unknown here): any table takes the selecting kernel,
   // which handles min-max heads at run time too.
   const bool select = p.range_modes != nullptr || p.range_mode != RangeMode::kMinMax;
+  const bool rot = p.rot_fragments != nullptr;
   if (select) {
-    g128 ? launch(QuantizeWriteKernel<128, true>) : launch(QuantizeWriteKernel<64, true>);
+    if (rot) {
+      g128 ? launch(QuantizeWriteKernel<128, true, true>) : launch(QuantizeWriteKernel<64, true, true>);
+    } else {
+      g128 ? launch(QuantizeWriteKernel<128, true, false>) : launch(QuantizeWriteKernel<64, true, false>);
+    }
+  } else if (rot) {
+    g128 ? launch(QuantizeWriteKernel<128, false, true>) : launch(QuantizeWriteKernel<64, false, true>);
   } else {
-    g128 ? launch(QuantizeWriteKernel<128, false>) : launch(QuantizeWriteKernel<64, false>);
+    g128 ? launch(QuantizeWriteKernel<128, false, false>) : launch(QuantizeWriteKernel<64, false, false>);
   }
   return CudaStatus(cudaGetLastError(), "quantize-on-write launch");
 }

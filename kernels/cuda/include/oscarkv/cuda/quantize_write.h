@@ -12,11 +12,12 @@
 //
 // Range selection: all three RangeMode rules of the CPU codec (quantize.h, docs/FORMAT.md
 // §1.3.1) are mirrored bit for bit -- kMinMax, kSearch (8 candidate ranges, integer error) and
-// kUnbiased (8 candidates refit in fp64; its sums run in channel order across the group's lanes,
-// as the CPU loop does, so it is much slower than min-max: a calibration/offline write mode).
-// Quantile clip: the two order statistics are found by walking the distinct values down from
-// the row maximum when the quantile is in the top 16 of 128 (c >= ~0.88, OSCAR's clips), else
-// by a 31-step bitwise selection.
+// kUnbiased (8 candidates refit; its sums follow the fixed chunk tree of §1.3.1: one lane per
+// 32-channel chunk, an xor butterfly, candidates' refits spread over the group's lanes).
+// Quantile clip: when the order statistics are in the top 16 of 128 (c >= ~0.89, OSCAR's clips)
+// every lane sorts its own top 8 with sorting networks and the quad merges the lists (bitonic,
+// two shuffle rounds); the rare rows where one lane holds more than 8 of the top values take an
+// exact walk over the distinct values; lower quantiles a 31-step bitwise selection.
 // Page headers are not written here: the caller owns header fields and the checksum.
 // Supported: head_dim 128, group 128 or 64; |x| < 65504 for rotated writes (fp16 operands).
 #pragma once
