@@ -475,16 +475,25 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         RangeMode mode = RangeMode::kMinMax;
       };
       std::vector<Variant> variants;
+      // The first row is the write a calibrated codec performs (`oscarkv calibrate` defaults:
+      // K and V rotated, per-head quantile clip, range mode unbiased); the JSON's
+      // quant_bw_fraction is that row.
+      const RangeMode kUb = RangeMode::kUnbiased, kMm = RangeMode::kMinMax;
       if (kind == PageKind::kInt2) {
-        variants = {{"int2 rotate+clip", true, true},
-                    {"int2 rotate", true, false},
-                    {"int2 rotate (R fp16 only)", true, false, false},
-                    {"int2 prerotated (flush / R_V absorbed)", false, false},
-                    {"int2 prerotated+clip", false, true},
+        variants = {{"int2 default codec: rotate+clip+unbiased", true, true, true, kUb},
+                    {"int2 default codec, R fp16 only", true, true, false, kUb},
+                    {"int2 prerotated+clip+unbiased (flush)", false, true, true, kUb},
+                    {"int2 rotate+clip, min-max", true, true, true, kMm},
+                    {"int2 rotate+clip, min-max, R fp16 only", true, true, false, kMm},
+                    {"int2 rotate, min-max", true, false, true, kMm},
+                    {"int2 rotate, min-max, R fp16 only", true, false, false, kMm},
+                    {"int2 prerotated, min-max", false, false, true, kMm},
+                    {"int2 prerotated+clip, min-max", false, true, true, kMm},
                     {"int2 rotate+clip, range search", true, true, true, RangeMode::kSearch},
-                    {"int2 rotate, range unbiased", true, false, true, RangeMode::kUnbiased}};
+                    {"int2 rotate, unbiased (no clip)", true, false, true, kUb}};
       } else {
-        variants = {{"bf16 rotate (sink/tail)", true, false}};
+        variants = {{"bf16 rotate (sink/tail)", true, false},
+                    {"bf16 rotate (sink/tail), R fp16 only", true, false, false}};
       }
       for (const Variant& v : variants) {
         cuda::QuantizeWriteParams q;
