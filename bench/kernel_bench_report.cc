@@ -80,7 +80,7 @@ std::string FormatTable(const KernelBenchReport& r) {
   }
   for (const auto& d : r.decode) {
     for (auto [target, us] : d.int2_by_target) {
-      s += absl::StrFormat("  INT2 B=%d L=%d with target_ctas=%d: %.1f us (%.2fx SDPA)\n", d.batch,
+      s += absl::StrFormat("  INT2 B=%d L=%d (reported variant) with target_ctas=%d: %.1f us (%.2fx SDPA)\n", d.batch,
                            d.length, target, us, Ratio(d.sdpa_us, us));
     }
   }

@@ -18,8 +18,8 @@ __global__ void __launch_bounds__(kThreads, 2) DecodeBf16Kernel(const DecodePara
   // The merge kernel (next, programmatic serialization) may start its CTAs now; they wait
   // for this grid's completion before reading the partials.
   asm volatile("griddepcontrol.launch_dependents;");
-  const int item = p.item_order[p.num_int2_items + blockIdx.x];
-  const DecodeWorkItem it = p.items[item];
+  int item;
+  const DecodeWorkItem it = FetchItem(p, p.num_int2_items + blockIdx.x, &item);
   uint8_t* t = smem + kBf16StageArea + kWarps * kWarpXchg;
   SliceTable tab{reinterpret_cast<const uint8_t**>(t), reinterpret_cast<int32_t*>(t + kMaxItemSlices * 8)};
   LoadSliceTable(p, it, tab);
@@ -86,6 +86,16 @@ __global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
       __syncthreads();
       const int n = min(128, i1 - c0);
       int k = 0;
+      // 16 independent loads in flight per round (a long split, e.g. 46 items per head at
+      // B=1 x 100K, otherwise costs one L2 round trip per 4 items).
+      for (; k + 16 <= n; k += 16) {
+        const float* base = part_o + (size_t(c0 + k) * gqa + j) * 128 + t;
+        float v[16];
+#pragma unroll
+        for (int u = 0; u < 16; ++u) v[u] = __ldcg(base + size_t(u) * gqa * 128);
+#pragma unroll
+        for (int u = 0; u < 16; ++u) O = fmaf(wsm[k + u], v[u], O);
+      }
       for (; k + 4 <= n; k += 4) {
         const float* base = part_o + (size_t(c0 + k) * gqa + j) * 128 + t;
         const float o0 = __ldcg(base), o1 = __ldcg(base + size_t(gqa) * 128),

@@ -142,10 +142,16 @@ __device__ void FinishItem(const DecodeParams& p, int item, WarpState& st, uint8
   }
 }
 
+// The work item of launch slot `slot` (an index into the plan's order) and its index.
+__device__ __forceinline__ DecodeWorkItem FetchItem(const DecodeParams& p, int slot, int* item) {
+  *item = p.item_order[slot];
+  return p.launch_items != nullptr ? p.launch_items[slot] : p.items[*item];
+}
+
 // Fills the per-slice page pointer / token info of the item (smem) for all threads.
 __device__ void LoadSliceTable(const DecodeParams& p, const DecodeWorkItem& it, SliceTable tab) {
   const int spp = static_cast<int>(p.shape.slices_per_page());
-  const int32_t p0 = p.table.seq_page_indptr[it.seq];
+  const int32_t p0 = it.page_entry;  // == seq_page_indptr[it.seq]
   for (int s = threadIdx.x; s < it.num_slices; s += kThreads) {
     const int gs = it.first_slice + s;
     const int32_t pid = p.table.seq_page_ids[p0 + gs / spp];

@@ -483,8 +483,8 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
   // The BF16 kernel (launched next, programmatic serialization) does not depend on this one:
   // let it start as soon as SMs free up.
   asm volatile("griddepcontrol.launch_dependents;");
-  const int item = p.item_order[blockIdx.x];
-  const DecodeWorkItem it = p.items[item];
+  int item;
+  const DecodeWorkItem it = FetchItem(p, blockIdx.x, &item);
   uint8_t* t = smem + kInt2StageArea + kWarps * kWarpXchg;
   SliceTable tab{reinterpret_cast<const uint8_t**>(t), reinterpret_cast<int32_t*>(t + kMaxItemSlices * 8)};
   LoadSliceTable(p, it, tab);

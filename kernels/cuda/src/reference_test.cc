@@ -41,6 +41,7 @@ TEST(PlanDecode, CoversEverySliceOnceWithHomogeneousItems) {
           const DecodeWorkItem& it = plan->items[i];
           EXPECT_EQ(it.seq, b);
           EXPECT_EQ(it.kv_head, h);
+          EXPECT_EQ(it.page_entry, indptr[b]);
           EXPECT_EQ(it.first_slice, next);
           EXPECT_GE(it.num_slices, 1);
           EXPECT_LE(it.num_slices, kMaxItemSlices);
@@ -59,17 +60,23 @@ TEST(PlanDecode, CoversEverySliceOnceWithHomogeneousItems) {
 }
 
 // The default target is one resident wave: 2 CTAs/SM when BF16 slices dominate the cost (the
-// BF16 kernel's residency), 3 otherwise.
+// BF16 kernel's residency) or the INT2 batch is small (under 64 slices per CTA at 3/SM), 3 for a
+// large INT2 batch.
 TEST(PlanDecode, DefaultTargetIsOneWaveOfTheDominantKernel) {
-  for (uint8_t kind : {uint8_t{1}, uint8_t{2}}) {
-    std::vector<int32_t> indptr = {0, 512}, ids(512);
-    std::vector<uint8_t> kinds(512, kind);
-    for (int i = 0; i < 512; ++i) ids[i] = i;
+  struct C {
+    uint8_t kind;
+    int pages;
+    size_t per_sm;
+  };
+  for (C c : {C{1, 512, 2}, C{2, 512, 2}, C{1, 4096, 3}}) {
+    std::vector<int32_t> indptr = {0, c.pages}, ids(c.pages);
+    std::vector<uint8_t> kinds(c.pages, c.kind);
+    for (int i = 0; i < c.pages; ++i) ids[i] = i;
     auto plan = PlanDecode(Shape(), indptr, ids, kinds, 132);
     ASSERT_TRUE(plan.ok()) << plan.status();
-    const size_t wave = kind == 2 ? 2 * 132 : 3 * 132;
-    EXPECT_LE(plan->items.size(), wave) << "kind " << int{kind};
-    EXPECT_GE(plan->items.size(), wave * 3 / 4) << "kind " << int{kind};
+    const size_t wave = c.per_sm * 132;
+    EXPECT_LE(plan->items.size(), wave) << "kind " << int{c.kind} << " pages " << c.pages;
+    EXPECT_GE(plan->items.size(), wave * 3 / 4) << "kind " << int{c.kind} << " pages " << c.pages;
   }
 }
 

@@ -71,6 +71,7 @@ struct DecodeWorkItem {
   int32_t kind;
   int32_t first_slice;
   int32_t num_slices;
+  int32_t page_entry = 0;  // seq_page_indptr[seq], filled by the planner (saves a lookup)
 };
 
 struct DecodePlan {
@@ -131,6 +132,9 @@ struct DecodeParams {
   int32_t num_items = 0;
   const int32_t* item_indptr = nullptr;   // [num_seqs * num_kv_heads + 1]
   const int32_t* item_order = nullptr;    // plan.order (INT2 items first)
+  // items[item_order[i]] for every i (optional): a CTA's item in one load that does not wait
+  // for the item_order load.
+  const DecodeWorkItem* launch_items = nullptr;
   int32_t num_int2_items = 0;             // plan.num_int2_items
   const float* q = nullptr;               // [num_seqs][num_q_heads][head_dim], unrotated
   const float* rot_k = nullptr;  // [num_kv_heads][d][d] R_K of `layer` (nullptr: q already rotated)

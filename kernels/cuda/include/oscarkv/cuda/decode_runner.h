@@ -30,6 +30,12 @@ class PagedDecoder {
     auto ord = DeviceBuffer::FromHost(d.plan_.order);
     if (!ord.ok()) return ord.status();
     d.order_ = *std::move(ord);
+    std::vector<DecodeWorkItem> launch;
+    launch.reserve(d.plan_.order.size());
+    for (int32_t i : d.plan_.order) launch.push_back(d.plan_.items[i]);
+    auto li = DeviceBuffer::FromHost(launch);
+    if (!li.ok()) return li.status();
+    d.launch_items_ = *std::move(li);
     auto ws = DeviceBuffer::Create(DecodeWorkspaceBytes(shape, d.num_seqs_,
                                                         static_cast<int32_t>(d.plan_.items.size())));
     if (!ws.ok()) return ws.status();
@@ -48,6 +54,7 @@ class PagedDecoder {
     p.num_items = static_cast<int32_t>(plan_.items.size());
     p.item_indptr = item_indptr_.as<int32_t>();
     p.item_order = order_.as<int32_t>();
+    p.launch_items = launch_items_.as<DecodeWorkItem>();
     p.num_int2_items = plan_.num_int2_items;
     p.workspace = workspace_.get();
     p.table.num_seqs = num_seqs_;
@@ -60,7 +67,7 @@ class PagedDecoder {
   DecodeShape shape_;
   int32_t num_seqs_ = 0;
   DecodePlan plan_;
-  DeviceBuffer items_, item_indptr_, order_, workspace_;
+  DeviceBuffer items_, item_indptr_, order_, launch_items_, workspace_;
 };
 
 }  // namespace oscarkv::cuda
