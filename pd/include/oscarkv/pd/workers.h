@@ -20,30 +20,10 @@
 #include "oscarkv/client/client.h"
 #include "oscarkv/engine/model.h"
 #include "oscarkv/kernels/rotation.h"
+#include "oscarkv/pd/engine_codec.h"
 #include "oscarkv/pd/handoff.h"
 
 namespace oscarkv::pd {
-
-// The codec both sides must agree on: windows and page size over the model's shape, and a
-// rotation ("hadamard" or "identity"; the profile carries its digest).
-struct CodecOptions {
-  uint32_t page_tokens = 64;
-  uint32_t sink_tokens = 64;
-  uint32_t recent_tokens = 256;
-  uint32_t group_size = 128;
-  std::string rotation = "hadamard";
-};
-
-struct EngineCodec {
-  CodecProfile profile;
-  std::shared_ptr<const RotationSet> rotations;
-};
-absl::StatusOr<EngineCodec> MakeEngineCodec(const engine::ModelConfig& config,
-                                            const CodecOptions& options);
-
-std::vector<int32_t> BytesToTokens(const std::string& text);
-// Byte tokens back to text; non-printable bytes other than \n and \t shown as '.'.
-std::string TokensToText(const std::vector<int32_t>& tokens);
 
 struct PrefillResult {
   int32_t first_token = 0;
@@ -97,12 +77,5 @@ class DecodeWorker {
 absl::StatusOr<client::StoreResult> CachePrefix(client::Client& local, const EngineCodec& codec,
                                                 const std::vector<int32_t>& prompt,
                                                 const SequencePages& pages);
-
-// Single-process reference: prefill + greedy generation of tokens + 1 tokens (the first token
-// and `tokens` more, as the handoff produces) with the same codec.
-absl::StatusOr<std::vector<int32_t>> ReferenceGenerate(const engine::Model& model,
-                                                       const EngineCodec& codec,
-                                                       const std::vector<int32_t>& prompt,
-                                                       uint32_t tokens);
 
 }  // namespace oscarkv::pd
