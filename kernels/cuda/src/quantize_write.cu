@@ -376,8 +376,10 @@ __device__ DevParams SelectUnbiased(const float (&y)[32], int tig, float mn, flo
     const float yj = y[j];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float t = __fadd_rn(__fmul_rn(__fsub_rn(yj, minv[i]), invv[i]), 0.5f);
-      const float cf = (t >= 1.f ? 1.f : 0.f) + (t >= 2.f ? 1.f : 0.f) + (t >= 3.f ? 1.f : 0.f);
+      // t = u + 0.5 (rounded) >= k  <=>  u >= k - 0.5, except that u = 0.5 - 2^-25 rounds up
+      // to t = 1 (a tie to even): the exact thresholds on u are 0.5 - 2^-25, 1.5 and 2.5.
+      const float u = __fmul_rn(__fsub_rn(yj, minv[i]), invv[i]);
+      const float cf = (u >= 0.49999997f ? 1.f : 0.f) + (u >= 1.5f ? 1.f : 0.f) + (u >= 2.5f ? 1.f : 0.f);
       acc[i] = __fadd_rn(acc[i], __fmul_rn(cf, yj));
       cs[i] += cf;  // small integers: exact in any order
       c2[i] = fmaf(cf, cf, c2[i]);
@@ -642,8 +644,14 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel
     const int t0 = tile * kTileTokens + warp * 16;
     int tok[2] = {t0 + gid, t0 + gid + 8};
     // Prefetch the next tile's rows while this one is rotated and quantized.
+    // (The selecting kernels are compute-bound: they load each tile when they reach it and
+    // spend the 32 registers on the range selection instead.)
     uint32_t xn[2][16];
-    load(tile + gridDim.x, xn);
+    if constexpr (kSelect) {
+      if (tile != blockIdx.x) load(tile, xw);
+    } else {
+      load(tile + gridDim.x, xn);
+    }
     float y[2][32];
     if constexpr (rotate) {
       uint32_t a[2][16];  // fp16x2 of the same words
@@ -746,7 +754,7 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel
 #pragma unroll
     for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int q = 0; q < 16; ++q) xw[r][q] = xn[r][q];
+      for (int q = 0; q < 16; ++q) xw[r][q] = kSelect ? xw[r][q] : xn[r][q];
   }
 }
 
