@@ -7,6 +7,7 @@
 #                BUILD=build-nccl scripts/gpu/gpu_handoff.sh pack
 #   device:      run(command="scripts/gpu/gpu_handoff.sh", carry=["build-nccl/carry"],
 #                    kind="nvidia-h200-x2")
+# (The device gets a copy of the checkout `run` belongs to: build-nccl/carry must be there.)
 #
 # `pack` puts the stripped binaries, their non-system shared libraries (ldd; never libnccl --
 # the device has its own) -- and the reference model unless the tree has shared/refmodel --
