@@ -7,11 +7,17 @@
 #   here:   cmake -S . -B build-f -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCARKV_MODULES=bench
 #           ninja -C build-f -j2 cuda_kernels_gpu_test cuda_reference_test kernel_bench
 #           BUILD=build-f scripts/gpu/collect.sh
-#   device: run(command="scripts/gpu/run_all.sh", carry=["build-f/carry"])
+#   device: run(command="CARRY=build-f/carry.tar.xz scripts/gpu/run_all.sh",
+#               carry=["build-f/carry.tar.xz"])   (or the folder itself, if the tree allows)
 # Extra arguments go to kernel_bench (e.g. --shapes 32x32768 --samples 50).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 c=${CARRY:-$root/build-f/carry}
+# A packed payload (collect.sh writes carry.tar.xz beside the folder; the device's tree limit
+# counts shared/ too) is unpacked to /tmp first.
+if [[ "$c" == *.tar.xz && -f "$c" ]]; then
+  mkdir -p /tmp/oscarkv-carry && tar xJf "$c" -C /tmp/oscarkv-carry && c=/tmp/oscarkv-carry/carry
+fi
 [ -d "$c" ] || c=$root/build-cuda/carry
 out=${OUT:-/tmp/oscarkv-gpu-out}
 mkdir -p "$out"

@@ -187,6 +187,7 @@ const char* DecodeVariantName(DecodeVariant v) {
   switch (v) {
     case DecodeVariant::kBaseline: return "baseline";
     case DecodeVariant::kPackedHeads: return "packed_heads";
+    case DecodeVariant::kPackedSplitAcc: return "packed_split_acc";
   }
   return "unknown";
 }

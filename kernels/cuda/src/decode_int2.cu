@@ -72,8 +72,9 @@ __device__ __forceinline__ void UnpackCodesM(uint32_t w, uint32_t magic, uint32_
   r[7] = AndOr<0x00C000C0u>(w8, magic);
 }
 
-// kPack (DecodeVariant::kPackedHeads, GQA <= 4): see decode_attention.h.
-template <int G, bool kPack>
+// kPack (DecodeVariant::kPackedHeads, GQA <= 4) and kSplit (kPackedSplitAcc): see
+// decode_attention.h.
+template <int G, bool kPack, bool kSplit>
 __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& it, uint8_t* smem,
                          SliceTable tab) {
   using Lay = Int2Layout<G>;
@@ -248,14 +249,17 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     // loop is outside the m-tile loop so the four accumulator chains interleave.
     float sc[4][4];
     {
-      float acc[4][NG][4];
+      // Accumulators per m-tile: one per group, or (kSplit, G = 128) two for the two halves of
+      // the channels, so each mma chain is half as long.
+      constexpr int NA = (kSplit && NG == 1) ? 2 : NG;
+      float acc[4][NA][4];
       uint32_t wd[4][2][2], w8[4][2][2];  // [m-tile][row gid / gid+8][word v], and >> 8
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt) {
 #pragma unroll
-        for (int g = 0; g < NG; ++g) {
-          acc[mt][g][0] = acc[mt][g][2] = Cinit[0][g];
-          acc[mt][g][1] = acc[mt][g][3] = Cinit[1][g];
+        for (int a = 0; a < NA; ++a) {
+          acc[mt][a][0] = acc[mt][a][2] = a < NG ? Cinit[0][a] : 0.f;
+          acc[mt][a][1] = acc[mt][a][3] = a < NG ? Cinit[1][a] : 0.f;
         }
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -286,9 +290,10 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
               a[r][0] = CodeReg(2 * uu, wd[mt][r][v], w8[mt][r][v], magic);
               a[r][1] = CodeReg(2 * uu + 1, wd[mt][r][v], w8[mt][r][v], magic);
             }
-            MmaF16(acc[mt][g], a[0][0], a[1][0], a[0][1], a[1][1], qhi[s][0], qhi[s][1]);
+            const int ai = NA == 2 ? v : 0;
+            MmaF16(acc[mt][ai], a[0][0], a[1][0], a[0][1], a[1][1], qhi[s][0], qhi[s][1]);
             if (!kPack && p.precise_query) {
-              MmaF16(acc[mt][g], a[0][0], a[1][0], a[0][1], a[1][1], qlo[s][0], qlo[s][1]);
+              MmaF16(acc[mt][ai], a[0][0], a[1][0], a[0][1], a[1][1], qlo[s][0], qlo[s][1]);
             }
           }
         }
@@ -304,7 +309,9 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
             const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(kp + (t * NG + g) * 4));
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float x = fmaf(sm.x, acc[mt][g][2 * r + e], sm.y * Q0[e][g]);
+              const float av = NA > NG ? acc[mt][0][2 * r + e] + acc[mt][NA - 1][2 * r + e]
+                                       : acc[mt][g][2 * r + e];
+              const float x = fmaf(sm.x, av, sm.y * Q0[e][g]);
               sv[e] = g == 0 ? x : sv[e] + x;
             }
           }
@@ -477,7 +484,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 }
 
 // One CTA per work item; blockIdx.x indexes the plan's order (its first num_int2_items entries).
-template <int G, bool kPack>
+template <int G, bool kPack, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   // The BF16 kernel (launched next, programmatic serialization) does not depend on this one:
@@ -497,38 +504,43 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
   if (it.kind == static_cast<int32_t>(PageKind::kBf16)) {
     Bf16Item<2>(p, item, it, smem, tab);
   } else {
-    Int2Item<G, kPack>(p, item, it, smem, tab);
+    Int2Item<G, kPack, kSplit>(p, item, it, smem, tab);
   }
 }
 
 // Raises an INT2 kernel's dynamic shared-memory limit on its first launch (one static per
 // instantiation: the kernel is a template argument, not a value of the shared pointer type).
-template <int G, bool kPack>
+template <int G, bool kPack, bool kSplit>
 void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
-  static const bool once = SetSmem(DecodeInt2Kernel<G, kPack>, SmemBytes<true>());
+  static const bool once = SetSmem(DecodeInt2Kernel<G, kPack, kSplit>, SmemBytes<true>());
   (void)once;
-  DecodeInt2Kernel<G, kPack><<<blocks, kThreads, SmemBytes<true>(), stream>>>(p);
+  DecodeInt2Kernel<G, kPack, kSplit><<<blocks, kThreads, SmemBytes<true>(), stream>>>(p);
 }
 
 }  // namespace
 
 void LaunchDecodeInt2Kernels(const DecodeParams& p, int n2, cudaStream_t stream) {
-  const bool pack = p.variant == DecodeVariant::kPackedHeads && p.shape.gqa() <= 4;
+  const bool pack = p.variant != DecodeVariant::kBaseline && p.shape.gqa() <= 4;
+  const bool split = p.variant == DecodeVariant::kPackedSplitAcc;
   if (p.shape.group_size == 128) {
-    pack ? LaunchInt2<128, true>(p, n2, stream) : LaunchInt2<128, false>(p, n2, stream);
-  } else {
-    pack ? LaunchInt2<64, true>(p, n2, stream) : LaunchInt2<64, false>(p, n2, stream);
+    if (!pack) {
+      LaunchInt2<128, false, false>(p, n2, stream);
+    } else {
+      split ? LaunchInt2<128, true, true>(p, n2, stream) : LaunchInt2<128, true, false>(p, n2, stream);
+    }
+  } else {  // G = 64 already has two accumulator chains per m-tile (one per group)
+    pack ? LaunchInt2<64, true, false>(p, n2, stream) : LaunchInt2<64, false, false>(p, n2, stream);
   }
 }
 
 int DecodeKernelOccupancy(int group_size) {
   int blocks = 0;
   if (group_size == 128) {
-    cudaFuncSetAttribute(DecodeInt2Kernel<128, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<128, false>, kThreads, SmemBytes<true>());
+    cudaFuncSetAttribute(DecodeInt2Kernel<128, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<128, false, false>, kThreads, SmemBytes<true>());
   } else {
-    cudaFuncSetAttribute(DecodeInt2Kernel<64, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<64, false>, kThreads, SmemBytes<true>());
+    cudaFuncSetAttribute(DecodeInt2Kernel<64, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<64, false, false>, kThreads, SmemBytes<true>());
   }
   return blocks;
 }

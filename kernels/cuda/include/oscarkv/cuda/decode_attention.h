@@ -109,9 +109,13 @@ enum class DecodeVariant : int32_t {
   // and softmax, W and Σ p·min run on half as many values per lane. Same accuracy as
   // kBaseline; GQA > 4 falls back to it.
   kPackedHeads = 1,
+  // kPackedHeads with two score accumulators per 16-token tile at group 128 (channels 0..63 and
+  // 64..127), summed before the scale: the dependent mma chains are half as long (8 -> 4) for
+  // 16 more registers and 16 adds per slice. Group 64 already has two chains (one per group).
+  kPackedSplitAcc = 2,
 };
-inline constexpr int kNumDecodeVariants = 2;
-// "baseline", "packed_heads".
+inline constexpr int kNumDecodeVariants = 3;
+// "baseline", "packed_heads", "packed_split_acc".
 const char* DecodeVariantName(DecodeVariant v);
 
 // Device-side page table (all pointers are device pointers).
@@ -144,7 +148,8 @@ struct DecodeParams {
   // Splits each query into an fp16 high and low part for the INT2 score product (~fp32
   // accuracy); false uses one fp16 part (fewer tensor-core ops, ~1e-3 relative score error).
   bool precise_query = true;
-  DecodeVariant variant = DecodeVariant::kBaseline;  // INT2 kernel variant (see above)
+  // INT2 kernel variant (see above); packed_heads is the fastest at the default accuracy.
+  DecodeVariant variant = DecodeVariant::kPackedHeads;
   // Workspace for the partial results (DecodeWorkspaceBytes bytes, 256-byte aligned).
   void* workspace = nullptr;
   float* out = nullptr;  // [num_seqs][num_q_heads][head_dim]
