@@ -133,6 +133,7 @@ TEST(CliTest, BenchServiceJsonHasAcceptanceFields) {
   EXPECT_TRUE(j.at("lookup_p99_ms_at_10k").is_null());  // --rate 1000: not measured at 10k
   EXPECT_GT(j.at("open_loop").at("p99_ms").get<double>(), 0.0);
   EXPECT_EQ(j.at("closed_loop").size(), 2u);
+  EXPECT_EQ(j.at("open_loop").at("senders").get<std::string>(), "async");  // the default
 }
 
 }  // namespace
