@@ -2,6 +2,7 @@
 // real encoded pages with deterministic content.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,12 +16,20 @@
 namespace oscarkv::testing {
 
 // Starts oscarkvd (the one this build made) on 127.0.0.1, port 0, with its own shm segment.
+// A pool segment name no earlier test process can have left behind: a SIGKILLed daemon leaves
+// its /dev/shm file, and with pids wrapping at 32768 a name of pid and sequence alone was
+// sometimes taken, so the daemon refused to start ("already exists").
+inline std::string UniqueShmName(const std::string& prefix, int seq) {
+  const auto ns = std::chrono::system_clock::now().time_since_epoch().count();
+  return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(seq) + "-" +
+         std::to_string(static_cast<uint64_t>(ns) % 1000000000000ull);
+}
+
 inline std::unique_ptr<client::LocalDaemon> StartDaemon(std::vector<std::string> flags = {}) {
   static int seq = 0;
   client::LocalDaemonOptions o;
   o.binary = OSCARKVD_PATH;
-  o.flags = {"--metrics-listen", "off", "--shm-name",
-             "oscarkv-it-" + std::to_string(::getpid()) + "-" + std::to_string(seq++)};
+  o.flags = {"--metrics-listen", "off", "--shm-name", UniqueShmName("oscarkv-it", seq++)};
   bool has_pool = false;
   for (const auto& f : flags) has_pool |= f == "--pool-mb";
   if (!has_pool) o.flags.insert(o.flags.end(), {"--pool-mb", "64"});
