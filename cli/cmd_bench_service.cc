@@ -7,6 +7,7 @@
 //     interleaved with a plain memcpy of the same pool bytes into the same buffers.
 #if __has_include("oscarkv/client/client.h")  // built only with the client module
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -336,6 +338,10 @@ int RunBenchService(int argc, char** argv) {
            "LookupAsync, never waiting for answers (a true open loop); threads: each client "
            "thread sends its share with the blocking Lookup, so a client with a lookup still "
            "out sends late (counted) and the offered load sags while the daemon is slow");
+  a.Option("daemon-cpus", "",
+           "CPUs for the daemon (its --cpus, e.g. 1); default: any. With --client-cpus this "
+           "splits the machine, e.g. --client-cpus 0 --daemon-cpus 1");
+  a.Option("client-cpus", "", "CPUs for this process (the clients), e.g. 0; default: any");
   a.Flag("dedicated-connections",
          "one TCP connection per client (default: the clients of this process share one, as "
          "Clients in one engine process do)");
@@ -365,6 +371,27 @@ int RunBenchService(int argc, char** argv) {
     return 2;
   }
   const bool as_json = a.flag("json");
+  if (!a.str("client-cpus").empty()) {  // before any thread starts: all of them inherit it
+    std::vector<int> cpus;
+    for (absl::string_view part : absl::StrSplit(a.str("client-cpus"), ',')) {
+      std::vector<absl::string_view> r = absl::StrSplit(part, '-');
+      int lo = -1, hi = -1;
+      if (r.size() > 2 || !absl::SimpleAtoi(r[0], &lo) ||
+          !absl::SimpleAtoi(r.back(), &hi) || lo < 0 || hi < lo || hi >= CPU_SETSIZE) {
+        std::fprintf(stderr, "oscarkv bench service: --client-cpus: bad CPU list\n");
+        return 2;
+      }
+      for (int c = lo; c <= hi; ++c) cpus.push_back(c);
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus) CPU_SET(c, &set);
+    if (::sched_setaffinity(0, sizeof(set), &set) != 0) {
+      std::fprintf(stderr, "oscarkv bench service: --client-cpus %s: %s\n",
+                   a.str("client-cpus").c_str(), std::strerror(errno));
+      return 2;
+    }
+  }
   // Debian's Abseil keeps a deadlock graph on every absl::Mutex acquisition (gRPC's locks
   // included); oscarkvd turns it off, and an engine process would too. Same for the clients here.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
@@ -393,6 +420,9 @@ int RunBenchService(int argc, char** argv) {
   dopt.log_path = log_path;
   dopt.flags = {"--listen", a.str("listen"), "--pool-mb", std::to_string(*pool_mb), "--metrics-listen", "off",
                 "--shm-name", absl::StrCat("oscarkv-bench-", ::getpid())};
+  if (!a.str("daemon-cpus").empty()) {
+    dopt.flags.insert(dopt.flags.end(), {"--cpus", a.str("daemon-cpus")});
+  }
   progress("starting oscarkvd");
   auto daemon = client::LocalDaemon::Start(dopt);
   if (!daemon.ok()) return fail("starting oscarkvd", daemon.status());
@@ -515,9 +545,12 @@ int RunBenchService(int argc, char** argv) {
   std::fprintf(out, "machine: %u CPUs (%s); daemon and clients on the same machine, 127.0.0.1\n",
               std::thread::hardware_concurrency(), CpuModel().c_str());
   std::fprintf(out, "lookups: %lld cached keys each (probe, no pin); %.1f s per phase; clients "
-              "are Client objects in this process on %s\n\n",
+              "are Client objects in this process on %s\n",
               (long long)*nkeys, *duration,
               a.flag("dedicated-connections") ? "one TCP connection each" : "one shared HTTP/2 connection");
+  std::fprintf(out, "cpus: clients %s, daemon %s\n\n",
+               a.str("client-cpus").empty() ? "any" : a.str("client-cpus").c_str(),
+               a.str("daemon-cpus").empty() ? "any" : a.str("daemon-cpus").c_str());
   std::fprintf(out, "%-32s %11s %9s %9s %9s %11s %11s\n", "lookups", "per second", "p50 ms",
                "p99 ms", "max ms", "client cpu", "daemon cpu");
   for (auto& [n, s] : closed) {
@@ -556,6 +589,8 @@ int RunBenchService(int argc, char** argv) {
         {"machine", {{"cpus", std::thread::hardware_concurrency()}, {"cpu", CpuModel()}}},
         {"lookup_keys", *nkeys},
         {"dedicated_connections", a.flag("dedicated-connections")},
+        {"client_cpus", a.str("client-cpus").empty() ? "any" : a.str("client-cpus")},
+        {"daemon_cpus", a.str("daemon-cpus").empty() ? "any" : a.str("daemon-cpus")},
         {"duration_s", *duration},
         {"closed_loop", cl},
         {"open_loop", {{"offered_per_s", *rate}, {"achieved_per_s", achieved},

@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "oscarkv/util/args.h"
 #include "yaml-cpp/yaml.h"
 
@@ -39,6 +41,7 @@ server:
   drain_timeout_ms: 5000        # on SIGTERM, in-flight RPCs get this long to finish
   index_shards: 64              # lock shards of the page index
   grpc_threads: 0               # max gRPC server threads; 0 = gRPC's default
+  cpus: ""                      # CPUs for every daemon thread ("1", "2-3,6"); "" = any
 ucx:
   enabled: true                 # UCX data plane (GetDataPlane); false = off
   tls: tcp                      # UCX_TLS: tcp, shm (posix/sysv/cma), rc,ud, ...
@@ -109,6 +112,7 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "server.drain_timeout_ms") return ReadUint(v, key, &c->drain_timeout_ms, 0, 3600000);
   if (key == "server.index_shards") return ReadUint(v, key, &c->index_shards, 1, 4096);
   if (key == "server.grpc_threads") return ReadUint(v, key, &c->grpc_threads, 0, 4096);
+  if (key == "server.cpus") return ReadString(v, key, &c->cpus);
   return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "'"));
 }
 
@@ -230,7 +234,34 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(
         "lease, reservation ttl, reaper interval and max batch must be positive");
   }
+  if (!cpus.empty()) {
+    if (auto l = ParseCpuList(cpus); !l.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("cpus: ", l.status().message()));
+    }
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& text) {
+  constexpr int kMaxCpu = 1023;
+  std::vector<int> out;
+  if (text.empty()) return absl::InvalidArgumentError("empty CPU list");
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    const size_t dash = part.find('-');
+    int lo = 0, hi = 0;
+    const bool ok = dash == absl::string_view::npos
+                        ? absl::SimpleAtoi(part, &lo) && (hi = lo, true)
+                        : absl::SimpleAtoi(part.substr(0, dash), &lo) &&
+                              absl::SimpleAtoi(part.substr(dash + 1), &hi);
+    if (!ok || lo < 0 || hi < lo || hi > kMaxCpu) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'", part, "' in '", text, "' is not a CPU number or range (0..", kMaxCpu, ")"));
+    }
+    for (int c = lo; c <= hi; ++c) out.push_back(c);
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 uint64_t DefaultPoolMb() {
@@ -260,6 +291,7 @@ Args MakeArgs() {
       .Option("max-batch", "", "most keys/items per call (default 4096)")
       .Option("drain-timeout-ms", "", "SIGTERM grace period for in-flight RPCs (default 5000)")
       .Option("grpc-threads", "", "max gRPC server threads (default: gRPC's)")
+      .Option("cpus", "", "CPUs every daemon thread runs on, e.g. 1 or 2-3,6 (default: any)")
       .Option("node-id", "", "node name in Handshake/Stats (default: host name)")
       .Option("ucx", "", "UCX data plane on|off (default on; off: GetDataPlane answers "
                          "FAILED_PRECONDITION)")
@@ -322,6 +354,7 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
   str("log-level", &c.log_level);
   str("ucx-tls", &c.ucx_tls);
   str("ucx-net-devices", &c.ucx_net_devices);
+  str("cpus", &c.cpus);
   if (args.given("ucx")) {
     const std::string u = args.str("ucx");
     if (u != "on" && u != "off") {

@@ -110,3 +110,27 @@ TEST(Config, ListenAddresses) {
 
 }  // namespace
 }  // namespace oscarkv::service
+
+namespace oscarkv::service {
+namespace {
+
+TEST(Config, CpuLists) {
+  EXPECT_EQ(*ParseCpuList("1"), (std::vector<int>{1}));
+  EXPECT_EQ(*ParseCpuList("2-4,0,3"), (std::vector<int>{0, 2, 3, 4}));
+  for (const char* bad : {"", "x", "1-", "-1", "3-1", "1,,2", "1024", "0-2000"}) {
+    EXPECT_FALSE(ParseCpuList(bad).ok()) << bad;
+  }
+  DaemonConfig c;
+  auto ok = Parse({"--cpus", "0-1"}, &c);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(c.cpus, "0-1");
+  auto bad = Parse({"--cpus", "one"}, &c);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("cpus"), std::string::npos) << bad.status();
+  DaemonConfig y;
+  ASSERT_TRUE(ApplyConfigYaml("server:\n  cpus: \"1\"\n", "test", &y).ok());
+  EXPECT_EQ(y.cpus, "1");
+}
+
+}  // namespace
+}  // namespace oscarkv::service

@@ -14,6 +14,8 @@
 
 #include <chrono>
 #include <future>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 
@@ -441,6 +443,27 @@ TEST(DaemonSmoke, BadFlagsAndBusyPortFailClearly) {
                                  "-" + std::to_string(second.pid);
   EXPECT_NE(stat(second_shm.c_str(), &st), 0);
   EXPECT_EQ(StopAndWait(first.pid), 0);
+}
+
+// --cpus pins every daemon thread (gRPC's included) to the listed CPUs; a bad list is exit 2.
+TEST(DaemonSmoke, CpusPinsEveryThread) {
+  Daemon bad = Start({"--cpus", "zero"});
+  EXPECT_EQ(WaitExit(bad.pid, 10000), 2);
+  Daemon d = Start({"--cpus", "0"});
+  ASSERT_TRUE(d.ready.count("listen")) << d.line;
+  int threads = 0;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(d.pid) + "/task")) {
+    std::ifstream f(t.path() / "status");
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("Cpus_allowed_list:", 0) == 0) {
+        EXPECT_EQ(line.substr(line.find_first_not_of(" \t", 18)), "0") << t.path();
+        ++threads;
+      }
+    }
+  }
+  EXPECT_GT(threads, 3);  // main, reaper, gRPC's
+  EXPECT_EQ(StopAndWait(d.pid), 0);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -31,6 +32,10 @@ struct DaemonConfig {
   uint32_t drain_timeout_ms = 5000;
   uint32_t index_shards = 64;
   uint32_t grpc_threads = 0;  // 0 = gRPC's default
+  // CPUs the daemon's threads may run on ("1", "2-3,6"); "" = any. Set before any thread
+  // starts, so every gRPC, reaper and UCX thread inherits it (e.g. one core for the daemon and
+  // the rest for the engine on a small node: no cross-core wake-up per request).
+  std::string cpus;
   // UCX data plane (GetDataPlane): on/off, UCX_TLS ("tcp", "shm", "rc,ud", ...) and
   // UCX_NET_DEVICES ("" = all; "lo" keeps tcp on loopback).
   bool ucx = true;
@@ -70,5 +75,9 @@ std::string CommandLineHelp();
 
 // 25% of physical memory, at most 64 GiB, in MiB.
 uint64_t DefaultPoolMb();
+
+// Parses a CPU list ("0", "1-3", "0,2-3"): sorted, unique CPU numbers below 1024.
+// INVALID_ARGUMENT naming the bad part; "" is an error (the caller treats "" as "any").
+absl::StatusOr<std::vector<int>> ParseCpuList(const std::string& text);
 
 }  // namespace oscarkv::service
