@@ -2,6 +2,7 @@
 // checksum verification on load; async variants; the C ABI against a daemon.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -301,6 +302,23 @@ TEST(AsyncTest, RecycledLookupsCarryNothingOver) {
   auto stats = c->GetStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->leases, 0u);
+}
+
+// A daemon killed by a signal cannot remove its pool segment; its LocalDaemon does. One that
+// stops cleanly removes its own.
+TEST(LocalDaemonTest, NoPoolSegmentLeftBehind) {
+  auto killed = StartDaemon();
+  ASSERT_NE(killed, nullptr);
+  const std::string path = killed->shm_path();
+  ASSERT_EQ(path.rfind("/dev/shm/", 0), 0u) << path;
+  ASSERT_EQ(::access(path.c_str(), F_OK), 0);
+  killed->Kill(SIGKILL);
+  EXPECT_NE(::access(path.c_str(), F_OK), 0) << path << " left behind by a killed daemon";
+  auto stopped = StartDaemon();
+  ASSERT_NE(stopped, nullptr);
+  const std::string path2 = stopped->shm_path();
+  ASSERT_TRUE(stopped->Stop().ok());
+  EXPECT_NE(::access(path2.c_str(), F_OK), 0) << path2;
 }
 
 // The C ABI test binary, pointed at a live daemon.

@@ -171,6 +171,8 @@ absl::StatusOr<int> LocalDaemon::Reap(int64_t timeout_ms) {
     if (r == pid_) {
       exited_ = true;
       exit_code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      // Killed: it could not remove its pool segment (a clean exit, even a failed start, does).
+      if (WIFSIGNALED(st) && shm_path_.rfind("/dev/shm/", 0) == 0) ::unlink(shm_path_.c_str());
       return exit_code_;
     }
     if (r < 0) {

@@ -8,6 +8,9 @@
 //   parses it. Everything the daemon prints afterwards on stdout is drained and dropped.
 // * The LocalDaemon owns the child: the destructor stops it (SIGTERM, then SIGKILL after the
 //   grace period). The child also gets SIGTERM if the thread that started it dies.
+// * A daemon that exits normally removes its pool segment itself; when the child is found dead
+//   by a signal (Kill(SIGKILL), a crash), the LocalDaemon removes the segment it reported
+//   (shm=), so killed daemons leave nothing in /dev/shm.
 // * Not thread-safe: one owner calls Stop()/Kill().
 #pragma once
 
