@@ -2,6 +2,8 @@
 // fetches leased pages and handle pages by RMA get, over tcp and over shm; kill -9 of the daemon
 // during batch transfers (10 rounds) gives errors, never a wrong page, within the bound.
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -187,6 +189,83 @@ TEST_P(UcxDataPlaneTest, KillDuringTransferTenRounds) {
     EXPECT_EQ(bad.load(), 0);
     EXPECT_LT(worst.load(), 3000);
   }
+}
+
+// The other direction of a vanishing peer: a client killed with -9 while the daemon answers its
+// RMA gets (over tcp the daemon itself sends the data back) must not take the daemon down --
+// UCX 1.13 aborts the process that owns the worker in that case, which is why the data plane
+// runs in its own supervised process. After each of 10 kills the same daemon still serves every
+// page, correct, to a new loader within a bounded time.
+TEST_P(UcxDataPlaneTest, ClientKilledDuringTransferDaemonKeepsServing) {
+  const std::string tls = GetParam();
+  auto d = StartDaemon(DaemonFlags(tls));
+  ASSERT_NE(d, nullptr);
+  auto c = Connect(d->address());
+  ASSERT_NE(c, nullptr);
+  const client::Codec codec = RegisterRefmodel(*c);
+  Stored s = StorePages(*c, codec, 9100, 48);
+  std::vector<std::string> argv = {OSCARKV_UCX_LOAD_LOOP_PATH, d->address(), tls};
+  for (const BlockKey& k : s.keys) argv.push_back(k.Hex());
+  for (int round = 0; round < 10; ++round) {
+    SCOPED_TRACE(round);
+    int out[2];
+    ASSERT_EQ(::pipe(out), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::dup2(out[1], 1);
+      ::close(out[0]);
+      ::close(out[1]);
+      std::vector<char*> a;
+      for (auto& x : argv) a.push_back(x.data());
+      a.push_back(nullptr);
+      ::execv(a[0], a.data());
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    // Wait for the first successful load, then kill at a varying point of the next ones.
+    std::string line;
+    char ch;
+    while (line.find('\n') == std::string::npos && ::read(out[0], &ch, 1) == 1) line += ch;
+    ::close(out[0]);
+    EXPECT_TRUE(absl::StartsWith(line, "loading 48")) << "helper said: " << line;
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 + 11 * round));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(d->Running()) << "oscarkvd died after the client was killed in round " << round;
+    // The data plane may be restarting (its process can die with the client's endpoint): a new
+    // loader gets every page, correct, within a few seconds.
+    const auto t0 = Clock::now();
+    absl::Status last;
+    bool loaded = false;
+    while (!loaded && MsSince(t0) < 8000) {
+      client::UcxLoaderOptions o;
+      o.connect.address = d->address();
+      o.connect.data_path = client::DataPath::kGrpc;
+      o.tls = tls;
+      if (tls == "tcp") o.net_devices = "lo";
+      auto l = client::UcxLoader::Connect(o);
+      if (!l.ok()) {
+        last = l.status();
+      } else if (auto r = (*l)->Load(codec, s.keys); !r.ok()) {
+        last = r.status();
+      } else {
+        ASSERT_EQ(r->matched, s.keys.size());
+        for (size_t j = 0; j < r->matched; ++j) EXPECT_EQ(r->pages[j], s.pages[j]) << "page " << j;
+        loaded = true;
+      }
+      if (!loaded) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(loaded) << "no successful load within 8 s after the kill; last error: " << last;
+    ASSERT_TRUE(d->Running());
+  }
+  // Give the daemon time to notice the dead endpoints, then check once more.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_TRUE(d->Running());
+  auto r = c->Lookup(codec, s.keys);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->matched, s.keys.size());
 }
 
 // Side by side on one daemon per UCX transport: the same 40-page prefix loaded 10 times by each

@@ -174,27 +174,33 @@ absl::Status RunDaemon(const DaemonConfig& config) {
 #ifdef OSCARKV_HAVE_UCX
   std::unique_ptr<UcxDataPlane> data_plane;
   if (config.ucx) {
-    auto dp = UcxDataPlane::Start(config.ucx_tls, config.ucx_net_devices,
-                                  pool->get()->arena().base(), pool->get()->arena().size());
+    UcxDataPlaneOptions dpo;
+    dpo.tls = config.ucx_tls;
+    dpo.net_devices = config.ucx_net_devices;
+    dpo.pool_base = pool->get()->arena().base();
+    dpo.pool_bytes = pool->get()->arena().size();
+    dpo.shm_path = pool->get()->arena().shm_path();  // shared file: isolated data-plane process
+    auto dp = UcxDataPlane::Start(dpo);
     if (dp.ok()) {
       data_plane = std::move(*dp);
-      service.SetDataPlane(&data_plane->info(), "");
+      UcxDataPlane* d = data_plane.get();
+      service.SetDataPlane([d] { return d->Info(); }, "");
     } else {
       // The control plane and the shm/gRPC data paths still work; say why UCX does not.
       LogEvent(LogLevel::kWarn, "ucx_unavailable", {{"error", std::string(dp.status().message())}});
-      service.SetDataPlane(nullptr, absl::StrCat("UCX data plane failed to start: ",
+      service.SetDataPlane({}, absl::StrCat("UCX data plane failed to start: ",
                                                  dp.status().message()));
     }
   } else {
-    service.SetDataPlane(nullptr, "UCX data plane disabled (--ucx off)");
+    service.SetDataPlane({}, "UCX data plane disabled (--ucx off)");
   }
 #else
   struct NoDataPlane {
-    const pb::GetDataPlaneResponse& info() const { return none; }
-    pb::GetDataPlaneResponse none;
+    absl::StatusOr<pb::GetDataPlaneResponse> Info() const { return pb::GetDataPlaneResponse(); }
+    bool isolated() const { return false; }
   };
   std::unique_ptr<NoDataPlane> data_plane;
-  service.SetDataPlane(nullptr, "this oscarkvd was built without the transport module (UCX)");
+  service.SetDataPlane({}, "this oscarkvd was built without the transport module (UCX)");
 #endif
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -257,8 +263,10 @@ absl::Status RunDaemon(const DaemonConfig& config) {
             {"node_id", co.node_id},
             {"max_batch", absl::StrCat(co.max_batch)},
             {"cpus", config.cpus.empty() ? std::string("any") : config.cpus},
-            {"ucx", data_plane ? absl::StrJoin(data_plane->info().transports(), ",")
-                               : std::string("off")},
+            {"ucx", data_plane && data_plane->Info().ok()
+                        ? absl::StrCat(absl::StrJoin(data_plane->Info()->transports(), ","),
+                                       data_plane->isolated() ? " (own process)" : "")
+                        : std::string("off")},
             {"pid", absl::StrCat(getpid())}});
 
   sigset_t set;

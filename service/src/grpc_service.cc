@@ -141,10 +141,12 @@ grpc::ServerUnaryReactor* KvCacheService::GetDataPlane(grpc::CallbackServerConte
                                                        pb::GetDataPlaneResponse* resp) {
   CallTimer t(metrics_, Rpc::kGetDataPlane);
   absl::Status s;
-  if (data_plane_ == nullptr) {
+  if (!data_plane_) {
     s = absl::FailedPreconditionError(no_data_plane_);
+  } else if (auto info = data_plane_(); info.ok()) {
+    *resp = *std::move(info);
   } else {
-    *resp = *data_plane_;
+    s = info.status();
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(t.Done(s));

@@ -3,6 +3,8 @@
 // streams move page bytes in chunks of at most kReadChunkBytes.
 #pragma once
 
+#include <functional>
+
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -53,9 +55,11 @@ class KvCacheService final : public KvCacheAsyncBase {
   KvCacheService(PageCache* cache, Metrics* metrics) : cache_(cache), metrics_(metrics) {
     SetMessageAllocatorFor_Lookup(&lookup_messages_);
   }
-  // The UCX data plane's description (nullptr: none; `why_not` says why). Set before serving.
-  void SetDataPlane(const pb::GetDataPlaneResponse* info, std::string why_not) {
-    data_plane_ = info;
+  // The UCX data plane's description, asked per call (it changes when the data-plane process
+  // is restarted); empty: none, `why_not` says why. Set before serving.
+  using DataPlaneInfoFn = std::function<absl::StatusOr<pb::GetDataPlaneResponse>()>;
+  void SetDataPlane(DataPlaneInfoFn info, std::string why_not) {
+    data_plane_ = std::move(info);
     no_data_plane_ = std::move(why_not);
   }
   grpc::ServerUnaryReactor* GetDataPlane(grpc::CallbackServerContext*,
@@ -102,7 +106,7 @@ class KvCacheService final : public KvCacheAsyncBase {
  private:
   PageCache* cache_;
   Metrics* metrics_;
-  const pb::GetDataPlaneResponse* data_plane_ = nullptr;
+  DataPlaneInfoFn data_plane_;
   std::string no_data_plane_ = "the daemon runs without a UCX data plane";
   LookupMessagePool lookup_messages_;
 };

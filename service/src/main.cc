@@ -1,13 +1,23 @@
 // oscarkvd: the oscarkv node cache daemon. `oscarkvd --help` for options.
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include "oscarkv/service/config.h"
 #include "oscarkv/service/daemon.h"
 #include "oscarkv/service/log.h"
+#ifdef OSCARKV_HAVE_UCX
+#include "ucx_data_plane.h"
+#endif
 
 int main(int argc, char** argv) {
   using namespace oscarkv::service;
+#ifdef OSCARKV_HAVE_UCX
+  // The daemon re-executes itself as its isolated UCX data-plane process (ucx_data_plane.h).
+  if (argc > 1 && std::string_view(argv[1]) == "--internal-ucx-data-plane") {
+    return RunUcxDataPlaneChild(argc, argv);
+  }
+#endif
   BlockTerminationSignals();
   DaemonConfig config;
   if (absl::Status s = ApplyConfigYaml(DefaultConfigYaml(), "<embedded default>", &config);

@@ -1,13 +1,25 @@
 // The daemon's UCX data plane: one ucp context and worker, the pool arena registered once, and a
 // progress thread that sleeps on the worker's event fd when idle (tcp RMA is emulated with
 // active messages, so the target side must progress). Clients learn the worker address and the
-// pool's exported rkey through the GetDataPlane RPC and then read leased pages with RMA gets;
-// the daemon never initiates transfers, so a client that dies costs it nothing but UCX's own
-// endpoint cleanup.
+// pool's exported rkey through the GetDataPlane RPC and then read leased pages with RMA gets.
+//
+// Fault isolation. UCX 1.13 aborts the whole process on some peer failures it does not route to
+// an error callback: a client killed while the daemon is still sending the reply of its emulated
+// tcp GET ends in `ucp_request.inl: Fatal: unexpected error: Endpoint timeout` inside UCX's own
+// active-message handler. A node cache must not die because one engine did, so when the pool is
+// a shared-memory file the data plane runs in a child process (`oscarkvd` re-executed in its
+// internal data-plane mode) that maps the same file and registers it; the daemon supervises it
+// and restarts it when it dies, and GetDataPlane always describes the live child (a new worker
+// address and rkey after a restart; clients reconnect on their next call, as after any
+// data-plane failure). Leases and pins live in the daemon, so a child's death loses no page and
+// releases no pin early. Without a shared-memory pool file the data plane runs in-process.
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -17,27 +29,58 @@
 
 namespace oscarkv::service {
 
+int RunUcxDataPlaneChild(int argc, char** argv);
+
+struct UcxDataPlaneOptions {
+  std::string tls;
+  std::string net_devices;
+  uint8_t* pool_base = nullptr;
+  size_t pool_bytes = 0;
+  // The pool's shared-memory file; empty: run in-process (no isolation).
+  std::string shm_path;
+  // The oscarkvd binary to re-execute for the child (default /proc/self/exe).
+  std::string self_exe = "/proc/self/exe";
+};
+
 class UcxDataPlane {
  public:
-  static absl::StatusOr<std::unique_ptr<UcxDataPlane>> Start(const std::string& tls,
-                                                             const std::string& net_devices,
-                                                             uint8_t* pool_base,
-                                                             size_t pool_bytes);
-  ~UcxDataPlane();  // stops the progress thread, then releases worker, region, context
+  static absl::StatusOr<std::unique_ptr<UcxDataPlane>> Start(const UcxDataPlaneOptions& options);
+  ~UcxDataPlane();  // stops the child (or the progress thread), then releases everything
   UcxDataPlane(const UcxDataPlane&) = delete;
   UcxDataPlane& operator=(const UcxDataPlane&) = delete;
 
-  // Immutable after Start: safe from any thread.
-  const ::oscarkv::v1::GetDataPlaneResponse& info() const { return info_; }
+  // The live data plane's description; UNAVAILABLE while a crashed child is being restarted.
+  // Safe from any thread.
+  absl::StatusOr<::oscarkv::v1::GetDataPlaneResponse> Info() const;
+  bool isolated() const { return isolated_; }
+  uint64_t restarts() const { return restarts_.load(); }
 
  private:
+  class Core;
+  friend int RunUcxDataPlaneChild(int argc, char** argv);
   UcxDataPlane() = default;
-  std::unique_ptr<transport::Context> context_;
-  std::unique_ptr<transport::MemoryRegion> region_;
-  std::unique_ptr<transport::Worker> worker_;
-  std::atomic<bool> stop_{false};
-  std::thread progress_;
+  absl::Status SpawnChild();
+  void Supervise();
+
+  UcxDataPlaneOptions options_;
+  bool isolated_ = false;
+  std::unique_ptr<Core> core_;  // in-process mode
+
+  // Isolated mode: the child's pid and the write end of its stdin (its lifeline).
+  mutable std::mutex mu_;
+  pid_t child_ = -1;
+  int lifeline_ = -1;
+  bool up_ = false;
   ::oscarkv::v1::GetDataPlaneResponse info_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> restarts_{0};
+  std::thread supervisor_;
 };
+
+// The child's entry point (`oscarkvd --internal-ucx-data-plane SHM_PATH POOL_BYTES TLS NETDEVS
+// PARENT_PID`): maps the pool file, starts the data plane on it, writes its GetDataPlaneResponse
+// (8-byte little-endian length, then the bytes) to stdout, and serves until stdin reaches EOF
+// (the daemon is gone or stopping it). Returns the process exit code.
+int RunUcxDataPlaneChild(int argc, char** argv);
 
 }  // namespace oscarkv::service
