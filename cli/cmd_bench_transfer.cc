@@ -5,6 +5,7 @@
 // The far side is this same binary re-executed as a peer (`--serve`): it holds registered pools
 // of real pages and progresses its worker; the two processes exchange UCX blobs over an AF_UNIX
 // socketpair. UCX traffic is confined to loopback (UCX_NET_DEVICES=lo) and shared memory.
+#if __has_include("oscarkv/transport/transport.h")  // built only with the transport module
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -696,3 +697,4 @@ OSCARKV_COMMAND("bench transfer",
                 RunBenchTransfer);
 
 }  // namespace oscarkv::cli
+#endif  // __has_include transport.h

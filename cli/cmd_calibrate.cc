@@ -1,5 +1,6 @@
 // `oscarkv calibrate`: OSCAR rotations and clip ratios from real activations, written as a
 // rotation artifact; `oscarkv calibrate absorb`: V-rotation absorption into a checkpoint.
+#if __has_include("oscarkv/calibrate/calibrator.h")  // built only with the calibrate module
 #include <omp.h>
 
 #include <cstdio>
@@ -187,3 +188,4 @@ OSCARKV_COMMAND("calibrate absorb", "absorb V rotations into a checkpoint's v_pr
 
 }  // namespace
 }  // namespace oscarkv::cli
+#endif  // __has_include calibrator.h

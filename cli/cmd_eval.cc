@@ -1,4 +1,5 @@
 // `oscarkv eval`: what each KV-cache codec costs in quality on a real model, in one run.
+#if __has_include("oscarkv/calibrate/artifact.h") && __has_include("oscarkv/engine/eval.h")
 #include <omp.h>
 
 #include <cmath>
@@ -247,3 +248,4 @@ OSCARKV_COMMAND("eval", "bits per byte + recall probe of every KV-cache codec on
 
 }  // namespace
 }  // namespace oscarkv::cli
+#endif  // calibrate and engine modules
