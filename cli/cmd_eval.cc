@@ -103,8 +103,9 @@ int RunEval(int argc, char** argv) {
             "--device cuda runs attention through the CUDA kernels (quantize-on-write into pages,\n"
             "then paged decode attention with one sequence per query position, the same decode\n"
             "semantics); the rest of the forward pass stays on the CPU. On an H200, 16 windows,\n"
-            "every codec was within 0.0007 bpb of --device cpu (bpb and recall): K/V enter the\n"
-            "write kernel as bf16, so INT2 codes differ on a few elements; tensor-core products.");
+            "every codec's bpb was within 0.0005 of --device cpu and recall within 0.0023\n"
+            "(engine/results/h200_eval_cpu_vs_gpu.txt): K/V enter the write kernel as bf16, so\n"
+            "INT2 codes differ on a few elements; tensor-core products.");
   args.Option("model", "", "HF Qwen3-style checkpoint folder")
       .Option("text", "", "evaluation text (for the reference model: its val.txt)")
       .Option("rotations", "", "rotation artifact from `oscarkv calibrate` (needed by oscar*)")
