@@ -188,6 +188,7 @@ const char* DecodeVariantName(DecodeVariant v) {
     case DecodeVariant::kBaseline: return "baseline";
     case DecodeVariant::kPackedHeads: return "packed_heads";
     case DecodeVariant::kPackedSplitAcc: return "packed_split_acc";
+    case DecodeVariant::kPackedInt8: return "packed_int8";
   }
   return "unknown";
 }

@@ -72,9 +72,30 @@ __device__ __forceinline__ void UnpackCodesM(uint32_t w, uint32_t magic, uint32_
   r[7] = AndOr<0x00C000C0u>(w8, magic);
 }
 
-// kPack (DecodeVariant::kPackedHeads, GQA <= 4) and kSplit (kPackedSplitAcc): see
-// decode_attention.h.
-template <int G, bool kPack, bool kSplit>
+// D = A(16x32 u8, row) * B(32x8 s8, col) + D, int32 accumulate (exact).
+__device__ __forceinline__ void MmaU8S8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t And(uint32_t w, uint32_t mask) { return w & mask; }
+
+// kI8 (DecodeVariant::kPackedInt8), the int8 score product. Lane (gid, tig) of an m-tile holds
+// code words x = word v of rows gid and gid+8 (bytes KWordByte(tig, v)..+3) and x >> 4. One
+// IMMA per (word v, shift h): A registers 0/1 (k = 4·tig + i) are x_h & 0x03030303, i.e. the
+// codes of channels 4·(byte i) + 2h as u8 (weight 1); registers 2/3 (k = 16 + 4·tig + i) are
+// x_h & 0x0C0C0C0C, the codes of channels 4·(byte i) + 2h + 1 times 4 (weight 4). The B
+// operand carries 4·Q for weight-1 channels and Q for weight-4 ones, so every product is
+// 4·code·Q; its column n is the high (n < 4) or low (n >= 4) int8 part of head n & 3
+// (value = 256·high + low).
+constexpr float kI8QMax = 8128.f;  // |Q| <= 8128: 4·Q splits into int8 high/low parts
+
+// kPack (DecodeVariant::kPackedHeads, GQA <= 4), kSplit (kPackedSplitAcc) and kI8
+// (kPackedInt8, implies kPack): see decode_attention.h.
+template <int G, bool kPack, bool kSplit, bool kI8>
 __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& it, uint8_t* smem,
                          SliceTable tab) {
   using Lay = Int2Layout<G>;
@@ -217,6 +238,64 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       Cinit[e][g] = -1024.f * __shfl_sync(0xffffffffu, q1[g], (2 * tig + e) * 4);
     }
   }
+  // kI8: int8 query fragments qb[v][h][reg]; for the heads this lane owns after the packed
+  // exchange, 1 / (4·S) and Σ q per group.
+  uint32_t qb[2][2][2];
+  float qinv[2], Q0i[2][NG];
+  if constexpr (kI8) {
+    float S[4], qsum[4][NG];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const float4 x = h < gqa ? reinterpret_cast<const float4*>(qrot + h * 128)[lane]
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+      float m = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
+      float sum = (x.x + x.y) + (x.z + x.w);
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+        // G = 64: lanes 0..15 hold channels 0..63 (group 0), lanes 16..31 group 1.
+        if (G == 128 || off < 16) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      }
+      S[h] = m > 0.f ? kI8QMax / m : 1.f;
+#pragma unroll
+      for (int g = 0; g < NG; ++g) qsum[h][g] = __shfl_sync(0xffffffffu, sum, 16 * g);
+    }
+    const int head = gid & 3;
+    const bool lo_col = gid >= 4;
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+          uint32_t word = 0;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int ch = 4 * (Lay::KWordByte(tig, v) + i) + 2 * hh + rr;
+            int bf = 0;
+            if (head < gqa) {
+              const float sh = head == 0 ? S[0] : head == 1 ? S[1] : head == 2 ? S[2] : S[3];
+              const int qi = __float2int_rn(qrot[head * 128 + ch] * sh);
+              bf = rr == 0 ? 4 * qi : qi;
+            }
+            const int hi = (bf + 128) >> 8;
+            const int part = lo_col ? bf - 256 * hi : hi;
+            word |= (static_cast<uint32_t>(part) & 0xffu) << (8 * i);
+          }
+          qb[v][hh][rr] = word;
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int h = 2 * (tig & 1) + e;
+      const float sh = h == 0 ? S[0] : h == 1 ? S[1] : h == 2 ? S[2] : S[3];
+      qinv[e] = 1.f / (4.f * sh);
+#pragma unroll
+      for (int g = 0; g < NG; ++g)
+        Q0i[e][g] = h == 0 ? qsum[0][g] : h == 1 ? qsum[1][g] : h == 2 ? qsum[2][g] : qsum[3][g];
+    }
+  }
   __syncthreads();  // the query area becomes the W exchange
   if (kPack) {
     // Rows of query heads 4..7 are never written in packed mode: zero them once (the value
@@ -248,7 +327,87 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     // Scores for the 64 tokens: sc[mt][c] (c: row half r = c/2, head e = c%2). The k-step
     // loop is outside the m-tile loop so the four accumulator chains interleave.
     float sc[4][4];
-    {
+    constexpr int NT = kPack ? 2 : 4;
+    float ps[NT][4];
+    if constexpr (kI8) {
+      int acc[4][NG][4];
+      uint32_t wd[4][2][2];  // [m-tile][row gid / gid+8][word v]
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt) {
+#pragma unroll
+        for (int g = 0; g < NG; ++g)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[mt][g][c] = 0;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint8_t* row = kc + (mt * 16 + gid + 8 * r) * 32;
+          if (G == 128) {
+            const uint2 w = *reinterpret_cast<const uint2*>(row + 8 * tig);
+            wd[mt][r][0] = w.x;
+            wd[mt][r][1] = w.y;
+          } else {
+#pragma unroll
+            for (int v = 0; v < 2; ++v) wd[mt][r][v] = *reinterpret_cast<const uint32_t*>(row + Lay::KWordByte(tig, v));
+          }
+        }
+      }
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const int g = (G == 64) ? v : 0;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+          for (int mt = 0; mt < 4; ++mt) {
+            const uint32_t x0 = hh ? wd[mt][0][v] >> 4 : wd[mt][0][v];
+            const uint32_t x1 = hh ? wd[mt][1][v] >> 4 : wd[mt][1][v];
+            MmaU8S8(acc[mt][g], And(x0, 0x03030303u), And(x1, 0x03030303u), And(x0, 0x0C0C0C0Cu),
+                    And(x1, 0x0C0C0C0Cu), qb[v][hh][0], qb[v][hh][1]);
+          }
+        }
+      }
+      // The packed exchange: 256·high + low of each head (lanes tig 0, 1 hold the high parts
+      // and keep the even m-tiles, tig 2, 3 the low parts and the odd m-tiles), then the
+      // query scale 1 / (4·S), the K scale and Σ q·min per token.
+      const bool upper = tig >= 2;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        float tot[NG][4];
+#pragma unroll
+        for (int g = 0; g < NG; ++g)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const float a = static_cast<float>(acc[2 * j][g][c]);
+            const float b = static_cast<float>(acc[2 * j + 1][g][c]);
+            const float other = __shfl_xor_sync(0xffffffffu, upper ? a : b, 2);
+            // upper: own low part b + 256 · the partner's high part; lower: 256 · a + low.
+            tot[g][c] = upper ? fmaf(other, 256.f, b) : fmaf(a, 256.f, other);
+          }
+        const int mt = 2 * j + (tig >> 1);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int t = mt * 16 + gid + 8 * r;
+          float sv[2];
+#pragma unroll
+          for (int g = 0; g < NG; ++g) {
+            const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(kp + (t * NG + g) * 4));
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float x = fmaf(sm.x * qinv[e], tot[g][2 * r + e], sm.y * Q0i[e][g]);
+              sv[e] = g == 0 ? x : sv[e] + x;
+            }
+          }
+#pragma unroll
+          for (int e = 0; e < 2; ++e) ps[j][2 * r + e] = sv[e];
+        }
+      }
+      if (valid < static_cast<int>(kSliceTokens)) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int c = 0; c < 4; ++c)
+            if ((2 * j + (tig >> 1)) * 16 + gid + 8 * (c >> 1) >= valid) ps[j][c] = -INFINITY;
+      }
+    } else {
       // Accumulators per m-tile: one per group, or (kSplit, G = 128) two for the two halves of
       // the channels, so each mma chain is half as long.
       constexpr int NA = (kSplit && NG == 1) ? 2 : NG;
@@ -320,7 +479,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
         }
       }
     }
-    if (valid < static_cast<int>(kSliceTokens)) {
+    if (!kI8 && valid < static_cast<int>(kSliceTokens)) {
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
@@ -331,9 +490,8 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     // the low-part scores of heads 2·(tig - 2) + e. One exchange sums them so that lanes tig 0, 1
     // own the even m-tiles and lanes tig 2, 3 the odd ones: lane (gid, tig) then owns tiles
     // mt = 2j + (tig >> 1), heads 2·(tig & 1) + e.
-    constexpr int NT = kPack ? 2 : 4;
-    float ps[NT][4];
-    if (kPack) {
+    if constexpr (kI8) {
+    } else if (kPack) {
       const bool upper = tig >= 2;
 #pragma unroll
       for (int j = 0; j < 2; ++j)
@@ -484,7 +642,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 }
 
 // One CTA per work item; blockIdx.x indexes the plan's order (its first num_int2_items entries).
-template <int G, bool kPack, bool kSplit>
+template <int G, bool kPack, bool kSplit, bool kI8>
 __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   // The BF16 kernel (launched next, programmatic serialization) does not depend on this one:
@@ -504,17 +662,17 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
   if (it.kind == static_cast<int32_t>(PageKind::kBf16)) {
     Bf16Item<2>(p, item, it, smem, tab);
   } else {
-    Int2Item<G, kPack, kSplit>(p, item, it, smem, tab);
+    Int2Item<G, kPack, kSplit, kI8>(p, item, it, smem, tab);
   }
 }
 
 // Raises an INT2 kernel's dynamic shared-memory limit on its first launch (one static per
 // instantiation: the kernel is a template argument, not a value of the shared pointer type).
-template <int G, bool kPack, bool kSplit>
+template <int G, bool kPack, bool kSplit, bool kI8 = false>
 void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
-  static const bool once = SetSmem(DecodeInt2Kernel<G, kPack, kSplit>, SmemBytes<true>());
+  static const bool once = SetSmem(DecodeInt2Kernel<G, kPack, kSplit, kI8>, SmemBytes<true>());
   (void)once;
-  DecodeInt2Kernel<G, kPack, kSplit><<<blocks, kThreads, SmemBytes<true>(), stream>>>(p);
+  DecodeInt2Kernel<G, kPack, kSplit, kI8><<<blocks, kThreads, SmemBytes<true>(), stream>>>(p);
 }
 
 }  // namespace
@@ -522,25 +680,30 @@ void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
 void LaunchDecodeInt2Kernels(const DecodeParams& p, int n2, cudaStream_t stream) {
   const bool pack = p.variant != DecodeVariant::kBaseline && p.shape.gqa() <= 4;
   const bool split = p.variant == DecodeVariant::kPackedSplitAcc;
+  const bool i8 = p.variant == DecodeVariant::kPackedInt8;
   if (p.shape.group_size == 128) {
     if (!pack) {
       LaunchInt2<128, false, false>(p, n2, stream);
+    } else if (i8) {
+      LaunchInt2<128, true, false, true>(p, n2, stream);
     } else {
       split ? LaunchInt2<128, true, true>(p, n2, stream) : LaunchInt2<128, true, false>(p, n2, stream);
     }
-  } else {  // G = 64 already has two accumulator chains per m-tile (one per group)
-    pack ? LaunchInt2<64, true, false>(p, n2, stream) : LaunchInt2<64, false, false>(p, n2, stream);
+  } else if (!pack) {  // G = 64 already has two accumulator chains per m-tile (one per group)
+    LaunchInt2<64, false, false>(p, n2, stream);
+  } else {
+    i8 ? LaunchInt2<64, true, false, true>(p, n2, stream) : LaunchInt2<64, true, false>(p, n2, stream);
   }
 }
 
 int DecodeKernelOccupancy(int group_size) {
   int blocks = 0;
   if (group_size == 128) {
-    cudaFuncSetAttribute(DecodeInt2Kernel<128, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<128, false, false>, kThreads, SmemBytes<true>());
+    cudaFuncSetAttribute(DecodeInt2Kernel<128, false, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<128, false, false, false>, kThreads, SmemBytes<true>());
   } else {
-    cudaFuncSetAttribute(DecodeInt2Kernel<64, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<64, false, false>, kThreads, SmemBytes<true>());
+    cudaFuncSetAttribute(DecodeInt2Kernel<64, false, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<64, false, false, false>, kThreads, SmemBytes<true>());
   }
   return blocks;
 }

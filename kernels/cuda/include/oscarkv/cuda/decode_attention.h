@@ -113,9 +113,19 @@ enum class DecodeVariant : int32_t {
   // 64..127), summed before the scale: the dependent mma chains are half as long (8 -> 4) for
   // 16 more registers and 16 adds per slice. Group 64 already has two chains (one per group).
   kPackedSplitAcc = 2,
+  // kPackedHeads with the score product on int8 tensor cores (mma m16n8k32 u8 x s8 -> s32):
+  // the codes are masked in place as u8 (4 codes per LOP3, no fp16 offset), so the K unpack
+  // and the score mma count halve (per slice and warp: 64 LOP3 + 16 IMMA instead of 128 LOP3
+  // + 32 HMMA). The rotated query of each head is quantized to a 14-bit fixed point
+  // (Q = round(q·S), |Q| <= 8128, S = 8128 / max|q| per head), split into int8 high and low
+  // parts carried by the padding columns as in kPackedHeads. Query error <= max|q| / 16256
+  // per channel (fp16 hi+lo: ~2^-22 relative), measured within the default test tolerance
+  // (decode_attention_gpu_test.cc); the value product is unchanged. precise_query is ignored.
+  // GQA > 4 falls back to kBaseline.
+  kPackedInt8 = 3,
 };
-inline constexpr int kNumDecodeVariants = 3;
-// "baseline", "packed_heads", "packed_split_acc".
+inline constexpr int kNumDecodeVariants = 4;
+// "baseline", "packed_heads", "packed_split_acc", "packed_int8".
 const char* DecodeVariantName(DecodeVariant v);
 
 // Device-side page table (all pointers are device pointers).
@@ -148,8 +158,9 @@ struct DecodeParams {
   // Splits each query into an fp16 high and low part for the INT2 score product (~fp32
   // accuracy); false uses one fp16 part (fewer tensor-core ops, ~1e-3 relative score error).
   bool precise_query = true;
-  // INT2 kernel variant (see above); packed_heads is the fastest at the default accuracy.
-  DecodeVariant variant = DecodeVariant::kPackedHeads;
+  // INT2 kernel variant (see above); packed_int8 is the fastest within the default tolerance
+  // (H200, bench/results/NOTES.md).
+  DecodeVariant variant = DecodeVariant::kPackedInt8;
   // Workspace for the partial results (DecodeWorkspaceBytes bytes, 256-byte aligned).
   void* workspace = nullptr;
   float* out = nullptr;  // [num_seqs][num_q_heads][head_dim]
