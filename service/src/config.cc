@@ -18,7 +18,8 @@ namespace oscarkv::service {
 const std::string& DefaultConfigYaml() {
   static const std::string* yaml = new std::string(R"(# oscarkvd configuration (defaults). Flags override these keys: --listen, --metrics-listen,
 # --node-id, --log-level, --pool-mb, --shm-name, --default-lease-ms, --max-lease-ms,
-# --reservation-ttl-ms, --reaper-interval-ms, --max-batch, --drain-timeout-ms.
+# --reservation-ttl-ms, --reaper-interval-ms, --max-batch, --drain-timeout-ms, --local-socket,
+# --local-threads.
 listen: 127.0.0.1:50051         # gRPC: HOST:PORT (port 0 = any free port) or unix:/path
 metrics_listen: 127.0.0.1:9464  # Prometheus GET /metrics: HOST:PORT (0 = any free port) or off
 node_id: ""                     # reported in Handshake/Stats; "" = the host name
@@ -42,6 +43,8 @@ server:
   index_shards: 64              # lock shards of the page index
   grpc_threads: 0               # max gRPC server threads; 0 = gRPC's default
   cpus: ""                      # CPUs for every daemon thread ("1", "2-3,6"); "" = any
+  local_socket: ""              # same-host Lookup/Release socket; "" = /dev/shm/<shm_name>.sock, off = none
+  local_threads: 1              # epoll threads of the local socket (1..64)
 ucx:
   enabled: true                 # UCX data plane (GetDataPlane); false = off
   tls: tcp                      # UCX_TLS: tcp, shm (posix/sysv/cma), rc,ud, ...
@@ -113,6 +116,8 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "server.index_shards") return ReadUint(v, key, &c->index_shards, 1, 4096);
   if (key == "server.grpc_threads") return ReadUint(v, key, &c->grpc_threads, 0, 4096);
   if (key == "server.cpus") return ReadString(v, key, &c->cpus);
+  if (key == "server.local_socket") return ReadString(v, key, &c->local_socket);
+  if (key == "server.local_threads") return ReadUint(v, key, &c->local_threads, 1, 64);
   return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "'"));
 }
 
@@ -292,6 +297,9 @@ Args MakeArgs() {
       .Option("drain-timeout-ms", "", "SIGTERM grace period for in-flight RPCs (default 5000)")
       .Option("grpc-threads", "", "max gRPC server threads (default: gRPC's)")
       .Option("cpus", "", "CPUs every daemon thread runs on, e.g. 1 or 2-3,6 (default: any)")
+      .Option("local-socket", "", "same-host control socket for Lookup/Release: a path, or off "
+                                  "(default /dev/shm/<shm-name>.sock)")
+      .Option("local-threads", "", "epoll threads serving the local socket (default 1)")
       .Option("node-id", "", "node name in Handshake/Stats (default: host name)")
       .Option("ucx", "", "UCX data plane on|off (default on; off: GetDataPlane answers "
                          "FAILED_PRECONDITION)")
@@ -301,7 +309,8 @@ Args MakeArgs() {
       .Flag("print-default-config", "print the embedded default YAML config and exit")
       .Epilog(
           "When ready, prints one line to stdout:\n"
-          "  oscarkvd ready listen=HOST:PORT metrics=HOST:PORT|off shm=/dev/shm/NAME pool_bytes=N\n"
+          "  oscarkvd ready listen=HOST:PORT metrics=HOST:PORT|off shm=/dev/shm/NAME pool_bytes=N "
+          "local=PATH|off\n"
           "SIGTERM/SIGINT: stop accepting, drain in-flight RPCs, remove the pool file, exit 0.\n"
           "Logs are key=value lines on stderr. See service/README.md.");
   return a;
@@ -355,6 +364,7 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
   str("ucx-tls", &c.ucx_tls);
   str("ucx-net-devices", &c.ucx_net_devices);
   str("cpus", &c.cpus);
+  str("local-socket", &c.local_socket);
   if (args.given("ucx")) {
     const std::string u = args.str("ucx");
     if (u != "on" && u != "off") {
@@ -369,7 +379,8 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
                          num("reaper-interval-ms", &c.reaper_interval_ms, 1, 3600000),
                          num("max-batch", &c.max_batch, 1, 1000000),
                          num("drain-timeout-ms", &c.drain_timeout_ms, 0, 3600000),
-                         num("grpc-threads", &c.grpc_threads, 0, 4096)}) {
+                         num("grpc-threads", &c.grpc_threads, 0, 4096),
+                         num("local-threads", &c.local_threads, 1, 64)}) {
     if (!s.ok()) return s;
   }
   if (absl::Status s = c.Validate(); !s.ok()) return s;

@@ -17,6 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpc_service.h"
+#include "local_control.h"
 #ifdef OSCARKV_HAVE_UCX
 #include "ucx_data_plane.h"
 #endif
@@ -203,6 +204,27 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   service.SetDataPlane({}, "this oscarkvd was built without the transport module (UCX)");
 #endif
 
+  // The same-host control socket, before gRPC serves: its path is in every Handshake answer.
+  std::unique_ptr<LocalControlServer> local_server;
+  std::string local_str = "off";
+  if (config.local_socket != "off") {
+    LocalControlOptions lo;
+    lo.path = config.local_socket.empty() ? pool->get()->arena().shm_path() + ".sock"
+                                          : config.local_socket;
+    lo.threads = static_cast<int>(config.local_threads);
+    auto ls = LocalControlServer::Start(lo, &service.calls());
+    if (!ls.ok()) {
+      if (!config.local_socket.empty()) return ls.status();  // asked for explicitly: an error
+      // The default path: clients use gRPC for everything; say why.
+      LogEvent(LogLevel::kWarn, "local_socket_unavailable",
+               {{"path", lo.path}, {"error", std::string(ls.status().message())}});
+    } else {
+      local_server = std::move(*ls);
+      local_str = local_server->path();
+      service.calls().set_local_socket(local_str);
+    }
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -250,13 +272,16 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   });
 
   const std::string shm_path = pool->get()->arena().shm_path();
-  std::printf("oscarkvd ready listen=%s metrics=%s shm=%s pool_bytes=%zu\n", listen_str.c_str(),
-              metrics_str.c_str(), shm_path.c_str(), pool->get()->capacity_bytes());
+  std::printf("oscarkvd ready listen=%s metrics=%s shm=%s pool_bytes=%zu local=%s\n",
+              listen_str.c_str(), metrics_str.c_str(), shm_path.c_str(),
+              pool->get()->capacity_bytes(), local_str.c_str());
   std::fflush(stdout);
   LogEvent(LogLevel::kInfo, "ready",
            {{"listen", listen_str},
             {"metrics", metrics_str},
             {"shm", shm_path},
+            {"local_socket", local_str},
+            {"local_threads", absl::StrCat(config.local_threads)},
             {"pool_bytes", absl::StrCat(pool->get()->capacity_bytes())},
             {"huge_pages", huge ? "yes" : "no"},
             {"cuda_registered", cuda ? "yes" : "no"},
@@ -280,6 +305,8 @@ absl::Status RunDaemon(const DaemonConfig& config) {
             {"timeout_ms", absl::StrCat(config.drain_timeout_ms)}});
   if (auto* health = server->GetHealthCheckService()) health->SetServingStatus(false);
   const auto t0 = std::chrono::steady_clock::now();
+  // Local calls finish inline on their epoll threads: stopping waits for those in progress.
+  if (local_server) local_server->Stop();
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(config.drain_timeout_ms));
   server->Wait();

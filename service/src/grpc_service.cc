@@ -2,8 +2,6 @@
 
 #include <chrono>
 
-#include "absl/strings/str_cat.h"
-#include "oscarkv/service/log.h"
 
 namespace oscarkv::service {
 
@@ -68,27 +66,14 @@ size_t LookupMessagePool::idle() const {
 
 namespace {
 
+// gRPC's view of a call timed by RpcTimer.
 class CallTimer {
  public:
-  CallTimer(Metrics* m, Rpc rpc) : m_(m), rpc_(rpc), start_(std::chrono::steady_clock::now()) {}
-  grpc::Status Done(const absl::Status& s) {
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::steady_clock::now() - start_)
-                        .count();
-    m_->Record(rpc_, static_cast<int>(s.code()), ns);
-    if (!s.ok() && LogEnabled(LogLevel::kDebug)) {
-      LogEvent(LogLevel::kDebug, "rpc_error",
-               {{"method", RpcName(rpc_)},
-                {"code", absl::StatusCodeToString(s.code())},
-                {"message", std::string(s.message())}});
-    }
-    return ToGrpc(s);
-  }
+  CallTimer(Metrics* m, Rpc rpc) : t_(m, rpc) {}
+  grpc::Status Done(const absl::Status& s) { return ToGrpc(t_.Done(s)); }
 
  private:
-  Metrics* m_;
-  Rpc rpc_;
-  std::chrono::steady_clock::time_point start_;
+  RpcTimer t_;
 };
 
 }  // namespace
@@ -110,19 +95,26 @@ class CallTimer {
 grpc::ServerUnaryReactor* KvCacheService::Handshake(grpc::CallbackServerContext* ctx,
                                                     const pb::HandshakeRequest* req,
                                                     pb::HandshakeResponse* resp) {
-  CallTimer t(metrics_, Rpc::kHandshake);
-  absl::Status s = cache_->Handshake(*req, resp);
-  LogEvent(s.ok() ? LogLevel::kInfo : LogLevel::kWarn, s.ok() ? "handshake" : "handshake_refused",
-           {{"client", req->client_name().substr(0, 128)},
-            {"peer", ctx->peer()},
-            {"wire_version", absl::StrCat(req->wire_version())}});
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(t.Done(s));
+  reactor->Finish(ToGrpc(calls_.Handshake(*req, resp, ctx->peer(), "grpc")));
+  return reactor;
+}
+// Lookup and Release: the calls the local socket serves too, through the same ControlCalls.
+grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ctx,
+                                                 const pb::LookupRequest* req,
+                                                 pb::LookupResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpc(calls_.Lookup(*req, resp)));
+  return reactor;
+}
+grpc::ServerUnaryReactor* KvCacheService::Release(grpc::CallbackServerContext* ctx,
+                                                  const pb::ReleaseRequest* req,
+                                                  pb::ReleaseResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpc(calls_.Release(*req, resp)));
   return reactor;
 }
 OSCARKV_CALLBACK(RegisterCodec, RegisterCodecRequest, RegisterCodecResponse)
-OSCARKV_CALLBACK(Lookup, LookupRequest, LookupResponse)
-OSCARKV_CALLBACK(Release, ReleaseRequest, ReleaseResponse)
 OSCARKV_CALLBACK(RenewLease, RenewLeaseRequest, RenewLeaseResponse)
 OSCARKV_CALLBACK(Delete, DeleteRequest, DeleteResponse)
 OSCARKV_CALLBACK(Stats, StatsRequest, StatsResponse)

@@ -10,6 +10,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/message_allocator.h"
+#include "control_calls.h"
 #include "oscarkv/service/metrics.h"
 #include "oscarkv/service/page_cache.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
@@ -52,9 +53,12 @@ using KvCacheAsyncBase = pb::KvCache::WithCallbackMethod_Handshake<
 
 class KvCacheService final : public KvCacheAsyncBase {
  public:
-  KvCacheService(PageCache* cache, Metrics* metrics) : cache_(cache), metrics_(metrics) {
+  KvCacheService(PageCache* cache, Metrics* metrics)
+      : cache_(cache), metrics_(metrics), calls_(cache, metrics) {
     SetMessageAllocatorFor_Lookup(&lookup_messages_);
   }
+  // The calls shared with the local socket (local_control.h); set its path here before serving.
+  ControlCalls& calls() { return calls_; }
   // The UCX data plane's description, asked per call (it changes when the data-plane process
   // is restarted); empty: none, `why_not` says why. Set before serving.
   using DataPlaneInfoFn = std::function<absl::StatusOr<pb::GetDataPlaneResponse>()>;
@@ -106,6 +110,7 @@ class KvCacheService final : public KvCacheAsyncBase {
  private:
   PageCache* cache_;
   Metrics* metrics_;
+  ControlCalls calls_;
   DataPlaneInfoFn data_plane_;
   std::string no_data_plane_ = "the daemon runs without a UCX data plane";
   LookupMessagePool lookup_messages_;

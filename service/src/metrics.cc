@@ -162,6 +162,19 @@ std::string Metrics::Render(const PageCache& cache) const {
                       "\",code=\"", CodeName(code), "\"} ", n, "\n");
     }
   }
+  absl::StrAppend(&out,
+                  "# HELP oscarkv_local_calls_total Calls carried by the same-host control "
+                  "socket (also in oscarkv_rpcs_total).\n"
+                  "# TYPE oscarkv_local_calls_total counter\n");
+  for (Rpc r : {Rpc::kHandshake, Rpc::kLookup, Rpc::kRelease}) {
+    absl::StrAppend(&out, "oscarkv_local_calls_total{method=\"", RpcName(r), "\"} ",
+                    local_calls(r), "\n");
+  }
+  Gauge(&out, "oscarkv_local_connections", "Open connections on the same-host control socket.",
+        local_connections());
+  Counter(&out, "oscarkv_local_malformed_frames_total",
+          "Frames refused on the same-host control socket (the connection was closed).",
+          local_malformed());
   return out;
 }
 

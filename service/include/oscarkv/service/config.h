@@ -36,6 +36,10 @@ struct DaemonConfig {
   // starts, so every gRPC, reaper and UCX thread inherits it (e.g. one core for the daemon and
   // the rest for the engine on a small node: no cross-core wake-up per request).
   std::string cpus;
+  // Same-host control socket (Handshake/Lookup/Release without gRPC; proto/oscarkv/v1/
+  // local_control.h): "" = <pool file>.sock (/dev/shm/<shm_name>.sock), "off" = none, or a path.
+  std::string local_socket;
+  uint32_t local_threads = 1;  // its epoll threads (each serves its connections' calls inline)
   // UCX data plane (GetDataPlane): on/off, UCX_TLS ("tcp", "shm", "rc,ud", ...) and
   // UCX_NET_DEVICES ("" = all; "lo" keeps tcp on loopback).
   bool ucx = true;

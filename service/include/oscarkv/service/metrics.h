@@ -54,6 +54,18 @@ class Metrics {
  public:
   void Record(Rpc rpc, int grpc_code, int64_t nanos);
   const Histogram& latency(Rpc rpc) const { return latency_[static_cast<int>(rpc)]; }
+  // The same-host control socket: calls it carried (also counted by Record, whichever front end
+  // carried them), open connections, and frames refused as malformed.
+  void RecordLocalCall(Rpc rpc) {
+    local_calls_[static_cast<int>(rpc)].fetch_add(1, std::memory_order_relaxed);
+  }
+  void LocalConnection(int delta) { local_connections_.fetch_add(delta, std::memory_order_relaxed); }
+  void LocalMalformed() { local_malformed_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t local_calls(Rpc rpc) const {
+    return local_calls_[static_cast<int>(rpc)].load(std::memory_order_relaxed);
+  }
+  int64_t local_connections() const { return local_connections_.load(std::memory_order_relaxed); }
+  uint64_t local_malformed() const { return local_malformed_.load(std::memory_order_relaxed); }
   uint64_t calls(Rpc rpc, int code) const;
   // Text exposition of everything, including the cache's counters and gauges.
   std::string Render(const PageCache& cache) const;
@@ -62,6 +74,9 @@ class Metrics {
   static constexpr int kCodes = 17;
   std::array<Histogram, static_cast<int>(Rpc::kCount)> latency_;
   std::array<std::array<std::atomic<uint64_t>, kCodes>, static_cast<int>(Rpc::kCount)> codes_{};
+  std::array<std::atomic<uint64_t>, static_cast<int>(Rpc::kCount)> local_calls_{};
+  std::atomic<int64_t> local_connections_{0};
+  std::atomic<uint64_t> local_malformed_{0};
 };
 
 }  // namespace oscarkv::service

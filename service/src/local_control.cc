@@ -1,0 +1,428 @@
+#include "local_control.h"
+
+#include <errno.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "oscarkv/service/log.h"
+#include "oscarkv/v1/local_control.h"
+
+namespace oscarkv::service {
+
+namespace local = ::oscarkv::v1::local;
+
+struct LocalControlServer::Conn {
+  int fd = -1;
+  bool handshaken = false;
+  bool want_out = false;  // waiting for EPOLLOUT: output queued, input paused
+  std::deque<std::string> out;
+  std::string peer;  // "pid=N uid=N" for logs
+};
+
+struct LocalControlServer::Worker {
+  int epoll_fd = -1;
+  int wake_fd = -1;  // eventfd: Stop()
+  std::thread thread;
+  absl::Mutex mu;  // conns: inserted by the accepting thread, erased by this worker
+  std::vector<Conn*> conns ABSL_GUARDED_BY(mu);
+  std::string in;   // one received frame
+  std::string out;  // one response frame
+  pb::HandshakeRequest handshake_req;
+  pb::HandshakeResponse handshake_resp;
+  pb::LookupRequest lookup_req;  // reused: cleared messages keep their buffers
+  pb::LookupResponse lookup_resp;
+  pb::ReleaseRequest release_req;
+  pb::ReleaseResponse release_resp;
+};
+
+namespace {
+
+constexpr int kFramesPerWakeup = 64;  // per connection and event, so one client cannot starve
+constexpr void* kListenTag = nullptr;
+
+bool SocketLive(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return live;
+}
+
+// SO_SNDBUF large enough for a kMaxFrameBytes frame (the kernel caps a SEQPACKET frame at the
+// sender's buffer); true when granted.
+bool SizeSendBuffer(int fd) {
+  int want = static_cast<int>(local::kMaxFrameBytes) + 4096;
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &want, sizeof(want)) != 0) return false;
+  int got = 0;
+  socklen_t len = sizeof(got);
+  if (::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &got, &len) != 0) return false;
+  if (got >= want) return true;
+  // Below net.core.wmem_max: root may force it.
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof(want)) != 0) return false;
+  return ::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &got, &len) == 0 && got >= want;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LocalControlServer>> LocalControlServer::Start(
+    const LocalControlOptions& o, ControlCalls* calls) {
+  sockaddr_un addr{};
+  if (o.path.empty() || o.path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("local socket path '", o.path, "' must be 1..",
+                                                   sizeof(addr.sun_path) - 1, " bytes"));
+  }
+  if (o.threads < 1 || o.threads > 64) {
+    return absl::InvalidArgumentError("local socket threads must be 1..64");
+  }
+  struct stat st;
+  if (::lstat(o.path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("local socket path ", o.path, " exists and is not a socket"));
+    }
+    if (SocketLive(o.path)) {
+      return absl::UnavailableError(
+          absl::StrCat("local socket ", o.path, ": another process is serving on it"));
+    }
+    ::unlink(o.path.c_str());  // a stale socket of a killed daemon
+  }
+  std::unique_ptr<LocalControlServer> s(new LocalControlServer);
+  s->path_ = o.path;
+  s->calls_ = calls;
+  s->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (s->listen_fd_ < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  // The socket inode's mode becomes the file's mode at bind: no window where others may connect.
+  ::fchmod(s->listen_fd_, 0600);
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, o.path.data(), o.path.size());
+  if (::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot bind local socket ", o.path, ": ", std::strerror(errno)));
+  }
+  s->stopped_ = false;
+  ::chmod(o.path.c_str(), 0600);
+  if (::listen(s->listen_fd_, 1024) != 0) {
+    const int e = errno;
+    ::unlink(o.path.c_str());
+    return absl::InternalError(absl::StrCat("listen on ", o.path, ": ", std::strerror(e)));
+  }
+  for (int i = 0; i < o.threads; ++i) {
+    auto w = std::make_unique<Worker>();
+    w->epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+    w->wake_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->epoll_fd < 0 || w->wake_fd < 0) {
+      s->Stop();
+      return absl::InternalError(absl::StrCat("epoll/eventfd: ", std::strerror(errno)));
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = w.get();  // the worker itself tags its wake-up fd
+    ::epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, w->wake_fd, &ev);
+    if (i == 0) {
+      ev.data.ptr = kListenTag;
+      ::epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, s->listen_fd_, &ev);
+    }
+    s->workers_.push_back(std::move(w));
+  }
+  for (auto& w : s->workers_) {
+    Worker* wp = w.get();
+    LocalControlServer* sp = s.get();
+    w->thread = std::thread([sp, wp] { sp->Run(wp); });
+  }
+  return s;
+}
+
+LocalControlServer::~LocalControlServer() { Stop(); }
+
+void LocalControlServer::Stop() {
+  if (stopped_.exchange(true)) return;
+  for (auto& w : workers_) {
+    if (w->wake_fd >= 0) {
+      const uint64_t one = 1;
+      (void)!::write(w->wake_fd, &one, sizeof(one));
+    }
+  }
+  for (auto& w : workers_) {
+    if (w->thread.joinable()) w->thread.join();
+  }
+  for (auto& w : workers_) {
+    absl::MutexLock lock(&w->mu);
+    for (Conn* c : w->conns) {
+      ::close(c->fd);
+      delete c;
+    }
+    w->conns.clear();
+    if (w->epoll_fd >= 0) ::close(w->epoll_fd);
+    if (w->wake_fd >= 0) ::close(w->wake_fd);
+  }
+  if (listen_fd_ >= 0) {
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    ::unlink(path_.c_str());
+  }
+}
+
+void LocalControlServer::Run(Worker* w) {
+  w->in.resize(local::kMaxFrameBytes + 1);
+  epoll_event events[64];
+  for (;;) {
+    const int n = ::epoll_wait(w->epoll_fd, events, 64, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      LogEvent(LogLevel::kError, "local_socket_epoll_failed", {{"error", std::strerror(errno)}});
+      return;
+    }
+    for (int i = 0; i < n; ++i) {
+      void* tag = events[i].data.ptr;
+      if (tag == w) return;  // Stop()
+      if (tag == kListenTag) {
+        Accept();
+        continue;
+      }
+      Conn* c = static_cast<Conn*>(tag);
+      bool keep = true;
+      if (events[i].events & EPOLLOUT) keep = Flush(w, c);
+      if (keep && (events[i].events & EPOLLIN) && !c->want_out) keep = ServeReadable(w, c);
+      if (keep && (events[i].events & (EPOLLERR | EPOLLHUP)) && !(events[i].events & EPOLLIN)) {
+        keep = false;
+      }
+      if (!keep) Close(w, c);
+    }
+  }
+}
+
+void LocalControlServer::Accept() {
+  for (;;) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        LogEvent(LogLevel::kWarn, "local_socket_accept_failed", {{"error", std::strerror(errno)}});
+      }
+      return;
+    }
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
+        (cred.uid != 0 && cred.uid != ::geteuid())) {
+      LogEvent(LogLevel::kWarn, "local_socket_peer_refused",
+               {{"uid", absl::StrCat(cred.uid)}, {"pid", absl::StrCat(cred.pid)}});
+      ::close(fd);
+      continue;
+    }
+    if (!SizeSendBuffer(fd)) {
+      LogEvent(LogLevel::kWarn, "local_socket_buffer_too_small",
+               {{"need_bytes", absl::StrCat(local::kMaxFrameBytes)},
+                {"hint", "raise net.core.wmem_max; clients fall back to gRPC"}});
+      ::close(fd);
+      continue;
+    }
+    auto* c = new Conn;
+    c->fd = fd;
+    c->peer = absl::StrCat("local pid=", cred.pid, " uid=", cred.uid);
+    Worker* w = workers_[next_worker_.fetch_add(1) % workers_.size()].get();
+    {
+      absl::MutexLock lock(&w->mu);
+      w->conns.push_back(c);
+    }
+    calls_->metrics()->LocalConnection(+1);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = c;
+    ::epoll_ctl(w->epoll_fd, EPOLL_CTL_ADD, fd, &ev);
+  }
+}
+
+void LocalControlServer::Close(Worker* w, Conn* c) {
+  ::epoll_ctl(w->epoll_fd, EPOLL_CTL_DEL, c->fd, nullptr);
+  ::close(c->fd);
+  {
+    absl::MutexLock lock(&w->mu);
+    auto it = std::find(w->conns.begin(), w->conns.end(), c);
+    if (it != w->conns.end()) {
+      *it = w->conns.back();
+      w->conns.pop_back();
+    }
+  }
+  calls_->metrics()->LocalConnection(-1);
+  delete c;
+}
+
+bool LocalControlServer::Send(Worker* w, Conn* c, const char* data, size_t n) {
+  if (c->out.empty()) {
+    for (;;) {
+      const ssize_t r = ::send(c->fd, data, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (r == static_cast<ssize_t>(n)) return true;
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      return false;  // EPIPE, ECONNRESET, EMSGSIZE: the connection is done
+    }
+  }
+  // The peer is not reading: keep the frame, stop reading its requests until it drains.
+  c->out.emplace_back(data, n);
+  if (!c->want_out) {
+    c->want_out = true;
+    epoll_event ev{};
+    ev.events = EPOLLOUT;
+    ev.data.ptr = c;
+    ::epoll_ctl(w->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev);
+  }
+  return true;
+}
+
+bool LocalControlServer::Flush(Worker* w, Conn* c) {
+  while (!c->out.empty()) {
+    const std::string& f = c->out.front();
+    const ssize_t r = ::send(c->fd, f.data(), f.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    if (r != static_cast<ssize_t>(f.size())) return false;
+    c->out.pop_front();
+  }
+  c->want_out = false;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = c;
+  ::epoll_ctl(w->epoll_fd, EPOLL_CTL_MOD, c->fd, &ev);
+  return true;
+}
+
+bool LocalControlServer::Reply(Worker* w, Conn* c, uint16_t method, uint64_t id,
+                               const absl::Status& s, const google::protobuf::MessageLite* msg) {
+  local::ResponseHeader h;
+  h.method = method;
+  h.id = id;
+  h.code = static_cast<uint32_t>(s.code());
+  const absl::string_view text = s.ok() ? absl::string_view() : s.message();
+  h.message_bytes = static_cast<uint32_t>(std::min<size_t>(text.size(), 4096));
+  const size_t body = s.ok() && msg != nullptr ? msg->ByteSizeLong() : 0;
+  const size_t total = sizeof(h) + h.message_bytes + body;
+  if (total > local::kMaxFrameBytes) {
+    return Reply(w, c, method, id,
+                 absl::ResourceExhaustedError(absl::StrCat(
+                     "the answer (", total, " bytes) exceeds the local socket's frame limit of ",
+                     local::kMaxFrameBytes, " bytes; send it over gRPC")),
+                 nullptr);
+  }
+  w->out.resize(total);
+  char* p = w->out.data();
+  std::memcpy(p, &h, sizeof(h));
+  std::memcpy(p + sizeof(h), text.data(), h.message_bytes);
+  if (body > 0) {
+    msg->SerializeWithCachedSizesToArray(
+        reinterpret_cast<uint8_t*>(p + sizeof(h) + h.message_bytes));
+  }
+  return Send(w, c, w->out.data(), w->out.size());
+}
+
+bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
+  Metrics* m = calls_->metrics();
+  for (int frame = 0; frame < kFramesPerWakeup && !c->want_out; ++frame) {
+    iovec iov{w->in.data(), w->in.size()};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    const ssize_t n = ::recvmsg(c->fd, &mh, MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK;
+    }
+    if (n == 0) return false;  // the client closed
+    auto malformed = [&](uint64_t id, std::string why) {
+      m->LocalMalformed();
+      LogEvent(LogLevel::kWarn, "local_socket_bad_frame", {{"peer", c->peer}, {"error", why}});
+      Reply(w, c, 0, id, absl::InvalidArgumentError(why), nullptr);
+      return false;  // close: the stream of frames can no longer be trusted
+    };
+    if ((mh.msg_flags & MSG_TRUNC) || static_cast<size_t>(n) > local::kMaxFrameBytes) {
+      return malformed(0, absl::StrCat("frame over ", local::kMaxFrameBytes, " bytes"));
+    }
+    if (static_cast<size_t>(n) < sizeof(local::RequestHeader)) {
+      return malformed(0, absl::StrCat("frame of ", n, " bytes is shorter than its header"));
+    }
+    local::RequestHeader h;
+    std::memcpy(&h, w->in.data(), sizeof(h));
+    if (h.magic != local::kMagic) return malformed(0, "bad frame magic (not an oscarkv client?)");
+    if (h.version != local::kFrameVersion) {
+      return malformed(h.id, absl::StrCat("frame version ", h.version, ", this daemon speaks ",
+                                          local::kFrameVersion));
+    }
+    const char* body = w->in.data() + sizeof(h);
+    const int body_bytes = static_cast<int>(n - static_cast<ssize_t>(sizeof(h)));
+    switch (static_cast<local::Method>(h.method)) {
+      case local::Method::kHandshake: {
+        w->handshake_req.Clear();
+        w->handshake_resp.Clear();
+        if (!w->handshake_req.ParseFromArray(body, body_bytes)) {
+          return malformed(h.id, "unparsable HandshakeRequest");
+        }
+        m->RecordLocalCall(Rpc::kHandshake);
+        absl::Status s = calls_->Handshake(w->handshake_req, &w->handshake_resp, c->peer, "local");
+        if (!Reply(w, c, h.method, h.id, s, &w->handshake_resp)) return false;
+        if (!s.ok()) return false;  // wire version mismatch: nothing else can follow
+        c->handshaken = true;
+        break;
+      }
+      case local::Method::kLookup: {
+        if (!c->handshaken) {
+          Reply(w, c, h.method, h.id,
+                absl::FailedPreconditionError("Handshake first on a local connection"), nullptr);
+          return false;
+        }
+        w->lookup_req.Clear();
+        w->lookup_resp.Clear();
+        if (!w->lookup_req.ParseFromArray(body, body_bytes)) {
+          return malformed(h.id, "unparsable LookupRequest");
+        }
+        m->RecordLocalCall(Rpc::kLookup);
+        absl::Status s = calls_->Lookup(w->lookup_req, &w->lookup_resp);
+        if (s.ok() && sizeof(local::ResponseHeader) + w->lookup_resp.ByteSizeLong() >
+                          local::kMaxFrameBytes) {
+          // Too big for a frame: undo the pin (the answer never reaches the client).
+          if (w->lookup_resp.lease_id() != 0) {
+            w->release_req.Clear();
+            w->release_req.set_lease_id(w->lookup_resp.lease_id());
+            (void)calls_->cache()->Release(w->release_req, &w->release_resp);
+          }
+        }
+        if (!Reply(w, c, h.method, h.id, s, &w->lookup_resp)) return false;
+        break;
+      }
+      case local::Method::kRelease: {
+        if (!c->handshaken) {
+          Reply(w, c, h.method, h.id,
+                absl::FailedPreconditionError("Handshake first on a local connection"), nullptr);
+          return false;
+        }
+        w->release_req.Clear();
+        w->release_resp.Clear();
+        if (!w->release_req.ParseFromArray(body, body_bytes)) {
+          return malformed(h.id, "unparsable ReleaseRequest");
+        }
+        m->RecordLocalCall(Rpc::kRelease);
+        absl::Status s = calls_->Release(w->release_req, &w->release_resp);
+        if (!Reply(w, c, h.method, h.id, s, &w->release_resp)) return false;
+        break;
+      }
+      default:
+        return malformed(h.id, absl::StrCat("unknown method ", h.method));
+    }
+  }
+  return true;
+}
+
+}  // namespace oscarkv::service

@@ -1,0 +1,66 @@
+// LocalControlServer: oscarkvd's same-host control socket (frames: proto/oscarkv/v1/
+// local_control.h). Serves Handshake, Lookup and Release through the same ControlCalls as the
+// gRPC service, on `threads` epoll threads that run each call inline on the thread that read
+// it: one wake-up per batch of ready connections, no hand-off to another thread. A connection
+// belongs to one thread for its life (assigned round robin at accept).
+//
+// Access: the socket file is created with mode 0600 (like the pool segment) and each accepted
+// peer's SO_PEERCRED uid must be root or the daemon's own, so whoever may map the pool may use
+// the socket and nobody else.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "control_calls.h"
+
+namespace oscarkv::service {
+
+struct LocalControlOptions {
+  std::string path;  // filesystem path of the socket (at most 107 bytes)
+  int threads = 1;   // epoll threads, 1..64
+};
+
+class LocalControlServer {
+ public:
+  // Binds and starts serving. UNAVAILABLE when another live process serves `path`; a stale
+  // socket file (a killed daemon's) is replaced; any other file there is an error.
+  static absl::StatusOr<std::unique_ptr<LocalControlServer>> Start(const LocalControlOptions& o,
+                                                                   ControlCalls* calls);
+  ~LocalControlServer();
+  LocalControlServer(const LocalControlServer&) = delete;
+  LocalControlServer& operator=(const LocalControlServer&) = delete;
+
+  // Stops accepting, lets each thread finish the frames it is serving, closes every connection
+  // and removes the socket file. Idempotent.
+  void Stop();
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Conn;
+  struct Worker;
+  LocalControlServer() = default;
+  void Run(Worker* w);
+  void Accept();
+  // Serves every frame readable on `c` (at most a batch); false when `c` must be closed.
+  bool ServeReadable(Worker* w, Conn* c);
+  // false when `c` must be closed.
+  bool Send(Worker* w, Conn* c, const char* data, size_t n);
+  bool Flush(Worker* w, Conn* c);
+  void Close(Worker* w, Conn* c);
+  bool Reply(Worker* w, Conn* c, uint16_t method, uint64_t id, const absl::Status& s,
+             const google::protobuf::MessageLite* msg);
+
+  std::string path_;
+  ControlCalls* calls_ = nullptr;
+  int listen_fd_ = -1;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::atomic<uint64_t> next_worker_{0};
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace oscarkv::service
