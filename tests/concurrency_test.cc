@@ -1,5 +1,6 @@
 // 64 concurrent clients (half on shared memory, half on gRPC streaming; half on their own
-// connection, half multiplexed on one) doing mixed stores,
+// connection, half multiplexed on one; half looking up over the local socket, half over gRPC)
+// doing mixed stores,
 // lookups, loads, racing duplicate stores and deletes against one real oscarkvd. Every page a
 // client reads must be byte-identical to what was stored under its key, and every page stored
 // and not deleted must still be there at the end: zero lost, zero corrupt.
@@ -60,11 +61,18 @@ void RunClient(const std::string& addr, const World& w, int id, Tally* t) {
   o.client_name = "concurrency-" + std::to_string(id);
   o.data_path = id % 2 ? client::DataPath::kGrpc : client::DataPath::kSharedMemory;
   o.dedicated_connection = id % 4 < 2;  // half on their own TCP connection, half sharing one
+  // Half look up and release over the daemon's local socket, half over gRPC.
+  o.lookup_path = (id / 4) % 2 ? client::LookupPath::kGrpc : client::LookupPath::kLocal;
   auto c = client::Client::Connect(o);
   if (!c.ok()) {
     ADD_FAILURE() << "client " << id << ": " << c.status();
     t->errors++;
     return;
+  }
+  if ((*c)->server().lookup_path != o.lookup_path) {
+    ADD_FAILURE() << "client " << id << " looks up over "
+                  << client::LookupPathName((*c)->server().lookup_path);
+    t->errors++;
   }
   if (!(*c)->RegisterCodec(w.codec.profile).ok()) t->errors++;
   std::mt19937 rng(id);
@@ -89,9 +97,11 @@ void RunClient(const std::string& addr, const World& w, int id, Tally* t) {
       t->errors++;
       continue;
     }
-    // Own pages: probe, then load into caller buffers.
+    // Own pages: probe (blocking and pipelined async), then load into caller buffers.
     auto hit = (*c)->Lookup(w.codec, keys);
     if (!hit.ok() || hit->matched != kPagesPerRound) t->lost++;
+    auto ahit = (*c)->LookupAsync(w.codec, keys).get();
+    if (!ahit.ok() || ahit->matched != kPagesPerRound) t->lost++;
     std::vector<std::vector<uint8_t>> bufs(kPagesPerRound,
                                            std::vector<uint8_t>(w.codec.int2_page_bytes));
     std::vector<std::span<uint8_t>> dst(bufs.begin(), bufs.end());

@@ -106,8 +106,10 @@ TEST(LeaseTest, RenewExtendsALease) {
 
 // Spawns tests/lease_holder, returns its pid and the line it printed.
 pid_t SpawnLeaseHolder(const std::string& addr, const std::vector<BlockKey>& keys,
-                       std::string* line) {
-  std::vector<std::string> args = {OSCARKV_LEASE_HOLDER_PATH, addr};
+                       std::string* line, client::LookupPath path) {
+  std::vector<std::string> args = {OSCARKV_LEASE_HOLDER_PATH,
+                                   std::string("--lookup-path=") + client::LookupPathName(path),
+                                   addr};
   for (const auto& k : keys) args.push_back(k.Hex());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -135,7 +137,10 @@ pid_t SpawnLeaseHolder(const std::string& addr, const std::vector<BlockKey>& key
   return pid;
 }
 
-TEST(LeaseTest, LeaseOfKilledClientExpiresAndPagesBecomeRemovable) {
+// The holder pins over the local socket or over gRPC: a lease is a lease either way.
+class KilledHolderTest : public ::testing::TestWithParam<client::LookupPath> {};
+
+TEST_P(KilledHolderTest, LeaseOfKilledClientExpiresAndPagesBecomeRemovable) {
   auto daemon = StartDaemon({"--default-lease-ms", "1000", "--reaper-interval-ms", "100"});
   ASSERT_NE(daemon, nullptr);
   auto c = Connect(daemon->address());
@@ -145,9 +150,12 @@ TEST(LeaseTest, LeaseOfKilledClientExpiresAndPagesBecomeRemovable) {
   ASSERT_EQ(c->Store(codec, batch.writes())->stored, 4u);
 
   std::string line;
-  const pid_t holder = SpawnLeaseHolder(daemon->address(), batch.keys, &line);
+  const pid_t holder = SpawnLeaseHolder(daemon->address(), batch.keys, &line, GetParam());
   ASSERT_GT(holder, 0);
   ASSERT_EQ(line.rfind("pinned 4 lease=", 0), 0u) << "lease_holder said: '" << line << "'";
+  EXPECT_NE(line.find(std::string(" path=") + client::LookupPathName(GetParam())),
+            std::string::npos)
+      << line;
   const auto pinned_at = Clock::now();
 
   auto stats = c->GetStats();
@@ -192,6 +200,10 @@ TEST(LeaseTest, LeaseOfKilledClientExpiresAndPagesBecomeRemovable) {
   ASSERT_TRUE(look.ok());
   EXPECT_EQ(look->matched, 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Paths, KilledHolderTest,
+                         ::testing::Values(client::LookupPath::kLocal, client::LookupPath::kGrpc),
+                         [](const auto& info) { return client::LookupPathName(info.param); });
 
 }  // namespace
 }  // namespace oscarkv::testing

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "oscarkv/util/status_macros.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
+#include "local_channel.h"
 #include "shm_mapping.h"
 #include "task_pool.h"
 
@@ -28,9 +29,19 @@ const char* DataPathName(DataPath path) {
   return "?";
 }
 
+const char* LookupPathName(LookupPath path) {
+  switch (path) {
+    case LookupPath::kAuto: return "auto";
+    case LookupPath::kLocal: return "local";
+    case LookupPath::kGrpc: return "grpc";
+  }
+  return "?";
+}
+
 namespace {
 
 namespace pb = ::oscarkv::v1;
+namespace local = ::oscarkv::v1::local;
 
 // The one adapter from grpc::Status to absl::Status: codes map one-to-one.
 absl::Status FromGrpc(const grpc::Status& s, std::string_view what) {
@@ -128,6 +139,26 @@ class GrpcClient final : public Client {
       }
     }
     server_.data_path = shm_ ? DataPath::kSharedMemory : DataPath::kGrpc;
+    server_.local_socket = resp.local_socket();
+    if (options_.lookup_path != LookupPath::kGrpc) {
+      if (server_.local_socket.empty()) {
+        if (options_.lookup_path == LookupPath::kLocal) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "oscarkvd at ", options_.address, " serves no local control socket (--local-socket off?)"));
+        }
+      } else {
+        auto ch = LocalChannel::Open(server_.local_socket, options_.client_name, resp.instance_id(),
+                                     options_.rpc_timeout_ms, !options_.dedicated_connection);
+        if (ch.ok()) {
+          local_ = std::move(*ch);
+        } else if (options_.lookup_path == LookupPath::kLocal) {
+          return absl::Status(ch.status().code(),
+                              absl::StrCat("local control socket of oscarkvd at ", options_.address,
+                                           ": ", ch.status().message()));
+        }  // kAuto: another host (or no access): gRPC
+      }
+    }
+    server_.lookup_path = local_ ? LookupPath::kLocal : LookupPath::kGrpc;
     pool_ = std::make_unique<TaskPool>(options_.async_threads);
     return absl::OkStatus();
   }
@@ -203,7 +234,8 @@ class GrpcClient final : public Client {
 
   void LookupAsync(const Codec& codec, std::span<const BlockKey> keys, const LookupOptions& opts,
                    std::function<void(absl::StatusOr<LookupResult>)> done) override {
-    if (keys.size() > server_.max_batch) {
+    if (keys.size() > server_.max_batch ||
+        (local_ != nullptr && keys.size() > local::kMaxLookupKeys)) {
       std::vector<BlockKey> copy(keys.begin(), keys.end());
       Submit([this, codec, copy = std::move(copy), opts, done = std::move(done)] {
         done(Lookup(codec, copy, opts));
@@ -215,6 +247,10 @@ class GrpcClient final : public Client {
       return;
     }
     inflight_.fetch_add(1, std::memory_order_relaxed);
+    if (local_ != nullptr) {
+      LookupAsyncLocal(codec, keys, opts, std::move(done));
+      return;
+    }
     LookupCall* call = TakeCall();
     call->ctx = Context();
     call->n = keys.size();
@@ -235,6 +271,34 @@ class GrpcClient final : public Client {
                              done(std::move(r));
                              inflight_.fetch_sub(1, std::memory_order_acq_rel);
                            });
+  }
+
+  // LookupAsync over the local socket: pipelined on its async connection; `done` runs on its
+  // reader thread. The caller counted the call in inflight_.
+  void LookupAsyncLocal(const Codec& codec, std::span<const BlockKey> keys,
+                        const LookupOptions& opts,
+                        std::function<void(absl::StatusOr<LookupResult>)> done) {
+    thread_local pb::LookupRequest req;  // reused: keeps its key strings' buffers
+    req.Clear();
+    req.set_codec_id(IdBytes(codec.id));
+    for (const BlockKey& k : keys) {
+      req.add_keys()->assign(reinterpret_cast<const char*>(k.bytes.data()), k.bytes.size());
+    }
+    req.set_pin(opts.pin);
+    req.set_lease_ms(opts.lease_ms);
+    local_->CallAsync(
+        local::Method::kLookup, req, "Lookup",
+        [this, n = keys.size(), pin = opts.pin, done = std::move(done)](
+            absl::Status s, const char* body, size_t body_bytes) {
+          thread_local pb::LookupResponse resp;
+          resp.Clear();
+          if (s.ok() && !resp.ParseFromArray(body, static_cast<int>(body_bytes))) {
+            s = absl::InternalError("Lookup: unparsable local answer");
+          }
+          absl::StatusOr<LookupResult> r = ToResult(std::move(s), resp, n, pin);
+          done(std::move(r));
+          inflight_.fetch_sub(1, std::memory_order_acq_rel);
+        });
   }
 
   // LookupResult of one single-chunk Lookup answer.
@@ -272,6 +336,7 @@ class GrpcClient final : public Client {
     pb::ReleaseRequest req;
     req.set_lease_id(lease_id);
     pb::ReleaseResponse resp;
+    if (local_ != nullptr) return local_->Call(local::Method::kRelease, req, &resp, "Release");
     auto ctx = Context();
     return FromGrpc(stub_->Release(ctx.get(), req, &resp), "Release");
   }
@@ -432,8 +497,12 @@ class GrpcClient final : public Client {
     }
     req.set_pin(opts.pin);
     req.set_lease_ms(opts.lease_ms);
-    auto ctx = Context();
-    OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->Lookup(ctx.get(), req, resp), "Lookup"));
+    if (local_ != nullptr && keys.size() <= local::kMaxLookupKeys) {
+      OSCARKV_RETURN_IF_ERROR(local_->Call(local::Method::kLookup, req, resp, "Lookup"));
+    } else {
+      auto ctx = Context();
+      OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->Lookup(ctx.get(), req, resp), "Lookup"));
+    }
     if (resp->matched() > keys.size() || (opts.pin && resp->pages_size() != int(resp->matched()))) {
       Release(resp->lease_id()).IgnoreError();
       return absl::InternalError("Lookup: daemon's answer is inconsistent with the request");
@@ -694,6 +763,7 @@ class GrpcClient final : public Client {
   std::unique_ptr<pb::KvCache::Stub> stub_;
   ServerInfo server_;
   std::unique_ptr<ShmMapping> shm_;
+  std::shared_ptr<LocalChannel> local_;  // set: Lookup/Release go over the local socket
   std::unique_ptr<TaskPool> pool_;
   std::atomic<int> inflight_{0};  // callback-API calls whose callback has not returned
   absl::Mutex calls_mu_;

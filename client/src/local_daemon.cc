@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<LocalDaemon>> LocalDaemon::Start(const LocalDaemo
         if (kv.first == "listen") d->address_ = kv.second;
         if (kv.first == "metrics") d->metrics_ = kv.second;
         if (kv.first == "shm") d->shm_path_ = kv.second;
+        if (kv.first == "local" && kv.second != "off") d->local_socket_ = kv.second;
         if (kv.first == "pool_bytes" && !absl::SimpleAtoi(kv.second, &d->pool_bytes_)) {
           d->pool_bytes_ = 0;
         }
@@ -173,6 +174,12 @@ absl::StatusOr<int> LocalDaemon::Reap(int64_t timeout_ms) {
       exit_code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
       // Killed: it could not remove its pool segment (a clean exit, even a failed start, does).
       if (WIFSIGNALED(st) && shm_path_.rfind("/dev/shm/", 0) == 0) ::unlink(shm_path_.c_str());
+      // Nor its local control socket file (a socket, so nothing else is removed by mistake).
+      struct stat sst;
+      if (WIFSIGNALED(st) && !local_socket_.empty() &&
+          ::lstat(local_socket_.c_str(), &sst) == 0 && S_ISSOCK(sst.st_mode)) {
+        ::unlink(local_socket_.c_str());
+      }
       return exit_code_;
     }
     if (r < 0) {

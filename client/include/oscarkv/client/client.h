@@ -12,6 +12,14 @@
 // * Data paths: kSharedMemory writes page bytes straight into reserved pool slots and copies
 //   leased pages straight out of the pool; kGrpc streams them (WritePages / ReadPages). kAuto
 //   picks shared memory when the segment could be mapped, else gRPC. Results are identical.
+// * Control path of Lookup and Release (the calls an engine makes per request): kLocal sends
+//   them over the daemon's same-host control socket (HandshakeResponse.local_socket; small
+//   frames on a unix-domain socket, answered inline by the daemon's epoll thread -- a fraction
+//   of gRPC's CPU per call), kGrpc over gRPC. kAuto (the default) uses the local socket when the
+//   daemon announces one and this process can connect to it (which proves it is on this host),
+//   else gRPC. Same messages, same validation, same leases and result codes either way; every
+//   other call always goes over gRPC. A lookup of more keys than fit a local frame
+//   (v1::local::kMaxLookupKeys, 4032) goes over gRPC.
 // * Pages are the byte format of docs/FORMAT.md §1 and are opaque to this API except for the
 //   checks named below. Keys are the canonical chained block keys of §3 (BlockKeys()).
 // * Errors: absl::Status; codes are the daemon's gRPC codes passed through one-to-one
@@ -39,6 +47,9 @@ namespace oscarkv::client {
 
 enum class DataPath { kAuto, kSharedMemory, kGrpc };
 const char* DataPathName(DataPath path);
+// How Lookup, LookupAsync and Release reach the daemon (see the contract above).
+enum class LookupPath { kAuto, kLocal, kGrpc };
+const char* LookupPathName(LookupPath path);  // "auto", "local", "grpc"
 
 struct ConnectOptions {
   // "HOST:PORT" or "unix:/path".
@@ -46,6 +57,9 @@ struct ConnectOptions {
   std::string client_name = "oscarkv-client";
   // kSharedMemory fails Connect when the segment cannot be mapped; kGrpc never maps it.
   DataPath data_path = DataPath::kAuto;
+  // kLocal fails Connect when the daemon's local control socket cannot be used; kGrpc never
+  // tries it.
+  LookupPath lookup_path = LookupPath::kAuto;
   // Verify every loaded page's header (codec id, shape) and XXH3 checksum. Header checks are
   // always done; this switches the checksum over the whole page.
   bool verify_checksums = true;
@@ -56,7 +70,9 @@ struct ConnectOptions {
   // Bytes per WriteChunk / expected ReadChunk on the gRPC data path.
   uint32_t stream_chunk_bytes = 1 << 20;
   // false: Clients of one process dialing the same address share one HTTP/2 connection (gRPC
-  // multiplexes their calls; far cheaper per call). true: this Client opens its own.
+  // multiplexes their calls; far cheaper per call) and one local-socket channel (its pool of
+  // blocking connections and its pipelined LookupAsync connection). true: this Client opens its
+  // own.
   bool dedicated_connection = false;
 };
 
@@ -68,6 +84,8 @@ struct ServerInfo {
   uint64_t shm_bytes = 0;
   uint32_t max_batch = 0;
   DataPath data_path = DataPath::kGrpc;  // the path this client actually uses
+  std::string local_socket;  // the daemon's same-host control socket; empty when it has none
+  LookupPath lookup_path = LookupPath::kGrpc;  // the path this client's lookups actually use
 };
 
 // A registered codec: its id and the exact page sizes the daemon expects.
@@ -186,9 +204,13 @@ class Client {
   // Drops cached pages of `codec_id` (nullptr: every codec). Returns pages removed.
   virtual absl::StatusOr<uint64_t> Clear(const CodecId* codec_id, bool include_pinned) = 0;
 
-  // Non-blocking lookup on gRPC's callback API: returns at once, no thread waits for the
-  // answer; `done` runs on a gRPC thread (keep it short, never block in it). The keys are copied
-  // before this returns. Above max_batch keys it runs the blocking Lookup on the worker pool.
+  // Non-blocking lookup: returns at once, no thread waits for the answer. Over the local socket
+  // it is pipelined on one connection and `done` runs on that connection's reader thread; over
+  // gRPC it uses the callback API and `done` runs on a gRPC thread. Either way keep `done` short
+  // and never block in it (a blocking call of this client from it is allowed). The keys are
+  // copied before this returns. Above max_batch keys (or, locally, kMaxLookupKeys) it runs the
+  // blocking Lookup on the worker pool. When the call cannot even be sent, `done` runs at once
+  // on the calling thread with the error.
   virtual void LookupAsync(const Codec& codec, std::span<const BlockKey> keys,
                            const LookupOptions& options,
                            std::function<void(absl::StatusOr<LookupResult>)> done) = 0;

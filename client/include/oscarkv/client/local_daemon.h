@@ -4,13 +4,14 @@
 // Contract
 // * Start() spawns the binary with the given flags plus `--listen 127.0.0.1:0` (unless a
 //   --listen flag is given), waits for its one ready line on stdout
-//   (`oscarkvd ready listen=HOST:PORT metrics=HOST:PORT shm=/dev/shm/NAME pool_bytes=N`) and
+//   (`oscarkvd ready listen=HOST:PORT metrics=HOST:PORT shm=/dev/shm/NAME pool_bytes=N
+//   local=PATH|off`) and
 //   parses it. Everything the daemon prints afterwards on stdout is drained and dropped.
 // * The LocalDaemon owns the child: the destructor stops it (SIGTERM, then SIGKILL after the
 //   grace period). The child also gets SIGTERM if the thread that started it dies.
 // * A daemon that exits normally removes its pool segment itself; when the child is found dead
-//   by a signal (Kill(SIGKILL), a crash), the LocalDaemon removes the segment it reported
-//   (shm=), so killed daemons leave nothing in /dev/shm.
+//   by a signal (Kill(SIGKILL), a crash), the LocalDaemon removes the segment (shm=) and the
+//   local control socket (local=) it reported, so killed daemons leave nothing in /dev/shm.
 // * Not thread-safe: one owner calls Stop()/Kill().
 #pragma once
 
@@ -48,6 +49,7 @@ class LocalDaemon {
   const std::string& address() const { return address_; }          // listen=
   const std::string& metrics_address() const { return metrics_; }  // metrics=
   const std::string& shm_path() const { return shm_path_; }         // shm=
+  const std::string& local_socket() const { return local_socket_; } // local= ("" when off)
   uint64_t pool_bytes() const { return pool_bytes_; }
   pid_t pid() const { return pid_; }
   const std::string& ready_line() const { return ready_line_; }
@@ -67,7 +69,7 @@ class LocalDaemon {
   pid_t pid_ = -1;
   int stdout_fd_ = -1;
   std::thread drain_;
-  std::string address_, metrics_, shm_path_, ready_line_;
+  std::string address_, metrics_, shm_path_, local_socket_, ready_line_;
   uint64_t pool_bytes_ = 0;
   bool exited_ = false;
   int exit_code_ = 0;
