@@ -3,6 +3,9 @@
 //   * lookups/s and p50/p99 latency with 1, 8 and 64 closed-loop clients;
 //   * open loop: a fixed schedule of lookups at --rate per second spread over 64 clients,
 //     latency measured from each request's SCHEDULED send time (so queueing counts);
+//   * both lookup phases once per lookup path, phase by phase side by side: the client
+//     library's default (kAuto: the daemon's local control socket, as the daemon runs on this
+//     host) and gRPC (--lookup-path picks one);
 //   * load GB/s of --batch-page batches over shared memory and over gRPC streaming, each
 //     interleaved with a plain memcpy of the same pool bytes into the same buffers.
 #if __has_include("oscarkv/client/client.h")  // built only with the client module
@@ -21,6 +24,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "command.h"
@@ -99,10 +103,9 @@ struct Env {
   std::vector<BlockKey> lookup_keys;  // prefix asked by each lookup
 };
 
-absl::StatusOr<std::vector<std::unique_ptr<Client>>> ConnectMany(const Env& env, int n,
-                                                                 client::DataPath path,
-                                                                 bool verify,
-                                                                 bool dedicated = false) {
+absl::StatusOr<std::vector<std::unique_ptr<Client>>> ConnectMany(
+    const Env& env, int n, client::DataPath path, bool verify, bool dedicated = false,
+    client::LookupPath lookup_path = client::LookupPath::kAuto) {
   std::vector<std::unique_ptr<Client>> out;
   for (int i = 0; i < n; ++i) {
     client::ConnectOptions o;
@@ -112,6 +115,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Client>>> ConnectMany(const Env& env,
     o.verify_checksums = verify;
     o.async_threads = 1;
     o.dedicated_connection = dedicated;
+    o.lookup_path = lookup_path;
     OSCARKV_ASSIGN_OR_RETURN(auto c, Client::Connect(o));
     OSCARKV_RETURN_IF_ERROR(c->RegisterCodec(env.codec.profile).status());
     out.push_back(std::move(c));
@@ -325,7 +329,7 @@ int RunBenchService(int argc, char** argv) {
          "Starts its own oscarkvd on 127.0.0.1 and measures lookups (closed and open loop) and "
          "batch loads over shared memory and gRPC, each beside memcpy, through the client library.");
   a.Flag("json", "print the results as JSON (after the table, on stdout)");
-  a.Option("duration-s", "3", "seconds per measured phase (7 phases)");
+  a.Option("duration-s", "3", "seconds per measured phase (11 phases with both lookup paths)");
   a.Option("daemon", "", "oscarkvd binary (default: next to this oscarkv, or $OSCARKVD)");
   a.Option("pool-mb", "512", "daemon pool size");
   a.Option("listen", "127.0.0.1:0", "daemon gRPC address: loopback TCP, or unix:/path for a Unix socket");
@@ -333,6 +337,10 @@ int RunBenchService(int argc, char** argv) {
   a.Option("lookup-keys", "32", "block keys per lookup (32 = a 2048-token prompt), all cached");
   a.Option("rate", "10000", "open-loop offered load, lookups per second over all clients");
   a.Option("clients", "1,8,64", "closed-loop client counts; the open loop uses the largest");
+  a.Option("lookup-path", "both",
+           "both: every lookup phase once over the client library's default path (auto: the "
+           "daemon's local control socket when it runs on this host, which it does here) and "
+           "once over gRPC, side by side; local or grpc: only that path");
   a.Option("open-loop-senders", "async",
            "async: one thread sends every open-loop lookup at its scheduled time with "
            "LookupAsync, never waiting for answers (a true open loop); threads: each client "
@@ -364,6 +372,11 @@ int RunBenchService(int argc, char** argv) {
   if (!duration.ok() || !pool_mb.ok() || !batch.ok() || !nkeys.ok() || !rate.ok() ||
       *duration <= 0 || *batch < 1 || *nkeys < 1 || *rate <= 0 || client_counts.empty()) {
     std::fprintf(stderr, "oscarkv bench service: bad option value (see --help)\n");
+    return 2;
+  }
+  const std::string lookup_path_opt = a.str("lookup-path");
+  if (lookup_path_opt != "both" && lookup_path_opt != "local" && lookup_path_opt != "grpc") {
+    std::fprintf(stderr, "oscarkv bench service: --lookup-path is both, local or grpc\n");
     return 2;
   }
   if (a.str("open-loop-senders") != "async" && a.str("open-loop-senders") != "threads") {
@@ -467,33 +480,54 @@ int RunBenchService(int argc, char** argv) {
                                                              : stored->item_status[0]);
   }
 
-  // 3. Lookups, closed loop.
+  // 3-4. Lookups per path: closed loop at each client count, then the open loop; the paths
+  // alternate phase by phase so both see the same machine state.
+  struct PathRun {
+    std::string name;           // "local" / "grpc": the path the clients actually use
+    bool is_default = false;    // the client library's default (kAuto)
+    std::vector<std::unique_ptr<Client>> clients;
+    std::vector<std::pair<int, LatencyStats>> closed;
+    LatencyStats peak, open;
+    double achieved = 0;
+  };
   const int max_clients = *std::max_element(client_counts.begin(), client_counts.end());
-  auto lookup_clients = ConnectMany(env, max_clients, client::DataPath::kGrpc, true,
-                                    a.flag("dedicated-connections"));
-  if (!lookup_clients.ok()) return fail("connecting lookup clients", lookup_clients.status());
-  std::vector<std::pair<int, LatencyStats>> closed;
+  std::vector<PathRun> runs;
+  for (const char* want : {"auto", "grpc"}) {
+    const bool is_auto = std::string(want) == "auto";
+    if (lookup_path_opt == "grpc" && is_auto) continue;
+    if (lookup_path_opt == "local" && !is_auto) continue;
+    const client::LookupPath lp = lookup_path_opt == "local" ? client::LookupPath::kLocal
+                                  : is_auto                  ? client::LookupPath::kAuto
+                                                             : client::LookupPath::kGrpc;
+    auto cs = ConnectMany(env, max_clients, client::DataPath::kGrpc, true,
+                          a.flag("dedicated-connections"), lp);
+    if (!cs.ok()) return fail("connecting lookup clients", cs.status());
+    PathRun run;
+    run.name = client::LookupPathName((*cs)[0]->server().lookup_path);
+    run.is_default = is_auto;
+    run.clients = std::move(*cs);
+    runs.push_back(std::move(run));
+  }
   for (int n : client_counts) {
-    progress(absl::StrCat("closed-loop lookups, ", n, " clients").c_str());
-    auto s = WithCpu((*daemon)->pid(), [&] { return ClosedLoop(env, *lookup_clients, n, *duration); });
-    if (!s.ok()) return fail("closed loop", s.status());
-    closed.push_back({n, *s});
+    for (PathRun& run : runs) {
+      progress(absl::StrCat("closed-loop lookups, ", n, " clients, ", run.name).c_str());
+      auto s = WithCpu((*daemon)->pid(), [&] { return ClosedLoop(env, run.clients, n, *duration); });
+      if (!s.ok()) return fail("closed loop", s.status());
+      run.closed.push_back({n, *s});
+      if (s->per_s > run.peak.per_s) run.peak = *s;
+    }
   }
-  LatencyStats peak;
-  for (auto& [n, s] : closed) {
-    if (s.per_s > peak.per_s) peak = s;
+  for (PathRun& run : runs) {
+    progress(absl::StrCat("open-loop lookups, ", *rate, "/s over ", max_clients, " clients, ",
+                          run.name).c_str());
+    auto open = WithCpu((*daemon)->pid(), [&] {
+      return OpenLoop(env, run.clients, max_clients, *rate, *duration,
+                      a.str("open-loop-senders") == "async", &run.achieved);
+    });
+    if (!open.ok()) return fail("open loop", open.status());
+    run.open = *open;
   }
-  const LatencyStats at_max = closed.back().second;
-
-  // 4. Lookups, open loop.
-  progress(absl::StrCat("open-loop lookups, ", *rate, "/s over ", max_clients, " clients").c_str());
-  double achieved = 0;
-  auto open = WithCpu((*daemon)->pid(), [&] {
-    return OpenLoop(env, *lookup_clients, max_clients, *rate, *duration,
-                    a.str("open-loop-senders") == "async", &achieved);
-  });
-  if (!open.ok()) return fail("open loop", open.status());
-  lookup_clients->clear();
+  for (PathRun& run : runs) run.clients.clear();
 
   // 5. Batch loads beside memcpy.
   auto shm_client = ConnectMany(env, 1, client::DataPath::kSharedMemory, /*verify=*/false);
@@ -547,21 +581,34 @@ int RunBenchService(int argc, char** argv) {
   std::fprintf(out, "lookups: %lld cached keys each (probe, no pin); %.1f s per phase; clients "
               "are Client objects in this process on %s\n",
               (long long)*nkeys, *duration,
-              a.flag("dedicated-connections") ? "one TCP connection each" : "one shared HTTP/2 connection");
+              a.flag("dedicated-connections")
+                  ? "their own connections each (gRPC: a TCP connection; local: a channel)"
+                  : "shared connections (gRPC: one HTTP/2 connection; local: one channel)");
   std::fprintf(out, "cpus: clients %s, daemon %s\n\n",
                a.str("client-cpus").empty() ? "any" : a.str("client-cpus").c_str(),
                a.str("daemon-cpus").empty() ? "any" : a.str("daemon-cpus").c_str());
-  std::fprintf(out, "%-32s %11s %9s %9s %9s %11s %11s\n", "lookups", "per second", "p50 ms",
-               "p99 ms", "max ms", "client cpu", "daemon cpu");
-  for (auto& [n, s] : closed) {
-    std::fprintf(out, "%-32s %11.0f %9.3f %9.3f %9.3f %8.0f us %8.0f us\n",
-                 absl::StrCat("closed loop, ", n, n == 1 ? " client" : " clients").c_str(),
-                 s.per_s, s.p50_ms, s.p99_ms, s.max_ms, s.client_cpu_us, s.daemon_cpu_us);
+  std::fprintf(out, "%-32s %-6s %11s %9s %9s %9s %11s %11s\n", "lookups", "path", "per second",
+               "p50 ms", "p99 ms", "max ms", "client cpu", "daemon cpu");
+  for (size_t i = 0; i < client_counts.size(); ++i) {
+    for (const PathRun& run : runs) {
+      const auto& [n, s] = run.closed[i];
+      std::fprintf(out, "%-32s %-6s %11.0f %9.3f %9.3f %9.3f %8.0f us %8.0f us\n",
+                   absl::StrCat("closed loop, ", n, n == 1 ? " client" : " clients").c_str(),
+                   run.name.c_str(), s.per_s, s.p50_ms, s.p99_ms, s.max_ms, s.client_cpu_us,
+                   s.daemon_cpu_us);
+    }
   }
-  std::fprintf(out, "%-32s %11.0f %9.3f %9.3f %9.3f %8.0f us %8.0f us  %s (target p99 <= 1 ms)\n",
-               absl::StrCat("open loop ", *rate, "/s, ", max_clients, " clients").c_str(),
-               achieved, open->p50_ms, open->p99_ms, open->max_ms, open->client_cpu_us,
-               open->daemon_cpu_us, open->p99_ms <= 1.0 ? "PASS" : "FAIL");
+  for (const PathRun& run : runs) {
+    const LatencyStats& o = run.open;
+    std::fprintf(out, "%-32s %-6s %11.0f %9.3f %9.3f %9.3f %8.0f us %8.0f us  %s%s\n",
+                 absl::StrCat("open loop ", *rate, "/s, ", max_clients, " clients").c_str(),
+                 run.name.c_str(), run.achieved, o.p50_ms, o.p99_ms, o.max_ms, o.client_cpu_us,
+                 o.daemon_cpu_us, o.p99_ms <= 1.0 ? "PASS" : "FAIL",
+                 run.is_default ? " (target p99 <= 1 ms; the default path)" : "");
+  }
+  std::fprintf(out, "(path: local = the daemon's same-host control socket, the client library's "
+               "default here; grpc = gRPC over %s)\n",
+               a.str("listen").rfind("unix:", 0) == 0 ? "a unix socket" : "loopback TCP");
   std::fprintf(out, "(cpu = CPU time per lookup, user + system, over the phase; open-loop senders: %s)\n",
                a.str("open-loop-senders") == "async"
                    ? "async, one thread sending each lookup at its scheduled time"
@@ -576,15 +623,32 @@ int RunBenchService(int argc, char** argv) {
   std::fprintf(out, "per batch (median): shm load %.2f ms, memcpy %.2f ms, pin+release of the "
                "batch alone %.2f ms\n",
                shm->load_ms_p50, shm->copy_ms_p50, shm->lease_rtt_ms_p50);
-  std::fprintf(out, "\npeak lookups/s (closed loop): %.0f; daemon stopped %s\n", peak.per_s,
-              stop.ok() && *stop == 0 ? "cleanly" : "with an error");
+  std::string peaks;
+  for (const PathRun& run : runs) {
+    absl::StrAppend(&peaks, peaks.empty() ? "" : ", ", run.name, " ",
+                    absl::StrFormat("%.0f", run.peak.per_s));
+  }
+  std::fprintf(out, "\npeak lookups/s (closed loop): %s; daemon stopped %s\n", peaks.c_str(),
+               stop.ok() && *stop == 0 ? "cleanly" : "with an error");
   if (as_json) {
-    json cl = json::array();
-    for (auto& [n, s] : closed) {
-      cl.push_back({{"clients", n}, {"per_s", s.per_s}, {"p50_ms", s.p50_ms}, {"p99_ms", s.p99_ms},
-                    {"p999_ms", s.p999_ms}, {"max_ms", s.max_ms}, {"count", s.count},
-                    {"client_cpu_us", s.client_cpu_us}, {"daemon_cpu_us", s.daemon_cpu_us}});
-    }
+    auto closed_json = [](const PathRun& run) {
+      json cl = json::array();
+      for (auto& [n, s] : run.closed) {
+        cl.push_back({{"clients", n}, {"per_s", s.per_s}, {"p50_ms", s.p50_ms},
+                      {"p99_ms", s.p99_ms}, {"p999_ms", s.p999_ms}, {"max_ms", s.max_ms},
+                      {"count", s.count}, {"client_cpu_us", s.client_cpu_us},
+                      {"daemon_cpu_us", s.daemon_cpu_us}});
+      }
+      return cl;
+    };
+    auto open_json = [&](const PathRun& run) {
+      const LatencyStats& o = run.open;
+      return json{{"offered_per_s", *rate}, {"achieved_per_s", run.achieved},
+                  {"senders", a.str("open-loop-senders")}, {"clients", max_clients},
+                  {"p50_ms", o.p50_ms}, {"p99_ms", o.p99_ms}, {"p999_ms", o.p999_ms},
+                  {"max_ms", o.max_ms}, {"count", o.count}, {"client_cpu_us", o.client_cpu_us},
+                  {"daemon_cpu_us", o.daemon_cpu_us}};
+    };
     json j = {
         {"machine", {{"cpus", std::thread::hardware_concurrency()}, {"cpu", CpuModel()}}},
         {"lookup_keys", *nkeys},
@@ -592,27 +656,34 @@ int RunBenchService(int argc, char** argv) {
         {"client_cpus", a.str("client-cpus").empty() ? "any" : a.str("client-cpus")},
         {"daemon_cpus", a.str("daemon-cpus").empty() ? "any" : a.str("daemon-cpus")},
         {"duration_s", *duration},
-        {"closed_loop", cl},
-        {"open_loop", {{"offered_per_s", *rate}, {"achieved_per_s", achieved},
-                       {"senders", a.str("open-loop-senders")},
-                       {"clients", max_clients}, {"p50_ms", open->p50_ms},
-                       {"p99_ms", open->p99_ms}, {"p999_ms", open->p999_ms},
-                       {"max_ms", open->max_ms}, {"count", open->count},
-                       {"client_cpu_us", open->client_cpu_us},
-                       {"daemon_cpu_us", open->daemon_cpu_us}}},
+        {"shm_load_vs_memcpy", shm_ratio},
+        {"grpc_load_vs_memcpy", grpc_ratio},
         {"load", {{"batch_pages", *batch}, {"page_bytes", page_bytes},
                   {"shm_gbps", shm->path_gbps}, {"shm_memcpy_gbps", shm->memcpy_gbps},
                   {"grpc_gbps", grpc->path_gbps}, {"grpc_memcpy_gbps", grpc->memcpy_gbps},
                   {"shm_iterations", shm->iterations}, {"grpc_iterations", grpc->iterations},
                   {"shm_load_ms_p50", shm->load_ms_p50}, {"memcpy_ms_p50", shm->copy_ms_p50},
                   {"pin_release_ms_p50", shm->lease_rtt_ms_p50}}},
-        {"shm_load_vs_memcpy", shm_ratio},
-        {"grpc_load_vs_memcpy", grpc_ratio},
-        {"lookup_p99_ms_at_10k", open->p99_ms},
-        {"lookup_peak_per_s", peak.per_s},
-        {"lookup_p99_ms_at_peak_clients", at_max.p99_ms},
     };
-    if (*rate != 10000) j["lookup_p99_ms_at_10k"] = nullptr;  // not measured at 10k
+    // Per path: "closed_loop"/"open_loop" and the headline fields are the default path's
+    // (kAuto), the *_grpc ones gRPC's; a path not measured (--lookup-path) is null.
+    for (const PathRun& run : runs) {
+      const std::string sfx = run.is_default ? "" : "_grpc";
+      j["closed_loop" + sfx] = closed_json(run);
+      j["open_loop" + sfx] = open_json(run);
+      j["lookup_p99_ms_at_10k" + sfx] = run.open.p99_ms;
+      j["lookup_peak_per_s" + sfx] = run.peak.per_s;
+      j["lookup_p99_ms_at_peak_clients" + sfx] = run.closed.back().second.p99_ms;
+      if (run.is_default) j["lookup_path"] = run.name;
+    }
+    for (const char* k : {"lookup_p99_ms_at_10k", "lookup_peak_per_s", "lookup_p99_ms_at_10k_grpc",
+                          "lookup_peak_per_s_grpc", "lookup_path"}) {
+      if (!j.contains(k)) j[k] = nullptr;
+    }
+    if (*rate != 10000) {  // not measured at 10k
+      j["lookup_p99_ms_at_10k"] = nullptr;
+      j["lookup_p99_ms_at_10k_grpc"] = nullptr;
+    }
     std::printf("%s\n", j.dump(2).c_str());
   }
   if (!stop.ok() || *stop != 0) {

@@ -134,6 +134,20 @@ TEST(CliTest, BenchServiceJsonHasAcceptanceFields) {
   EXPECT_GT(j.at("open_loop").at("p99_ms").get<double>(), 0.0);
   EXPECT_EQ(j.at("closed_loop").size(), 2u);
   EXPECT_EQ(j.at("open_loop").at("senders").get<std::string>(), "async");  // the default
+  // Both lookup paths side by side: the library's default (the local socket here) and gRPC.
+  EXPECT_EQ(j.at("lookup_path").get<std::string>(), "local");
+  EXPECT_GT(j.at("lookup_peak_per_s_grpc").get<double>(), 0.0);
+  EXPECT_TRUE(j.at("lookup_p99_ms_at_10k_grpc").is_null());
+  EXPECT_GT(j.at("open_loop_grpc").at("p99_ms").get<double>(), 0.0);
+  EXPECT_EQ(j.at("closed_loop_grpc").size(), 2u);
+  // One path only.
+  r = Oscarkv("bench service --json --duration-s 0.2 --batch 8 --lookup-keys 8 --pool-mb 64 "
+              "--rate 1000 --clients 2 --lookup-path grpc");
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = json::parse(r.out);
+  EXPECT_TRUE(j.at("lookup_peak_per_s").is_null());
+  EXPECT_GT(j.at("lookup_peak_per_s_grpc").get<double>(), 0.0);
+  EXPECT_EQ(Oscarkv("bench service --lookup-path tcp").code, 2);
 }
 
 }  // namespace
