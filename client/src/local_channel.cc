@@ -191,11 +191,11 @@ absl::StatusOr<std::shared_ptr<LocalChannel>> LocalChannel::Open(const std::stri
                                                                  const std::string& client_name,
                                                                  uint64_t expect_instance,
                                                                  int64_t timeout_ms, bool shared) {
-  static absl::Mutex registry_mu(absl::kConstInit);
+  static std::mutex registry_mu;
   static auto* registry =
       new std::map<std::pair<std::string, uint64_t>, std::weak_ptr<LocalChannel>>();
   const auto key = std::make_pair(path, expect_instance);
-  absl::MutexLock lock(&registry_mu);
+  std::lock_guard<std::mutex> lock(registry_mu);
   if (shared) {
     auto it = registry->find(key);
     if (it != registry->end()) {
@@ -215,23 +215,23 @@ absl::StatusOr<std::shared_ptr<LocalChannel>> LocalChannel::Open(const std::stri
 LocalChannel::~LocalChannel() {
   std::vector<std::thread> readers;
   {
-    absl::MutexLock s(&send_mu_);
-    absl::MutexLock a(&async_mu_);
+    std::lock_guard<std::mutex> s(send_mu_);
+    std::lock_guard<std::mutex> a(async_mu_);
     closing_ = true;
     if (async_fd_ >= 0) ::shutdown(async_fd_, SHUT_RDWR);
     readers.swap(readers_);
   }
   for (auto& t : readers) t.join();
-  absl::MutexLock s(&send_mu_);
-  absl::MutexLock a(&async_mu_);
+  std::lock_guard<std::mutex> s(send_mu_);
+  std::lock_guard<std::mutex> a(async_mu_);
   if (async_fd_ >= 0) ::close(async_fd_);
   for (int fd : dead_fds_) ::close(fd);
-  absl::MutexLock i(&idle_mu_);
+  std::lock_guard<std::mutex> i(idle_mu_);
   for (int fd : idle_) ::close(fd);
 }
 
 int LocalChannel::TakeIdle() {
-  absl::MutexLock lock(&idle_mu_);
+  std::lock_guard<std::mutex> lock(idle_mu_);
   if (idle_.empty()) return -1;
   const int fd = idle_.back();
   idle_.pop_back();
@@ -239,7 +239,7 @@ int LocalChannel::TakeIdle() {
 }
 
 void LocalChannel::PutIdle(int fd) {
-  absl::MutexLock lock(&idle_mu_);
+  std::lock_guard<std::mutex> lock(idle_mu_);
   idle_.push_back(fd);
 }
 
@@ -285,31 +285,31 @@ void LocalChannel::CallAsync(local::Method method, const google::protobuf::Messa
     done(Prefixed(s, what), nullptr, 0);
     return;
   }
-  absl::ReleasableMutexLock send_lock(&send_mu_);
+  std::unique_lock<std::mutex> send_lock(send_mu_);
   int fd;
   {
-    absl::MutexLock lock(&async_mu_);
+    std::lock_guard<std::mutex> lock(async_mu_);
     fd = async_fd_;
     if (closing_) {
-      send_lock.Release();
+      send_lock.unlock();
       done(absl::CancelledError("the client is shutting down"), nullptr, 0);
       return;
     }
   }
   if (fd < 0) {
     {
-      absl::MutexLock lock(&async_mu_);
+      std::lock_guard<std::mutex> lock(async_mu_);
       for (int dead : dead_fds_) ::close(dead);  // no sender uses them: we hold send_mu_
       dead_fds_.clear();
     }
     auto d = Dial(kReaderWakeMs);
     if (!d.ok()) {
-      send_lock.Release();
+      send_lock.unlock();
       done(Prefixed(d.status(), what), nullptr, 0);
       return;
     }
     fd = *d;
-    absl::MutexLock lock(&async_mu_);
+    std::lock_guard<std::mutex> lock(async_mu_);
     async_fd_ = fd;
     readers_.emplace_back([this, fd] { ReadLoop(fd); });
   }
@@ -319,7 +319,7 @@ void LocalChannel::CallAsync(local::Method method, const google::protobuf::Messa
   h.id = id;
   std::memcpy(frame->data(), &h, sizeof(h));
   {
-    absl::MutexLock lock(&async_mu_);
+    std::lock_guard<std::mutex> lock(async_mu_);
     pending_.push_back({id, NowNs() + timeout_ms_ * 1000000, what, std::move(done)});
   }
   if (absl::Status s = SendAll(fd, *frame); !s.ok()) {
@@ -331,7 +331,7 @@ void LocalChannel::CallAsync(local::Method method, const google::protobuf::Messa
 void LocalChannel::FailPending(int fd, const absl::Status& s) {
   std::deque<Pending> failed;
   {
-    absl::MutexLock lock(&async_mu_);
+    std::lock_guard<std::mutex> lock(async_mu_);
     if (async_fd_ == fd) async_fd_ = -1;
     dead_fds_.push_back(fd);
     failed.swap(pending_);
@@ -352,7 +352,7 @@ void LocalChannel::ReadLoop(int fd) {
     bool protocol_error = false;
     const int64_t now = NowNs();
     {
-      absl::MutexLock lock(&async_mu_);
+      std::lock_guard<std::mutex> lock(async_mu_);
       if (f.ok() && !pending_.empty()) {
         if (f->h.id == pending_.front().id) {
           done = std::move(pending_.front());

@@ -16,14 +16,13 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "google/protobuf/message_lite.h"
 #include "oscarkv/v1/local_control.h"
 
@@ -80,20 +79,22 @@ class LocalChannel {
   const uint64_t instance_;
   const int64_t timeout_ms_;
 
-  absl::Mutex idle_mu_;
-  std::vector<int> idle_ ABSL_GUARDED_BY(idle_mu_);
+  // std::mutex, not absl::Mutex: no per-acquisition deadlock-graph work (Debian's Abseil) on a
+  // path meant to cost a few microseconds.
+  std::mutex idle_mu_;
+  std::vector<int> idle_;  // guarded by idle_mu_
 
   // The async connection. send_mu_ orders sends (ids go out in order) and owns (re)dialing;
   // async_mu_ guards the pending answers and is never held across a system call, so the reader
   // can always drain answers while a sender blocks in send(). Order: send_mu_, then async_mu_.
-  absl::Mutex send_mu_ ABSL_ACQUIRED_BEFORE(async_mu_);
-  absl::Mutex async_mu_;
-  int async_fd_ ABSL_GUARDED_BY(async_mu_) = -1;
-  uint64_t next_id_ ABSL_GUARDED_BY(send_mu_) = 1;
-  std::deque<Pending> pending_ ABSL_GUARDED_BY(async_mu_);
-  std::vector<std::thread> readers_ ABSL_GUARDED_BY(async_mu_);
-  std::vector<int> dead_fds_ ABSL_GUARDED_BY(async_mu_);  // broken async connections to close
-  bool closing_ ABSL_GUARDED_BY(async_mu_) = false;
+  std::mutex send_mu_;
+  uint64_t next_id_ = 1;  // guarded by send_mu_
+  std::mutex async_mu_;   // guards the members below
+  int async_fd_ = -1;
+  std::deque<Pending> pending_;
+  std::vector<std::thread> readers_;
+  std::vector<int> dead_fds_;  // broken async connections, closed under send_mu_
+  bool closing_ = false;
 };
 
 }  // namespace oscarkv::client
