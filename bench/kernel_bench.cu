@@ -478,24 +478,30 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         const char* name;
         bool rotate, clip, precise = true;
         RangeMode mode = RangeMode::kMinMax;
+        uint32_t tuning = 0;  // QuantizeWriteParams::tuning (experiments)
       };
       std::vector<Variant> variants;
       // The first row is the write a calibrated codec performs (`oscarkv calibrate` defaults:
-      // K and V rotated, per-head quantile clip, range mode unbiased); the JSON's
-      // quant_bw_fraction is that row.
+      // K and V rotated by R as fp16 hi+lo -- V is not absorbed unless `calibrate absorb` ran --,
+      // no quantile clip (`--clip none`), range mode unbiased); the JSON's quant_bw_fraction is
+      // that row.
       const RangeMode kUb = RangeMode::kUnbiased, kMm = RangeMode::kMinMax;
       if (kind == PageKind::kInt2) {
-        variants = {{"int2 default codec: rotate+clip+unbiased", true, true, true, kUb},
-                    {"int2 default codec, R fp16 only", true, true, false, kUb},
-                    {"int2 prerotated+clip+unbiased (flush)", false, true, true, kUb},
+        variants = {{"int2 default codec: rotate+unbiased (no clip)", true, false, true, kUb},
+                    {"int2 default codec, R fp16 only", true, false, false, kUb},
+                    {"int2 prerotated+unbiased (flush / R_V absorbed)", false, false, true, kUb},
+                    {"int2 rotate+clip+unbiased (OSCAR clips)", true, true, true, kUb},
                     {"int2 rotate+clip, min-max", true, true, true, kMm},
-                    {"int2 rotate+clip, min-max, R fp16 only", true, true, false, kMm},
                     {"int2 rotate, min-max", true, false, true, kMm},
                     {"int2 rotate, min-max, R fp16 only", true, false, false, kMm},
                     {"int2 prerotated, min-max", false, false, true, kMm},
                     {"int2 prerotated+clip, min-max", false, true, true, kMm},
                     {"int2 rotate+clip, range search", true, true, true, RangeMode::kSearch},
-                    {"int2 rotate, unbiased (no clip)", true, false, true, kUb}};
+                    {"int2 default codec + L2 prefetch", true, false, true, kUb, 1},
+                    {"int2 default codec, R fp16 only + L2 prefetch", true, false, false, kUb, 1},
+                    {"int2 prerotated+unbiased + L2 prefetch", false, false, true, kUb, 1},
+                    {"int2 rotate, min-max + L2 prefetch", true, false, true, kMm, 1},
+                    {"int2 prerotated, min-max + L2 prefetch", false, false, true, kMm, 1}};
       } else {
         variants = {{"bf16 rotate (sink/tail)", true, false},
                     {"bf16 rotate (sink/tail), R fp16 only", true, false, false}};
@@ -518,6 +524,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         q.clips = v.clip ? clips->as<float>() : nullptr;
         q.precise_rotation = v.precise;
         q.range_mode = v.mode;
+        q.tuning = v.tuning;
         auto us = TimeMedianUs([&] { return cuda::LaunchQuantizeWrite(q, nullptr); }, o.samples);
         if (!us.ok()) return us.status();
         const double row_out = kind == PageKind::kInt2 ? 32 + 4 : 256;

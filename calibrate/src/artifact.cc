@@ -136,7 +136,12 @@ absl::StatusOr<RotationArtifact> ReadArtifact(const std::string& dir_or_file) {
     for (uint32_t l = 0; l < L; ++l) {
       for (uint32_t h = 0; h < H; ++h) {
         const uint8_t m = t.data[l * H + h];
-        if (m > static_cast<uint8_t>(RangeMode::kUnbiased)) {
+        if (m == 2) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              path, ": range mode 2 (unbiased v1) was replaced by mode 3 (unbiased v2, "
+                    "docs/FORMAT.md 1.3.1); re-run `oscarkv calibrate` to write a current artifact"));
+        }
+        if (!IsRangeMode(m)) {
           return absl::DataLossError(absl::StrCat(path, ": unknown range mode ", m));
         }
         a.rotations.set_range_mode(l, tag[0] == 'k' ? KV::kKey : KV::kValue, h,

@@ -66,5 +66,22 @@ TEST(ArtifactTest, RejectsTamperedTensors) {
   std::filesystem::remove_all(dir);
 }
 
+// Range mode 2 was the retired "unbiased v1" rule (docs/FORMAT.md 1.3.1): an artifact that
+// selects it is refused with a message that says what to do.
+TEST(ArtifactTest, RejectsTheRetiredUnbiasedV1Mode) {
+  const std::string dir = TempDir("v1");
+  RotationArtifact a = Sample();
+  a.rotations.set_range_mode(1, KV::kKey, 0, static_cast<RangeMode>(2));
+  ASSERT_TRUE(WriteArtifact(a, dir).ok());
+  auto r = ReadArtifact(dir);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("re-run"), std::string::npos) << r.status();
+  a.rotations.set_range_mode(1, KV::kKey, 0, RangeMode::kUnbiased);
+  ASSERT_TRUE(WriteArtifact(a, dir).ok());
+  EXPECT_TRUE(ReadArtifact(dir).ok());
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace oscarkv::calibrate

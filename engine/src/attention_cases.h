@@ -71,10 +71,11 @@ inline std::shared_ptr<RotationSet> OscarLike(uint32_t layers, uint32_t H, uint3
   auto set = RotationSet::FromData(layers, H, d, mats, clips);
   EXPECT_TRUE(set.ok()) << set.status();
   auto out = std::make_shared<RotationSet>(*std::move(set));
+  const RangeMode kModes[3] = {RangeMode::kMinMax, RangeMode::kSearch, RangeMode::kUnbiased};
   uint32_t i = 0;
   for (uint32_t l = 0; l < layers; ++l) {
     for (KV kv : {KV::kKey, KV::kValue}) {
-      for (uint32_t h = 0; h < H; ++h) out->set_range_mode(l, kv, h, static_cast<RangeMode>(i++ % 3));
+      for (uint32_t h = 0; h < H; ++h) out->set_range_mode(l, kv, h, kModes[i++ % 3]);
     }
   }
   return out;

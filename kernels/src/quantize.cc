@@ -90,12 +90,77 @@ void GroupCodes(const float* x, uint32_t n, GroupParams p, uint8_t* out) {
   for (uint32_t j = 0; j < n; ++j) out[j] = static_cast<uint8_t>(CodeOf((x[j] - minf) * inv + 0.5f));
 }
 
-// Sum of the per-chunk partials p[0..n) (n = G/32 chunks of 32 channels) by the fixed tree of
-// docs/FORMAT.md §1.3.1: ((p0 + p1) + (p2 + p3)) for four chunks, p0 + p1 for two.
-double ChunkTree(const double* p, uint32_t n) {
-  if (n == 1) return p[0];
-  if (n == 2) return p[0] + p[1];
-  return (p[0] + p[1]) + (p[2] + p[3]);
+// RangeMode::kUnbiased, docs/FORMAT.md §1.3.1 ("unbiased v2"). mn, mx: the group's saturated
+// minimum and maximum. Writes the winner's codes (one byte per element) and parameters.
+void UnbiasedGroup(const float* x, uint32_t n, float mn, float mx, uint8_t* codes,
+                   GroupParams* out) {
+  const float w = mx - mn;
+  // Levels: u = sat(fma(x, k, b)) with k = 1/w, b = -(mn*k); v = floor(98304*u) in [0, 98304],
+  // L = v / 2048 = floor(48u) in [0, 48]. Candidate i's codes are [L >= 8+i] + [L >= 24] +
+  // [L >= 40-i], the code thresholds (in 48ths of the width) of its range [mn + wi/32, mx - wi/32].
+  const float k = w > 0.0f ? 1.0f / w : 0.0f;
+  const float b = -(mn * k);
+  uint32_t v[256];
+  uint32_t cnt[kUnbiasedLevels] = {}, vsum[kUnbiasedLevels] = {};
+  uint64_t v1 = 0, v2 = 0;
+  for (uint32_t j = 0; j < n; ++j) {
+    float u = std::fma(x[j], k, b);
+    if (!(u > 0.0f)) u = 0.0f;  // NaN and negatives -> 0 (CUDA's .sat)
+    if (u > 1.0f) u = 1.0f;
+    v[j] = static_cast<uint32_t>(std::floor(static_cast<double>(u) * kUnbiasedSteps));  // exact
+    const uint32_t level = v[j] / kUnbiasedStepsPerLevel;
+    ++cnt[level];
+    vsum[level] += v[j];
+    v1 += v[j];
+    v2 += uint64_t{v[j]} * v[j];
+  }
+  // Suffix counts and sums N(t) = #{L >= t}, Y(t) = sum of v over L >= t.
+  uint32_t nsuf[kUnbiasedLevels + 1] = {}, ysuf[kUnbiasedLevels + 1] = {};
+  for (int l = static_cast<int>(kUnbiasedLevels) - 1; l >= 0; --l) {
+    nsuf[l] = nsuf[l + 1] + cnt[l];
+    ysuf[l] = ysuf[l + 1] + vsum[l];
+  }
+  const int64_t G = n, V1 = static_cast<int64_t>(v1), V2 = static_cast<int64_t>(v2);
+  const int64_t num = G * V2 - V1 * V1;  // exact
+  const double delta = static_cast<double>(w) / static_cast<double>(kUnbiasedSteps);
+  const double gd = static_cast<double>(n), z1 = static_cast<double>(V1) + gd / 2.0;
+  const double z2 = static_cast<double>(V2) + static_cast<double>(V1) + gd / 4.0;
+  double best_err = 0.0;
+  int best_i = 0;
+  for (int i = 0; i < static_cast<int>(kRangeSearchCandidates); ++i) {
+    const int t1 = 8 + i, t3 = 40 - i;
+    const int64_t n1 = nsuf[t1], n2 = nsuf[24], n3 = nsuf[t3];
+    const int64_t c1 = n1 + n2 + n3, c2 = n1 + 3 * n2 + 5 * n3;
+    const int64_t y1 = int64_t{ysuf[t1]} + ysuf[24] + ysuf[t3];
+    const float f = static_cast<float>(i) / 32.0f;
+    GroupParams p = ComputeRangeParams(i == 0 ? mn : mn + f * w, i == 0 ? mx : mx - f * w);
+    const int64_t det = G * y1 - c1 * V1;  // exact
+    if (det > 0 && num > 0) {
+      const double s = static_cast<double>(num) / static_cast<double>(det);
+      const double m = (z1 - s * static_cast<double>(c1)) / gd;
+      const double scale = s * delta;
+      const double minv = static_cast<double>(mn) + m * delta;
+      const auto sat = [](double t) { return static_cast<float>(std::clamp(t, -65504.0, 65504.0)); };
+      p = {FloatToHalf(sat(scale)), FloatToHalf(sat(minv))};
+    }
+    // Sum over the group of (min16 + c*scale16 - x~)^2 with x~ = mn + (v + 1/2)*delta, from the
+    // sums, left to right (fp64, no fused operations); NaN counts as +inf.
+    const double pm = static_cast<double>(HalfToFloat(p.min16)) - static_cast<double>(mn);
+    const double q = HalfToFloat(p.scale16);
+    const double dc1 = static_cast<double>(c1), dc2 = static_cast<double>(c2);
+    const double zy = static_cast<double>(y1) + dc1 / 2.0;
+    double err = gd * pm * pm + 2.0 * pm * q * dc1 + q * q * dc2 - 2.0 * pm * delta * z1 -
+                 2.0 * q * delta * zy + delta * delta * z2;
+    if (std::isnan(err)) err = std::numeric_limits<double>::infinity();
+    if (i == 0 || err < best_err) {
+      best_err = err;
+      best_i = i;
+      *out = p;
+    }
+  }
+  const uint32_t a1 = (8 + best_i) * kUnbiasedStepsPerLevel, a2 = 24 * kUnbiasedStepsPerLevel,
+                 a3 = (40 - best_i) * kUnbiasedStepsPerLevel;
+  for (uint32_t j = 0; j < n; ++j) codes[j] = static_cast<uint8_t>((v[j] >= a1) + (v[j] >= a2) + (v[j] >= a3));
 }
 
 }  // namespace
@@ -120,59 +185,7 @@ void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, RangeMode mode,
     const float width = mx - mn;
     GroupParams best_p = ComputeRangeParams(mn, mx);
     if (mode == RangeMode::kUnbiased) {
-      // docs/FORMAT.md §1.3.1: chunk partials (32 consecutive channels, ascending) combined by
-      // a fixed tree, X1 partials in fp32, the score from the sums. The CUDA kernel evaluates
-      // the same expressions in the same order (one lane per chunk, an xor butterfly).
-      const uint32_t chunks = group / 32;
-      double s1p[4] = {}, s2p[4] = {};
-      for (uint32_t k = 0; k < chunks; ++k) {
-        double a = 0, b = 0;
-        for (uint32_t j = 32 * k; j < 32 * k + 32; ++j) {
-          const double xj = xg[j];
-          a += xj;
-          b += xj * xj;  // exact: a product of two floats fits a double
-        }
-        s1p[k] = a;
-        s2p[k] = b;
-      }
-      const double s1 = ChunkTree(s1p, chunks), s2 = ChunkTree(s2p, chunks), n = group;
-      double best_err = 0;
-      for (uint32_t i = 0; i < kRangeSearchCandidates; ++i) {
-        const float f = static_cast<float>(i) / 32.0f;
-        GroupParams p = ComputeRangeParams(i == 0 ? mn : mn + f * width, i == 0 ? mx : mx - f * width);
-        GroupCodes(xg, group, p, cand);
-        double x1p[4] = {};
-        int32_t c1i = 0, c2i = 0;
-        for (uint32_t k = 0; k < chunks; ++k) {
-          float a = 0.0f;
-          for (uint32_t j = 32 * k; j < 32 * k + 32; ++j) {
-            const float cf = static_cast<float>(cand[j]);
-            a = a + cf * xg[j];  // fp32, unfused (-ffp-contract=off)
-            c1i += cand[j];
-            c2i += cand[j] * cand[j];
-          }
-          x1p[k] = a;
-        }
-        const double x1 = ChunkTree(x1p, chunks), c1 = c1i, c2 = c2i;
-        const double det = n * x1 - c1 * s1;
-        if (det > 0) {
-          const double scale = (n * s2 - s1 * s1) / det;
-          if (scale > 0) {
-            const double mn_fit = (s1 - scale * c1) / n;
-            const auto sat = [](double v) { return static_cast<float>(std::clamp(v, -65504.0, 65504.0)); };
-            p = {FloatToHalf(sat(scale)), FloatToHalf(sat(mn_fit))};
-          }
-        }
-        // Σ (m + c·s − x)² expanded over the sums, left to right (NaN counts as +inf).
-        const double m = HalfToFloat(p.min16), sc = HalfToFloat(p.scale16);
-        double err = n * m * m + 2.0 * m * sc * c1 + sc * sc * c2 - 2.0 * m * s1 - 2.0 * sc * x1 + s2;
-        if (std::isnan(err)) err = std::numeric_limits<double>::infinity();
-        if (i == 0 || err < best_err) {
-          best_err = err;
-          best_p = p;
-          std::copy_n(cand, group, best);
-        }
-      }
+      UnbiasedGroup(xg, group, mn, mx, best, &best_p);
       scale_min[2 * gi] = best_p.scale16;
       scale_min[2 * gi + 1] = best_p.min16;
       for (uint32_t j = 0; j < group; ++j) {

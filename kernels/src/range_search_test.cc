@@ -120,9 +120,9 @@ TEST(RangeUnbiased, DeterministicAndDecodable) {
   for (float v : y) EXPECT_NEAR(v, -2.5f, 1e-3f);
 }
 
-// docs/FORMAT.md §1.3.1, written out independently (no FMA contraction: x86-64 baseline build):
-// 32-channel chunks, S1/S2 fp64 and X1 fp32
-// per chunk in ascending order, the fixed tree over chunks, the score from the sums.
+// docs/FORMAT.md §1.3.1 (unbiased v2), written out independently: per candidate, every
+// element's code from its level, the sums element by element (no level histogram), the refit
+// and the score as the spec writes them (no FMA contraction: x86-64 baseline build).
 void SpecUnbiasedGroup(const float* x, uint32_t g, uint8_t* codes, uint16_t* sm) {
   float mn = x[0], mx = x[0];
   for (uint32_t j = 1; j < g; ++j) {
@@ -132,49 +132,48 @@ void SpecUnbiasedGroup(const float* x, uint32_t g, uint8_t* codes, uint16_t* sm)
   mn = std::clamp(mn, -65504.0f, 65504.0f);
   mx = std::clamp(mx, -65504.0f, 65504.0f);
   const float w = mx - mn;
-  const uint32_t nc = g / 32;
-  auto tree = [&](const double* p) { return nc == 4 ? (p[0] + p[1]) + (p[2] + p[3]) : nc == 2 ? p[0] + p[1] : p[0]; };
-  double s1p[4] = {}, s2p[4] = {};
-  for (uint32_t k = 0; k < nc; ++k) {
-    for (uint32_t j = 32 * k; j < 32 * k + 32; ++j) {
-      s1p[k] = s1p[k] + double{x[j]};
-      s2p[k] = s2p[k] + double{x[j]} * double{x[j]};
+  std::vector<int64_t> v(g);
+  for (uint32_t j = 0; j < g; ++j) {
+    if (!(w > 0)) {
+      v[j] = 0;
+      continue;
     }
+    const float k = 1.0f / w, b = -(mn * k);
+    const float u = std::clamp(std::isnan(std::fma(x[j], k, b)) ? 0.0f : std::fma(x[j], k, b), 0.0f, 1.0f);
+    v[j] = static_cast<int64_t>(std::floor(double{u} * 98304.0));
   }
-  const double s1 = tree(s1p), s2 = tree(s2p), n = g;
+  int64_t V1 = 0, V2 = 0;
+  for (uint32_t j = 0; j < g; ++j) {
+    V1 += v[j];
+    V2 += v[j] * v[j];
+  }
+  const double G = g, delta = double{w} / 98304.0;
   double best = 0;
   for (int i = 0; i < 8; ++i) {
+    uint8_t c[128];
+    int64_t C1 = 0, C2 = 0, Y1 = 0;
+    for (uint32_t j = 0; j < g; ++j) {
+      const int64_t L = v[j] / 2048;
+      c[j] = static_cast<uint8_t>((L >= 8 + i) + (L >= 24) + (L >= 40 - i));
+      C1 += c[j];
+      C2 += c[j] * c[j];
+      Y1 += c[j] * v[j];
+    }
     const float f = i / 32.0f;
     GroupParams p = ComputeRangeParams(i == 0 ? mn : mn + f * w, i == 0 ? mx : mx - f * w);
-    const float minf = HalfToFloat(p.min16), sf = HalfToFloat(p.scale16), inv = sf > 0 ? 1.0f / sf : 0.0f;
-    uint8_t c[128];
-    double x1p[4] = {};
-    int64_t c1 = 0, c2 = 0;
-    for (uint32_t k = 0; k < nc; ++k) {
-      float a = 0.0f;
-      for (uint32_t j = 32 * k; j < 32 * k + 32; ++j) {
-        const float t = (x[j] - minf) * inv + 0.5f;
-        c[j] = static_cast<uint8_t>((t >= 1.0f) + (t >= 2.0f) + (t >= 3.0f));
-        const float prod = static_cast<float>(c[j]) * x[j];
-        a = a + prod;
-        c1 += c[j];
-        c2 += c[j] * c[j];
-      }
-      x1p[k] = a;
+    const int64_t det = int64_t{g} * Y1 - C1 * V1, num = int64_t{g} * V2 - V1 * V1;
+    if (det > 0 && num > 0) {
+      const double s = double(num) / double(det);
+      const double m = ((double(V1) + G / 2) - s * double(C1)) / G;
+      p = {FloatToHalf(static_cast<float>(std::clamp(s * delta, -65504.0, 65504.0))),
+           FloatToHalf(static_cast<float>(std::clamp(double{mn} + m * delta, -65504.0, 65504.0)))};
     }
-    const double x1 = tree(x1p), det = n * x1 - double(c1) * s1;
-    if (det > 0) {
-      const double sc = (n * s2 - s1 * s1) / det;
-      if (sc > 0) {
-        const double m = (s1 - sc * double(c1)) / n;
-        p = {FloatToHalf(static_cast<float>(std::clamp(sc, -65504.0, 65504.0))),
-             FloatToHalf(static_cast<float>(std::clamp(m, -65504.0, 65504.0)))};
-      }
-    }
-    const double m = HalfToFloat(p.min16), sc = HalfToFloat(p.scale16);
-    const double t1 = (n * m) * m, t2 = ((2.0 * m) * sc) * double(c1), t3 = (sc * sc) * double(c2);
-    const double t4 = (2.0 * m) * s1, t5 = (2.0 * sc) * x1;
-    double e = ((((t1 + t2) + t3) - t4) - t5) + s2;
+    const double pm = double{HalfToFloat(p.min16)} - double{mn}, q = HalfToFloat(p.scale16);
+    const double z1 = double(V1) + G / 2, z2 = (double(V2) + double(V1)) + G / 4;
+    const double zy = double(Y1) + double(C1) / 2;
+    const double t1 = (G * pm) * pm, t2 = ((2.0 * pm) * q) * double(C1), t3 = (q * q) * double(C2);
+    const double t4 = ((2.0 * pm) * delta) * z1, t5 = ((2.0 * q) * delta) * zy, t6 = (delta * delta) * z2;
+    double e = ((((t1 + t2) + t3) - t4) - t5) + t6;
     if (std::isnan(e)) e = INFINITY;
     if (i == 0 || e < best) {
       best = e;
@@ -185,7 +184,35 @@ void SpecUnbiasedGroup(const float* x, uint32_t g, uint8_t* codes, uint16_t* sm)
   }
 }
 
-TEST(RangeUnbiased, FollowsTheSpecifiedSummationOrder) {
+// Candidate i's level thresholds are its range's code thresholds: with exact (unrounded) range
+// parameters, the §1.3 codes of the range and the level codes agree except within fp32 rounding
+// of a threshold.
+TEST(RangeUnbiased, LevelThresholdsAreTheCandidateRangesThresholds) {
+  std::mt19937 rng(41);
+  std::normal_distribution<float> nd;
+  int64_t total = 0, differ = 0;
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<float> x(128);
+    for (auto& t : x) t = nd(rng);
+    const float mn = *std::min_element(x.begin(), x.end()), mx = *std::max_element(x.begin(), x.end());
+    const float w = mx - mn, k = 1.0f / w, b = -(mn * k);
+    for (int i = 0; i < 8; ++i) {
+      const double lo = double{mn} + double{w} * i / 32.0, sc = double{w} * (1.0 - i / 16.0) / 3.0;
+      for (float xj : x) {
+        const double t = (double{xj} - lo) / sc + 0.5;
+        const int exact = (t >= 1) + (t >= 2) + (t >= 3);
+        const float u = std::clamp(std::fma(xj, k, b), 0.0f, 1.0f);
+        const int64_t L = static_cast<int64_t>(std::floor(double{u} * 98304.0)) / 2048;
+        const int level = (L >= 8 + i) + (L >= 24) + (L >= 40 - i);
+        ++total;
+        differ += exact != level;
+      }
+    }
+  }
+  EXPECT_LT(differ, total / 10000 + 1) << differ << " of " << total;
+}
+
+TEST(RangeUnbiased, FollowsTheSpecifiedRule) {
   std::mt19937 rng(31);
   std::normal_distribution<float> nd;
   int rows = 0;

@@ -326,136 +326,132 @@ __device__ __forceinline__ DevParams UnpackParams(uint32_t w) {
   return {static_cast<uint16_t>(w & 0xffffu), static_cast<uint16_t>(w >> 16)};
 }
 
-// RangeMode::kUnbiased (docs/FORMAT.md §1.3.1), bit for bit with QuantizeRowInt2. The group's
-// L = G/32 lanes each hold one 32-channel chunk (ascending), so the chunk partials are per-lane
-// loops and the fixed tree ((p0 + p1) + (p2 + p3)) is an xor butterfly. Work is spread over the
-// group's lanes: lane `sub` computes the range parameters of candidates sub, sub + L, ... and
-// broadcasts them; every lane accumulates its chunk's X1, C1, C2 for all 8 candidates; a
-// reduce-scatter butterfly leaves each candidate's totals on the lane that owns it, which refits
-// and scores it; an (error, index) minimum across the group picks the first smallest.
+// RangeMode::kUnbiased ("unbiased v2", docs/FORMAT.md §1.3.1), bit for bit with QuantizeRowInt2.
+// The group's G/32 lanes each hold one 32-channel chunk. Per element: one level position
+// v = floor(98304·sat(fma(x, 1/w, −mn/w))) (an FFMA.SAT and an FFMA rounding down onto 2^23,
+// whose bits hold v), one shared-memory atomic add of (1 << 24) + v into the lane's private bin
+// of level L = v >> 11 (49 bins per lane, [level][lane]: conflict-free), and v² into a 64-bit
+// sum. Then each lane reads and clears its bins (suffix sums at the 17 candidate thresholds),
+// a reduce-scatter across the group leaves each candidate's sums on the lane that owns it,
+// which refits and scores it in fp64; an (error, index) minimum across the group picks the
+// first smallest, and the winner's codes are three compares per element. Exact integer sums:
+// the order of the atomics does not matter. `y` is overwritten with the positions' bits.
+constexpr int kBinWords = static_cast<int>(kUnbiasedLevels) * 32;  // per warp
+constexpr uint32_t kMagic = 0x4B000000u;  // bits of 2^23
+// Shared-memory atomics on a 32-bit shared address (the generic forms would not be known to
+// address shared memory).
+__device__ __forceinline__ void SharedRedAdd(uint32_t addr, uint32_t v) {
+  asm volatile("red.shared.add.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t SharedExchZero(uint32_t addr) {
+  uint32_t old;
+  asm volatile("atom.shared.exch.b32 %0, [%1], 0;\n" : "=r"(old) : "r"(addr) : "memory");
+  return old;
+}
 template <int G>
-__device__ DevParams SelectUnbiased(const float (&y)[32], int tig, float mn, float mx,
+__device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx, uint32_t bins,
                                     uint32_t (&best)[2]) {
   constexpr int L = G / 32, kOwn = 8 / L;
-  const int lane = threadIdx.x & 31, base = lane & ~(L - 1), sub = tig & (L - 1);
-  const float width = __fsub_rn(mx, mn);
-  uint32_t own_p[kOwn];
-  float own_inv[kOwn];
-#pragma unroll
-  for (int r = 0; r < kOwn; ++r) {
-    const DevParams q = CandidateParams(sub + L * r, mn, mx, width);
-    own_p[r] = PackParams(q);
-    own_inv[r] = InvScale(q.scale16);
-  }
-  // S1, S2: chunk partials in fp64, then the tree.
-  double s1 = 0.0, s2 = 0.0;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const double x = static_cast<double>(y[i]);
-    s1 = __dadd_rn(s1, x);
-    s2 = __fma_rn(x, x, s2);  // x*x is exact in fp64, so fused == unfused
-  }
-  s1 = __dadd_rn(s1, __shfl_xor_sync(0xffffffffu, s1, 1));
-  s2 = __dadd_rn(s2, __shfl_xor_sync(0xffffffffu, s2, 1));
-  if (L == 4) {
-    s1 = __dadd_rn(s1, __shfl_xor_sync(0xffffffffu, s1, 2));
-    s2 = __dadd_rn(s2, __shfl_xor_sync(0xffffffffu, s2, 2));
-  }
-  // Per-chunk X1 (fp32, unfused) and C1 | C2 << 16 of every candidate; elements outer and
-  // candidates inner, so the 8 candidates' accumulation chains run side by side.
-  float minv[8], invv[8], acc[8], cs[8], c2[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t pw = __shfl_sync(0xffffffffu, own_p[i / L], base + i % L);
-    invv[i] = __shfl_sync(0xffffffffu, own_inv[i / L], base + i % L);
-    minv[i] = H2F(static_cast<uint16_t>(pw >> 16));
-    acc[i] = cs[i] = c2[i] = 0.f;
-  }
+  const int sub = tig & (L - 1);
+  const float w = __fsub_rn(mx, mn);
+  const float k = w > 0.f ? __frcp_rn(w) : 0.f;
+  const float b = -__fmul_rn(mn, k);
+  unsigned long long v2 = 0;
 #pragma unroll
   for (int j = 0; j < 32; ++j) {
-    const float yj = y[j];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      // t = u + 0.5 (rounded) >= k  <=>  u >= k - 0.5, except that u = 0.5 - 2^-25 rounds up
-      // to t = 1 (a tie to even): the exact thresholds on u are 0.5 - 2^-25, 1.5 and 2.5.
-      const float u = __fmul_rn(__fsub_rn(yj, minv[i]), invv[i]);
-      const float cf = (u >= 0.49999997f ? 1.f : 0.f) + (u >= 1.5f ? 1.f : 0.f) + (u >= 2.5f ? 1.f : 0.f);
-      acc[i] = __fadd_rn(acc[i], __fmul_rn(cf, yj));
-      cs[i] += cf;  // small integers: exact in any order
-      c2[i] = fmaf(cf, cf, c2[i]);
-    }
+    const float u = __saturatef(__fmaf_rn(y[j], k, b));
+    const uint32_t vb = __float_as_uint(__fmaf_rd(u, 98304.0f, 8388608.0f));
+    const uint32_t v = vb - kMagic;
+    SharedRedAdd(bins + (((vb >> 11) & 63u) << 7), v + (1u << 24));
+    v2 += static_cast<unsigned long long>(v) * v;
+    y[j] = __uint_as_float(vb);
   }
-  float xp[8];
-  int cp[8];
+  // Suffix sums (count << 24 | sum of v) at the thresholds: lo[i] = P(8+i), hi[i] = P(40-i).
+  uint32_t lo[8], hi[8], p24 = 0, tot = 0, run = 0;
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    xp[i] = acc[i];
-    cp[i] = static_cast<int>(cs[i]) | (static_cast<int>(c2[i]) << 16);
+  for (int l = static_cast<int>(kUnbiasedLevels) - 1; l >= 0; --l) {
+    run += SharedExchZero(bins + (l << 7));
+    if (l >= 33 && l <= 40) hi[40 - l] = run;
+    if (l == 24) p24 = run;
+    if (l >= 8 && l <= 15) lo[l - 8] = run;
+    if (l == 0) tot = run;
   }
-  // Reduce-scatter: after the xor-1 step a lane keeps the candidates with (i & 1) == (tig & 1),
-  // after the xor-2 step (G = 128) those with (i & 3) == (tig & 3): i = sub + L * r.
-  double xa[4];
-  int ca[4];
+  // Group totals: p24, tot and v2 everywhere; lo/hi reduce-scattered so that lane `sub` keeps
+  // candidates i = sub + L*r (after the xor-1 step those with (i & 1) == (tig & 1), after the
+  // xor-2 step (G = 128) (i & 3) == (tig & 3)).
+  p24 += __shfl_xor_sync(0xffffffffu, p24, 1);
+  tot += __shfl_xor_sync(0xffffffffu, tot, 1);
+  v2 += __shfl_xor_sync(0xffffffffu, v2, 1);
+  if (L == 4) {
+    p24 += __shfl_xor_sync(0xffffffffu, p24, 2);
+    tot += __shfl_xor_sync(0xffffffffu, tot, 2);
+    v2 += __shfl_xor_sync(0xffffffffu, v2, 2);
+  }
+  uint32_t lo1[4], hi1[4];
   const bool b0 = tig & 1;
 #pragma unroll
   for (int pr = 0; pr < 4; ++pr) {
-    const float send = b0 ? xp[2 * pr] : xp[2 * pr + 1];
-    const float keep = b0 ? xp[2 * pr + 1] : xp[2 * pr];
-    const int csend = b0 ? cp[2 * pr] : cp[2 * pr + 1];
-    const int ckeep = b0 ? cp[2 * pr + 1] : cp[2 * pr];
-    xa[pr] = __dadd_rn(static_cast<double>(keep),
-                       static_cast<double>(__shfl_xor_sync(0xffffffffu, send, 1)));
-    ca[pr] = ckeep + __shfl_xor_sync(0xffffffffu, csend, 1);
+    const uint32_t sl = b0 ? lo[2 * pr] : lo[2 * pr + 1], kl = b0 ? lo[2 * pr + 1] : lo[2 * pr];
+    const uint32_t sh = b0 ? hi[2 * pr] : hi[2 * pr + 1], kh = b0 ? hi[2 * pr + 1] : hi[2 * pr];
+    lo1[pr] = kl + __shfl_xor_sync(0xffffffffu, sl, 1);
+    hi1[pr] = kh + __shfl_xor_sync(0xffffffffu, sh, 1);
   }
-  double xo[kOwn];
-  int co[kOwn];
+  uint32_t lo_own[kOwn], hi_own[kOwn];
   if constexpr (L == 4) {
     const bool b1 = tig & 2;
 #pragma unroll
     for (int pr = 0; pr < 2; ++pr) {
-      const double send = b1 ? xa[2 * pr] : xa[2 * pr + 1];
-      const double keep = b1 ? xa[2 * pr + 1] : xa[2 * pr];
-      const int csend = b1 ? ca[2 * pr] : ca[2 * pr + 1];
-      const int ckeep = b1 ? ca[2 * pr + 1] : ca[2 * pr];
-      xo[pr] = __dadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, 2));
-      co[pr] = ckeep + __shfl_xor_sync(0xffffffffu, csend, 2);
+      const uint32_t sl = b1 ? lo1[2 * pr] : lo1[2 * pr + 1], kl = b1 ? lo1[2 * pr + 1] : lo1[2 * pr];
+      const uint32_t sh = b1 ? hi1[2 * pr] : hi1[2 * pr + 1], kh = b1 ? hi1[2 * pr + 1] : hi1[2 * pr];
+      lo_own[pr] = kl + __shfl_xor_sync(0xffffffffu, sl, 2);
+      hi_own[pr] = kh + __shfl_xor_sync(0xffffffffu, sh, 2);
     }
   } else {
 #pragma unroll
     for (int pr = 0; pr < kOwn; ++pr) {
-      xo[pr] = xa[pr];
-      co[pr] = ca[pr];
+      lo_own[pr] = lo1[pr];
+      hi_own[pr] = hi1[pr];
     }
   }
   // Refit and score the owned candidates (ascending index), then the group minimum.
-  const double n = static_cast<double>(G);
+  const long long V1 = tot & 0xffffffu, V2 = static_cast<long long>(v2);
+  const long long num = G * V2 - V1 * V1;
+  const double gd = static_cast<double>(G), delta = __ddiv_rn(static_cast<double>(w), 98304.0);
+  const double z1 = __dadd_rn(static_cast<double>(V1), gd / 2.0);
+  const double z2 = __dadd_rn(__dadd_rn(static_cast<double>(V2), static_cast<double>(V1)), gd / 4.0);
+  const long long n2 = p24 >> 24, y2 = p24 & 0xffffffu;
   double best_err = 0.0;
   int best_i = 0;
   uint32_t best_w = 0;
 #pragma unroll
   for (int r = 0; r < kOwn; ++r) {
-    const double x1 = xo[r], c1 = static_cast<double>(co[r] & 0xffff), c2 = static_cast<double>(co[r] >> 16);
-    DevParams q = UnpackParams(own_p[r]);
-    const double det = __dsub_rn(__dmul_rn(n, x1), __dmul_rn(c1, s1));
-    if (det > 0) {
-      const double scale = __ddiv_rn(__dsub_rn(__dmul_rn(n, s2), __dmul_rn(s1, s1)), det);
-      if (scale > 0) {
-        const double mn_fit = __ddiv_rn(__dsub_rn(s1, __dmul_rn(scale, c1)), n);
-        const auto sat = [](double v) { return __double2float_rn(fmin(fmax(v, -65504.0), 65504.0)); };
-        q = {__half_as_ushort(__float2half_rn(sat(scale))), __half_as_ushort(__float2half_rn(sat(mn_fit)))};
-      }
+    const int i = sub + L * r;
+    const long long n1 = lo_own[r] >> 24, n3 = hi_own[r] >> 24;
+    const long long c1 = n1 + n2 + n3, c2 = n1 + 3 * n2 + 5 * n3;
+    const long long y1 = (lo_own[r] & 0xffffffu) + y2 + (hi_own[r] & 0xffffffu);
+    DevParams q = CandidateParams(i, mn, mx, w);
+    const long long det = G * y1 - c1 * V1;
+    if (det > 0 && num > 0) {
+      const double s = __ddiv_rn(static_cast<double>(num), static_cast<double>(det));
+      const double m = __ddiv_rn(__dsub_rn(z1, __dmul_rn(s, static_cast<double>(c1))), gd);
+      const double scale = __dmul_rn(s, delta);
+      const double minv = __dadd_rn(static_cast<double>(mn), __dmul_rn(m, delta));
+      const auto sat = [](double t) { return __double2float_rn(fmin(fmax(t, -65504.0), 65504.0)); };
+      q = {__half_as_ushort(__float2half_rn(sat(scale))), __half_as_ushort(__float2half_rn(sat(minv)))};
     }
-    const double m = H2F(q.min16), sc = H2F(q.scale16);
-    double err = __dmul_rn(__dmul_rn(n, m), m);
-    err = __dadd_rn(err, __dmul_rn(__dmul_rn(__dmul_rn(2.0, m), sc), c1));
-    err = __dadd_rn(err, __dmul_rn(__dmul_rn(sc, sc), c2));
-    err = __dsub_rn(err, __dmul_rn(__dmul_rn(2.0, m), s1));
-    err = __dsub_rn(err, __dmul_rn(__dmul_rn(2.0, sc), x1));
-    err = __dadd_rn(err, s2);
+    const double pm = __dsub_rn(static_cast<double>(H2F(q.min16)), static_cast<double>(mn));
+    const double qs = H2F(q.scale16), dc1 = static_cast<double>(c1), dc2 = static_cast<double>(c2);
+    const double zy = __dadd_rn(static_cast<double>(y1), dc1 / 2.0);
+    double err = __dmul_rn(__dmul_rn(gd, pm), pm);
+    err = __dadd_rn(err, __dmul_rn(__dmul_rn(__dmul_rn(2.0, pm), qs), dc1));
+    err = __dadd_rn(err, __dmul_rn(__dmul_rn(qs, qs), dc2));
+    err = __dsub_rn(err, __dmul_rn(__dmul_rn(__dmul_rn(2.0, pm), delta), z1));
+    err = __dsub_rn(err, __dmul_rn(__dmul_rn(__dmul_rn(2.0, qs), delta), zy));
+    err = __dadd_rn(err, __dmul_rn(__dmul_rn(delta, delta), z2));
     if (isnan(err)) err = __longlong_as_double(0x7ff0000000000000ll);  // +inf
     if (r == 0 || err < best_err) {
       best_err = err;
-      best_i = sub + L * r;
+      best_i = i;
       best_w = PackParams(q);
     }
   }
@@ -470,25 +466,16 @@ __device__ DevParams SelectUnbiased(const float (&y)[32], int tig, float mn, flo
       best_w = ow;
     }
   }
-  // The winner's codes are those of its range parameters (before the refit).
-  uint32_t rw = 0, rinv_bits = 0;  // masks, not an indexed read (local memory)
+  // The winner's codes: [L >= 8+i] + [L >= 24] + [L >= 40-i], compared on the positions' bits.
+  const uint32_t a1 = kMagic + static_cast<uint32_t>(8 + best_i) * kUnbiasedStepsPerLevel;
+  const uint32_t a2 = kMagic + 24u * kUnbiasedStepsPerLevel;
+  const uint32_t a3 = kMagic + static_cast<uint32_t>(40 - best_i) * kUnbiasedStepsPerLevel;
+  best[0] = best[1] = 0u;
 #pragma unroll
-  for (int r = 0; r < kOwn; ++r) {
-    const uint32_t m = 0u - static_cast<uint32_t>(best_i / L == r);
-    rw |= own_p[r] & m;
-    rinv_bits |= __float_as_uint(own_inv[r]) & m;
-  }
-  float rinv = __uint_as_float(rinv_bits);
-  rw = __shfl_sync(0xffffffffu, rw, base + best_i % L);
-  rinv = __shfl_sync(0xffffffffu, rinv, base + best_i % L);
-  {
-    const float minf = H2F(static_cast<uint16_t>(rw >> 16));
-    best[0] = best[1] = 0u;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const float t = __fadd_rn(__fmul_rn(__fsub_rn(y[i], minf), rinv), 0.5f);
-      best[i / 16] |= static_cast<uint32_t>(min(max(static_cast<int>(floorf(t)), 0), 3)) << (2 * (i % 16));
-    }
+  for (int j = 0; j < 32; ++j) {
+    const uint32_t vb = __float_as_uint(y[j]);
+    const uint32_t c = (vb >= a1) + (vb >= a2) + (vb >= a3);
+    best[j / 16] |= c << (2 * (j % 16));
   }
   return UnpackParams(best_w);
 }
@@ -497,9 +484,9 @@ __device__ DevParams SelectUnbiased(const float (&y)[32], int tig, float mn, flo
 // same integer error sums (exact, so any order), the same first-smallest choice. Returns the
 // chosen parameters and the lane's codes.
 template <int G>
-__device__ DevParams SelectRange(const float (&y)[32], int tig, float mn, float mx, RangeMode mode,
-                                 uint32_t (&best)[2]) {
-  if (mode == RangeMode::kUnbiased) return SelectUnbiased<G>(y, tig, mn, mx, best);
+__device__ DevParams SelectRange(float (&y)[32], int tig, float mn, float mx, RangeMode mode,
+                                 uint32_t bins, uint32_t (&best)[2]) {
+  if (mode == RangeMode::kUnbiased) return SelectUnbiased<G>(y, tig, mn, mx, bins, best);
   const float width = __fsub_rn(mx, mn);
   DevParams best_p = RangeParams(mn, mx);
   uint32_t cand[2];
@@ -540,8 +527,8 @@ __device__ DevParams SelectRange(const float (&y)[32], int tig, float mn, float 
 // stores the codes (8 bytes) and, from the first lane of each group, the (scale, min) pair.
 // kSelect: the CTA's mode (uniform) may be search / unbiased; false compiles min-max only.
 template <int G, bool kSelect>
-__device__ void QuantizeStore(const float (&y)[32], int tig, uint8_t* codes_row,
-                              uint8_t* params_row, RangeMode mode) {
+__device__ void QuantizeStore(float (&y)[32], int tig, uint8_t* codes_row, uint8_t* params_row,
+                              RangeMode mode, uint32_t bins) {
   float mn = y[0], mx = y[0];
 #pragma unroll
   for (int i = 1; i < 32; ++i) {
@@ -565,7 +552,7 @@ __device__ void QuantizeStore(const float (&y)[32], int tig, uint8_t* codes_row,
       packed[i / 16] |= static_cast<uint32_t>(c) << (2 * (i % 16));
     }
   } else {
-    q = SelectRange<G>(y, tig, mn, mx, mode, packed);
+    q = SelectRange<G>(y, tig, mn, mx, mode, bins, packed);
   }
   *reinterpret_cast<uint2*>(codes_row + 8 * tig) = make_uint2(packed[0], packed[1]);
   const int lanes_per_group = G / 32;
@@ -604,6 +591,15 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel
       for (int c = tid; c < kFragSmem / 16; c += kThreads) d2[c] = s2[2 * c];
     }
     __syncthreads();
+  }
+  // Unbiased range selection: 49 private level bins per lane after the fragments ([level][lane]).
+  uint32_t bins = 0;  // shared-memory address of this lane's level 0 bin
+  if constexpr (kSelect) {
+    const int frag_bytes = rotate ? (precise ? kFragSmem : kFragSmem / 2) : 0;
+    uint32_t* b = reinterpret_cast<uint32_t*>(smem + frag_bytes) + warp * kBinWords + lane;
+#pragma unroll
+    for (int l = 0; l < static_cast<int>(kUnbiasedLevels); ++l) b[l << 5] = 0u;
+    bins = static_cast<uint32_t>(__cvta_generic_to_shared(b));
   }
   const float clip = p.clips != nullptr ? p.clips[mat] : 1.0f;
   const QuantilePos qpos = QuantilePosition(clip);
@@ -647,6 +643,20 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel
     // (The selecting kernels are compute-bound: they load each tile when they reach it and
     // spend the 32 registers on the range selection instead.)
     uint32_t xn[2][16];
+    if (p.tuning & 1) {
+      // L2 prefetch of the rows one tile beyond what the registers hold (one lane per 128-byte
+      // line): more bytes in flight at no register cost.
+      const int ahead = tile + (kSelect ? 1 : 2) * static_cast<int>(gridDim.x);
+      if (ahead < tiles && (tig & 1) == 0) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int tk = ahead * kTileTokens + warp * 16 + gid + 8 * r;
+          if (tk < p.num_tokens) {
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(base + tk * p.src_token_stride + 32 * tig));
+          }
+        }
+      }
+    }
     if constexpr (kSelect) {
       if (tile != blockIdx.x) load(tile, xw);
     } else {
@@ -742,13 +752,13 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel
       uint8_t* codes_row = int2 ? page + seg2 + size_t(slot) * 32 : scratch;
       uint8_t* params_row = int2 ? page + seg2 + codes_bytes + size_t(slot) * (128 / G) * 4 : scratch;
       if (int2) {
-        QuantizeStore<G, kSelect>(y[r], tig, codes_row, params_row, mode);
+        QuantizeStore<G, kSelect>(y[r], tig, codes_row, params_row, mode, bins);
       } else {
         // Keep the quad's shuffles convergent: lanes with nothing to write still take part.
         float dummy[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) dummy[i] = 0.f;
-        QuantizeStore<G, kSelect>(dummy, tig, scratch, scratch, mode);
+        QuantizeStore<G, kSelect>(dummy, tig, scratch, scratch, mode, bins);
       }
     }
 #pragma unroll
@@ -774,8 +784,7 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   if (p.head_dim != 128 || (p.group_size != 128 && p.group_size != 64)) {
     return absl::InvalidArgumentError("quantize-on-write needs head_dim 128 and group 128 or 64");
   }
-  if (p.range_mode != RangeMode::kMinMax && p.range_mode != RangeMode::kSearch &&
-      p.range_mode != RangeMode::kUnbiased) {
+  if (!IsRangeMode(static_cast<uint8_t>(p.range_mode))) {
     return absl::InvalidArgumentError("quantize-on-write: unknown range mode");
   }
   if (p.num_tokens <= 0 || p.layer_count == 0) return absl::OkStatus();
@@ -792,15 +801,17 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   const int tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
   const int per_cta = p.rot_fragments != nullptr ? 8 : 2;  // amortize the 64 KiB fragment load
   dim3 grid((tiles + per_cta - 1) / per_cta, p.num_kv_heads, 2 * p.layer_count);
-  const int smem = p.rot_fragments == nullptr ? 0 : p.precise_rotation ? kFragSmem : kFragSmem / 2;
-  auto launch = [&](auto kernel) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFragSmem);
-    kernel<<<grid, kThreads, smem, stream>>>(p);
-  };
   const bool g128 = p.group_size == 128;
   // Per-head modes live in device memory (unknown here): any table takes the selecting kernel,
   // which handles min-max heads at run time too.
   const bool select = p.range_modes != nullptr || p.range_mode != RangeMode::kMinMax;
+  const int bin_bytes = kThreads / 32 * kBinWords * 4;
+  const int smem = (p.rot_fragments == nullptr ? 0 : p.precise_rotation ? kFragSmem : kFragSmem / 2) +
+                   (select ? bin_bytes : 0);
+  auto launch = [&](auto kernel) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFragSmem + bin_bytes);
+    kernel<<<grid, kThreads, smem, stream>>>(p);
+  };
   const bool rot = p.rot_fragments != nullptr;
   if (select) {
     if (rot) {

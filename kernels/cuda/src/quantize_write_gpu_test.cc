@@ -321,7 +321,7 @@ TEST(QuantizeWriteGpu, PerHeadRangeModesBitExact) {
     WriteCase c;
     c.group = g;
     c.kv_heads = 3;
-    c.range_modes = {0, 1, 2, 2, 0, 1, 1};
+    c.range_modes = {0, 1, 3, 3, 0, 1, 1};
     c.clip_values = {0.96f, 1.0f, 0.92f};
     c.seed = 60 + g;
     RunWrite(c);
@@ -352,7 +352,7 @@ TEST(QuantizeWriteGpu, TiesOneLaneTopsConstantAndInfRowsBitExact) {
       c.group = g;
       c.kv_heads = 3;
       c.tokens = 150;
-      c.range_modes = {0, 1, 2, 2, 1, 0, 2};
+      c.range_modes = {0, 1, 3, 3, 1, 0, 3};
       c.clip_values = {0.92f, 0.96f, 1.0f, 0.88f, 0.999f, 0.5f, 0.9449f, 0.95f};
       c.seed = 90 + 7 * pattern + g;
       SCOPED_TRACE("pattern " + std::to_string(pattern));
@@ -373,9 +373,11 @@ TEST(QuantizeWriteGpu, RotatedWithinOneStep) {
   }
 }
 
-// The default codec write (rotate, clip, unbiased), R as fp16 hi + lo and hi only.
+// The default codec write (`oscarkv calibrate` defaults: rotate, no clip, unbiased) and the
+// same with OSCAR's clips, R as fp16 hi + lo and hi only.
 TEST(QuantizeWriteGpu, RotatedDefaultCodecWithinOneStep) {
   SKIP_WITHOUT_GPU();
+  for (bool clip : {false, true})
   for (bool precise : {true, false}) {
     for (uint32_t g : {128u, 64u}) {
       WriteCase c;
@@ -384,15 +386,15 @@ TEST(QuantizeWriteGpu, RotatedDefaultCodecWithinOneStep) {
       c.precise = precise;
       c.tokens = 333;
       c.range_mode = RangeMode::kUnbiased;
-      c.clip_values = {0.96f, 0.92f};
-      c.seed = 11 + g + precise;
+      c.clip_values = clip ? std::vector<float>{0.96f, 0.92f} : std::vector<float>{1.0f};
+      c.seed = 11 + g + precise + 2 * clip;
       c.loose = true;
       if (!precise) {  // R to ~2^-12: a bf16 rounding boundary is crossed more often
         c.code_frac = 0.01;
         c.bf16_frac = 0.15;
         c.far_group_frac = 0.05;
       }
-      SCOPED_TRACE(precise ? "R hi+lo" : "R hi only");
+      SCOPED_TRACE(std::string(precise ? "R hi+lo" : "R hi only") + (clip ? ", clip" : ", no clip"));
       RunWrite(c);
     }
   }
@@ -505,6 +507,31 @@ TEST(QuantizeWriteGpu, RealRowsOfTheReferenceModel) {
     c.clip_values = {0.96f, 0.96f, 0.92f, 0.92f};  // K heads, then V heads
     c.real_k = &k;
     c.real_v = &v;
+    RunWrite(c);
+  }
+  // The default codec (no clip, unbiased ranges): unrotated bit for bit; rotated with R as
+  // fp16 hi + lo and as fp16 only, the printed code mismatches against the fp32 CPU rotation
+  // measure what the fp16-only R costs on real rows.
+  for (int variant = 0; variant < 3; ++variant) {
+    WriteCase c;
+    c.kv_heads = H;
+    c.layers = 1;
+    c.first_layer = 0;
+    c.layer_count = 1;
+    c.tokens = static_cast<int32_t>(n);
+    c.rotate = variant > 0;
+    c.precise = variant == 1;
+    c.range_mode = RangeMode::kUnbiased;
+    c.clip_values = {1.0f};
+    c.loose = true;
+    if (variant == 2) {
+      c.code_frac = 0.01;
+      c.bf16_frac = 0.15;
+      c.far_group_frac = 0.05;
+    }
+    c.real_k = &k;
+    c.real_v = &v;
+    SCOPED_TRACE(variant == 0 ? "unrotated" : variant == 1 ? "R hi+lo" : "R hi only");
     RunWrite(c);
   }
 }

@@ -148,7 +148,8 @@ TEST(ReferenceQuantizeWrite, MatchesEncodePagePayload) {
     for (uint32_t l = 0; l < L; ++l)
       for (uint32_t kv = 0; kv < 2; ++kv)
         for (uint32_t h = 0; h < H; ++h) {
-          const auto m = static_cast<RangeMode>(with_modes ? (l * 4 + kv * 2 + h) % 3 : 0);
+          const RangeMode kModes[3] = {RangeMode::kMinMax, RangeMode::kSearch, RangeMode::kUnbiased};
+          const RangeMode m = with_modes ? kModes[(l * 4 + kv * 2 + h) % 3] : RangeMode::kMinMax;
           if (with_modes) rot.set_range_mode(l, static_cast<KV>(kv), h, m);
           modes.push_back(static_cast<uint8_t>(m));
         }

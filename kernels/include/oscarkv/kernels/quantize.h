@@ -38,19 +38,26 @@ void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, uint8_t* codes,
 // candidate with the smallest score. The stored (scale16, min16) are the chosen candidate's,
 // so readers need nothing new and the format is unchanged (2 + 32/G bits per element).
 //
-// kUnbiased: the same 8 candidate ranges, but each candidate's codes c_j are then refit:
-// (min, scale) solve  sum_j (x_hat_j - x_j) = 0  and  sum_j (x_hat_j - x_j) x_j = 0, i.e. the
-// error is orthogonal to the row and to the constant, so q.x_hat is an unbiased estimate of
-// q.x for q along x (clipping alone shrinks every logit, which costs long-range recall). With
-// S1 = sum x, S2 = sum x^2, C1 = sum c, C2 = sum c^2, X1 = sum c x (summation order fixed by
-// docs/FORMAT.md §1.3.1: 32-channel chunks, S1/S2 in fp64 and X1 in fp32 per chunk, chunks
-// combined by a fixed fp64 tree), det = G*X1 - C1*S1; if det > 0 and the solution
-// scale = (G*S2 - S1^2)/det is > 0, then min = (S1 - scale*C1)/G and both are stored as fp16
-// round-to-nearest (saturated); otherwise the candidate keeps its range parameters. The
-// candidate with the smallest sum of squared errors of its stored parameters (evaluated in fp64
-// from the sums; NaN counts as +inf) wins (first on ties).
-enum class RangeMode : uint8_t { kMinMax = 0, kSearch = 1, kUnbiased = 2 };
+// kUnbiased ("unbiased v2", docs/FORMAT.md §1.3.1): the same 8 candidate ranges, each with its
+// codes refit: (min, scale) solve  sum_j (x_hat_j - x_j) = 0  and  sum_j (x_hat_j - x_j) x_j = 0,
+// i.e. the error is orthogonal to the row and to the constant, so q.x_hat is an unbiased estimate
+// of q.x for q along x (clipping alone shrinks every logit, which costs long-range recall).
+// Every element gets one integer position v = floor(98304 * sat(fma(x, 1/w, -(mn/w)))) in
+// [0, 98304] and level L = v / 2048 = floor(48 u); candidate i's codes are
+// [L >= 8+i] + [L >= 24] + [L >= 40-i] (the code thresholds of its range, in 48ths of the
+// width), so the per-candidate sums come from per-level counts and sums of v computed once
+// (exact integers, any order). The refit and the score (squared error of the stored fp16
+// parameters against x~ = mn + (v + 1/2) w/98304) are fp64 expressions of those sums; the
+// first candidate with the smallest score wins. Value 2 was the earlier rule ("unbiased v1":
+// per-candidate codes from the fp16 range parameters, fp32/fp64 sums in a fixed order); it is
+// retired and artifacts that carry it are rejected (re-run `oscarkv calibrate`).
+enum class RangeMode : uint8_t { kMinMax = 0, kSearch = 1, kUnbiased = 3 };
 inline constexpr uint32_t kRangeSearchCandidates = 8;
+inline constexpr uint32_t kUnbiasedSteps = 98304;        // positions v in [0, kUnbiasedSteps]
+inline constexpr uint32_t kUnbiasedStepsPerLevel = 2048;  // L = v / 2048 in [0, 48]
+inline constexpr uint32_t kUnbiasedLevels = 49;
+// True for the byte values of RangeMode (0, 1, 3).
+inline constexpr bool IsRangeMode(uint8_t m) { return m == 0 || m == 1 || m == 3; }
 
 void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, RangeMode mode, uint8_t* codes,
                      uint16_t* scale_min);

@@ -12,8 +12,10 @@
 //
 // Range selection: all three RangeMode rules of the CPU codec (quantize.h, docs/FORMAT.md
 // §1.3.1) are mirrored bit for bit -- kMinMax, kSearch (8 candidate ranges, integer error) and
-// kUnbiased (8 candidates refit; its sums follow the fixed chunk tree of §1.3.1: one lane per
-// 32-channel chunk, an xor butterfly, candidates' refits spread over the group's lanes).
+// kUnbiased ("unbiased v2": one level position per element, a shared-memory atomic into the
+// lane's private bin of its level, suffix sums at the 17 candidate thresholds, a
+// reduce-scatter over the group's lanes, each lane refitting and scoring its candidates in
+// fp64; all sums are exact integers, so the order of the atomics does not matter).
 // Quantile clip: when the order statistics are in the top 16 of 128 (c >= ~0.89, OSCAR's clips)
 // every lane sorts its own top 8 with sorting networks and the quad merges the lists (bitonic,
 // two shuffle rounds); the rare rows where one lane holds more than 8 of the top values take an
@@ -70,6 +72,9 @@ struct QuantizeWriteParams {
   // clips), or nullptr to use `range_mode` for every head.
   RangeMode range_mode = RangeMode::kMinMax;
   const uint8_t* range_modes = nullptr;
+  // Benchmark experiments (kernel_bench measures them side by side); 0 is the product's
+  // setting. Bit 0: L2 prefetch of the source rows one tile further ahead.
+  uint32_t tuning = 0;
 };
 
 absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& params, cudaStream_t stream);
