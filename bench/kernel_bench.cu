@@ -478,7 +478,6 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         const char* name;
         bool rotate, clip, precise = true;
         RangeMode mode = RangeMode::kMinMax;
-        uint32_t tuning = 0;  // QuantizeWriteParams::tuning (experiments)
       };
       std::vector<Variant> variants;
       // The first row is the write a calibrated codec performs (`oscarkv calibrate` defaults:
@@ -496,12 +495,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
                     {"int2 rotate, min-max, R fp16 only", true, false, false, kMm},
                     {"int2 prerotated, min-max", false, false, true, kMm},
                     {"int2 prerotated+clip, min-max", false, true, true, kMm},
-                    {"int2 rotate+clip, range search", true, true, true, RangeMode::kSearch},
-                    {"int2 default codec + L2 prefetch", true, false, true, kUb, 1},
-                    {"int2 default codec, R fp16 only + L2 prefetch", true, false, false, kUb, 1},
-                    {"int2 prerotated+unbiased + L2 prefetch", false, false, true, kUb, 1},
-                    {"int2 rotate, min-max + L2 prefetch", true, false, true, kMm, 1},
-                    {"int2 prerotated, min-max + L2 prefetch", false, false, true, kMm, 1}};
+                    {"int2 rotate+clip, range search", true, true, true, RangeMode::kSearch}};
       } else {
         variants = {{"bf16 rotate (sink/tail)", true, false},
                     {"bf16 rotate (sink/tail), R fp16 only", true, false, false}};
@@ -524,7 +518,6 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         q.clips = v.clip ? clips->as<float>() : nullptr;
         q.precise_rotation = v.precise;
         q.range_mode = v.mode;
-        q.tuning = v.tuning;
         auto us = TimeMedianUs([&] { return cuda::LaunchQuantizeWrite(q, nullptr); }, o.samples);
         if (!us.ok()) return us.status();
         const double row_out = kind == PageKind::kInt2 ? 32 + 4 : 256;

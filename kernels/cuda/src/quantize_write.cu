@@ -315,10 +315,6 @@ __device__ __forceinline__ DevParams CandidateParams(int i, float mn, float mx, 
   return i == 0 ? RangeParams(mn, mx)
                 : RangeParams(__fadd_rn(mn, __fmul_rn(f, width)), __fsub_rn(mx, __fmul_rn(f, width)));
 }
-__device__ __forceinline__ float InvScale(uint16_t scale16) {
-  const float sf = H2F(scale16);
-  return sf > 0.f ? __frcp_rn(sf) : 0.f;
-}
 __device__ __forceinline__ uint32_t PackParams(DevParams q) {
   return static_cast<uint32_t>(q.scale16) | (static_cast<uint32_t>(q.min16) << 16);
 }
@@ -330,23 +326,32 @@ __device__ __forceinline__ DevParams UnpackParams(uint32_t w) {
 // The group's G/32 lanes each hold one 32-channel chunk. Per element: one level position
 // v = floor(98304·sat(fma(x, 1/w, −mn/w))) (an FFMA.SAT and an FFMA rounding down onto 2^23,
 // whose bits hold v), one shared-memory atomic add of (1 << 24) + v into the lane's private bin
-// of level L = v >> 11 (49 bins per lane, [level][lane]: conflict-free), and v² into a 64-bit
-// sum. Then each lane reads and clears its bins (suffix sums at the 17 candidate thresholds),
-// a reduce-scatter across the group leaves each candidate's sums on the lane that owns it,
-// which refits and scores it in fp64; an (error, index) minimum across the group picks the
-// first smallest, and the winner's codes are three compares per element. Exact integer sums:
-// the order of the atomics does not matter. `y` is overwritten with the positions' bits.
-constexpr int kBinWords = static_cast<int>(kUnbiasedLevels) * 32;  // per warp
+// of the band of level L = v >> 11, and v² into a 64-bit sum. The 19 bands are the level ranges
+// between consecutive candidate thresholds (L < 8, one band per L = 8..15, 16..23, 24..32, one
+// per L = 33..39, L >= 40), so every threshold's suffix sum is a suffix of band sums. Bins are
+// [band][lane]: conflict-free. Then each lane reads and clears its bins, a reduce-scatter across
+// the group leaves each candidate's sums on the lane that owns it, which refits and scores it in
+// fp64; an (error, index) minimum across the group picks the first smallest, and the winner's
+// codes are three compares per element. Exact integer sums: the order of the atomics does not
+// matter. `y` is overwritten with the positions' bits.
+constexpr int kBands = 19;
+constexpr int kBinWords = kBands * 32;  // per warp
 constexpr uint32_t kMagic = 0x4B000000u;  // bits of 2^23
-// Shared-memory atomics on a 32-bit shared address (the generic forms would not be known to
-// address shared memory).
 __device__ __forceinline__ void SharedRedAdd(uint32_t addr, uint32_t v) {
   asm volatile("red.shared.add.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
-__device__ __forceinline__ uint32_t SharedExchZero(uint32_t addr) {
-  uint32_t old;
-  asm volatile("atom.shared.exch.b32 %0, [%1], 0;\n" : "=r"(old) : "r"(addr) : "memory");
-  return old;
+__device__ __forceinline__ uint32_t SharedLoad(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void SharedStoreZero(uint32_t addr) {
+  asm volatile("st.shared.u32 [%0], 0;\n" ::"r"(addr) : "memory");
+}
+// Band of level l: 0 for l < 8, 1..8 for l = 8..15, 9 for 16..23, 10 for 24..32, 11..17 for
+// 33..39, 18 for l >= 40.
+__device__ __forceinline__ int BandOf(int l) {
+  return min(max(l - 7, 0), 9) + (l >= 24 ? 1 : 0) + min(max(l - 32, 0), 8);
 }
 template <int G>
 __device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx, uint32_t bins,
@@ -362,19 +367,22 @@ __device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx,
     const float u = __saturatef(__fmaf_rn(y[j], k, b));
     const uint32_t vb = __float_as_uint(__fmaf_rd(u, 98304.0f, 8388608.0f));
     const uint32_t v = vb - kMagic;
-    SharedRedAdd(bins + (((vb >> 11) & 63u) << 7), v + (1u << 24));
+    SharedRedAdd(bins + (static_cast<uint32_t>(BandOf(static_cast<int>(v >> 11))) << 7), v + (1u << 24));
     v2 += static_cast<unsigned long long>(v) * v;
     y[j] = __uint_as_float(vb);
   }
-  // Suffix sums (count << 24 | sum of v) at the thresholds: lo[i] = P(8+i), hi[i] = P(40-i).
+  __syncwarp();  // orders the atomics before the loads below
+  // Suffix sums (count << 24 | sum of v) at the thresholds: lo[i] = P(8+i) (band 1+i),
+  // hi[i] = P(40-i) (band 18-i), p24 = P(24) (band 10), tot = all.
   uint32_t lo[8], hi[8], p24 = 0, tot = 0, run = 0;
 #pragma unroll
-  for (int l = static_cast<int>(kUnbiasedLevels) - 1; l >= 0; --l) {
-    run += SharedExchZero(bins + (l << 7));
-    if (l >= 33 && l <= 40) hi[40 - l] = run;
-    if (l == 24) p24 = run;
-    if (l >= 8 && l <= 15) lo[l - 8] = run;
-    if (l == 0) tot = run;
+  for (int band = kBands - 1; band >= 0; --band) {
+    run += SharedLoad(bins + (band << 7));
+    SharedStoreZero(bins + (band << 7));
+    if (band >= 11) hi[18 - band] = run;
+    if (band == 10) p24 = run;
+    if (band >= 1 && band <= 8) lo[band - 1] = run;
+    if (band == 0) tot = run;
   }
   // Group totals: p24, tot and v2 everywhere; lo/hi reduce-scattered so that lane `sub` keeps
   // candidates i = sub + L*r (after the xor-1 step those with (i & 1) == (tig & 1), after the
@@ -592,13 +600,13 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel
     }
     __syncthreads();
   }
-  // Unbiased range selection: 49 private level bins per lane after the fragments ([level][lane]).
+  // Unbiased range selection: 19 private band bins per lane after the fragments ([band][lane]).
   uint32_t bins = 0;  // shared-memory address of this lane's level 0 bin
   if constexpr (kSelect) {
     const int frag_bytes = rotate ? (precise ? kFragSmem : kFragSmem / 2) : 0;
     uint32_t* b = reinterpret_cast<uint32_t*>(smem + frag_bytes) + warp * kBinWords + lane;
 #pragma unroll
-    for (int l = 0; l < static_cast<int>(kUnbiasedLevels); ++l) b[l << 5] = 0u;
+    for (int l = 0; l < kBands; ++l) b[l << 5] = 0u;
     bins = static_cast<uint32_t>(__cvta_generic_to_shared(b));
   }
   const float clip = p.clips != nullptr ? p.clips[mat] : 1.0f;
@@ -643,20 +651,6 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel
     // (The selecting kernels are compute-bound: they load each tile when they reach it and
     // spend the 32 registers on the range selection instead.)
     uint32_t xn[2][16];
-    if (p.tuning & 1) {
-      // L2 prefetch of the rows one tile beyond what the registers hold (one lane per 128-byte
-      // line): more bytes in flight at no register cost.
-      const int ahead = tile + (kSelect ? 1 : 2) * static_cast<int>(gridDim.x);
-      if (ahead < tiles && (tig & 1) == 0) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int tk = ahead * kTileTokens + warp * 16 + gid + 8 * r;
-          if (tk < p.num_tokens) {
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(base + tk * p.src_token_stride + 32 * tig));
-          }
-        }
-      }
-    }
     if constexpr (kSelect) {
       if (tile != blockIdx.x) load(tile, xw);
     } else {
@@ -799,12 +793,15 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
     return absl::InvalidArgumentError("quantize-on-write: source strides must be 16-byte multiples");
   }
   const int tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
-  const int per_cta = p.rot_fragments != nullptr ? 8 : 2;  // amortize the 64 KiB fragment load
-  dim3 grid((tiles + per_cta - 1) / per_cta, p.num_kv_heads, 2 * p.layer_count);
   const bool g128 = p.group_size == 128;
   // Per-head modes live in device memory (unknown here): any table takes the selecting kernel,
   // which handles min-max heads at run time too.
   const bool select = p.range_modes != nullptr || p.range_mode != RangeMode::kMinMax;
+  // 64-token tiles per CTA: rotated CTAs amortize the 64 KiB fragment load over several tiles;
+  // the rotated selecting kernel (3 CTAs/SM) takes 4 (measured side by side on an H200, default
+  // codec write: 4 tiles 301.6 us, 8 tiles 313.9 us, 16 tiles 412.4 us -- a shorter last wave).
+  const int per_cta = p.rot_fragments != nullptr ? (select ? 4 : 8) : 2;
+  dim3 grid((tiles + per_cta - 1) / per_cta, p.num_kv_heads, 2 * p.layer_count);
   const int bin_bytes = kThreads / 32 * kBinWords * 4;
   const int smem = (p.rot_fragments == nullptr ? 0 : p.precise_rotation ? kFragSmem : kFragSmem / 2) +
                    (select ? bin_bytes : 0);

@@ -72,9 +72,6 @@ struct QuantizeWriteParams {
   // clips), or nullptr to use `range_mode` for every head.
   RangeMode range_mode = RangeMode::kMinMax;
   const uint8_t* range_modes = nullptr;
-  // Benchmark experiments (kernel_bench measures them side by side); 0 is the product's
-  // setting. Bit 0: L2 prefetch of the source rows one tile further ahead.
-  uint32_t tuning = 0;
 };
 
 absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& params, cudaStream_t stream);
