@@ -19,7 +19,7 @@ const std::string& DefaultConfigYaml() {
   static const std::string* yaml = new std::string(R"(# oscarkvd configuration (defaults). Flags override these keys: --listen, --metrics-listen,
 # --node-id, --log-level, --pool-mb, --shm-name, --default-lease-ms, --max-lease-ms,
 # --reservation-ttl-ms, --reaper-interval-ms, --max-batch, --drain-timeout-ms, --local-socket,
-# --local-threads.
+# --local-threads, --local-slice-us.
 listen: 127.0.0.1:50051         # gRPC: HOST:PORT (port 0 = any free port) or unix:/path
 metrics_listen: 127.0.0.1:9464  # Prometheus GET /metrics: HOST:PORT (0 = any free port) or off
 node_id: ""                     # reported in Handshake/Stats; "" = the host name
@@ -45,6 +45,7 @@ server:
   cpus: ""                      # CPUs for every daemon thread ("1", "2-3,6"); "" = any
   local_socket: ""              # same-host Lookup/Release socket; "" = /dev/shm/<shm_name>.sock, off = none
   local_threads: 1              # epoll threads of the local socket (1..64)
+  local_slice_us: 100           # their scheduler time slice (Linux >= 6.12); 0 = kernel default
 ucx:
   enabled: true                 # UCX data plane (GetDataPlane); false = off
   tls: tcp                      # UCX_TLS: tcp, shm (posix/sysv/cma), rc,ud, ...
@@ -118,6 +119,7 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "server.cpus") return ReadString(v, key, &c->cpus);
   if (key == "server.local_socket") return ReadString(v, key, &c->local_socket);
   if (key == "server.local_threads") return ReadUint(v, key, &c->local_threads, 1, 64);
+  if (key == "server.local_slice_us") return ReadUint(v, key, &c->local_slice_us, 0, 100000);
   return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "'"));
 }
 
@@ -239,6 +241,10 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(
         "lease, reservation ttl, reaper interval and max batch must be positive");
   }
+  if (local_slice_us != 0 && local_slice_us < 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_slice_us: ", local_slice_us, " is below 100 (0 = kernel default)"));
+  }
   if (!cpus.empty()) {
     if (auto l = ParseCpuList(cpus); !l.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("cpus: ", l.status().message()));
@@ -300,6 +306,8 @@ Args MakeArgs() {
       .Option("local-socket", "", "same-host control socket for Lookup/Release: a path, or off "
                                   "(default /dev/shm/<shm-name>.sock)")
       .Option("local-threads", "", "epoll threads serving the local socket (default 1)")
+      .Option("local-slice-us", "", "scheduler time slice of those threads, 100..100000 us, or 0 "
+                                    "for the kernel's default (default 100; Linux >= 6.12)")
       .Option("node-id", "", "node name in Handshake/Stats (default: host name)")
       .Option("ucx", "", "UCX data plane on|off (default on; off: GetDataPlane answers "
                          "FAILED_PRECONDITION)")
@@ -380,7 +388,8 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
                          num("max-batch", &c.max_batch, 1, 1000000),
                          num("drain-timeout-ms", &c.drain_timeout_ms, 0, 3600000),
                          num("grpc-threads", &c.grpc_threads, 0, 4096),
-                         num("local-threads", &c.local_threads, 1, 64)}) {
+                         num("local-threads", &c.local_threads, 1, 64),
+                         num("local-slice-us", &c.local_slice_us, 0, 100000)}) {
     if (!s.ok()) return s;
   }
   if (absl::Status s = c.Validate(); !s.ok()) return s;

@@ -28,6 +28,9 @@ TEST(Config, EmbeddedDefaultMatchesTheStructDefaults) {
   EXPECT_EQ(parsed.reservation_ttl_ms, d.reservation_ttl_ms);
   EXPECT_EQ(parsed.reaper_interval_ms, d.reaper_interval_ms);
   EXPECT_EQ(parsed.pool_mb, 0u);
+  EXPECT_EQ(parsed.local_socket, d.local_socket);
+  EXPECT_EQ(parsed.local_threads, d.local_threads);
+  EXPECT_EQ(parsed.local_slice_us, d.local_slice_us);
   EXPECT_TRUE(parsed.Validate().ok());
 }
 
@@ -130,6 +133,32 @@ TEST(Config, CpuLists) {
   DaemonConfig y;
   ASSERT_TRUE(ApplyConfigYaml("server:\n  cpus: \"1\"\n", "test", &y).ok());
   EXPECT_EQ(y.cpus, "1");
+}
+
+TEST(Config, LocalSocketSettings) {
+  DaemonConfig c;
+  auto ok = Parse({"--local-socket", "off", "--local-threads", "2", "--local-slice-us", "0"}, &c);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(c.local_socket, "off");
+  EXPECT_EQ(c.local_threads, 2u);
+  EXPECT_EQ(c.local_slice_us, 0u);
+  for (std::vector<std::string> bad : {std::vector<std::string>{"--local-threads", "0"},
+                                       {"--local-threads", "65"},
+                                       {"--local-slice-us", "50"},
+                                       {"--local-slice-us", "200000"}}) {
+    DaemonConfig b;
+    auto r = Parse(bad, &b);
+    EXPECT_FALSE(r.ok()) << bad[0] << " " << bad[1];
+    EXPECT_NE(r.status().message().find("local"), std::string::npos) << r.status();
+  }
+  DaemonConfig y;
+  ASSERT_TRUE(
+      ApplyConfigYaml("server:\n  local_socket: /tmp/x.sock\n  local_slice_us: 250\n", "t", &y).ok());
+  EXPECT_EQ(y.local_socket, "/tmp/x.sock");
+  EXPECT_EQ(y.local_slice_us, 250u);
+  EXPECT_TRUE(y.Validate().ok());
+  y.local_slice_us = 10;
+  EXPECT_FALSE(y.Validate().ok());
 }
 
 }  // namespace

@@ -212,6 +212,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
     lo.path = config.local_socket.empty() ? pool->get()->arena().shm_path() + ".sock"
                                           : config.local_socket;
     lo.threads = static_cast<int>(config.local_threads);
+    lo.slice_us = config.local_slice_us;
     auto ls = LocalControlServer::Start(lo, &service.calls());
     if (!ls.ok()) {
       if (!config.local_socket.empty()) return ls.status();  // asked for explicitly: an error
@@ -282,6 +283,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
             {"shm", shm_path},
             {"local_socket", local_str},
             {"local_threads", absl::StrCat(config.local_threads)},
+            {"local_slice_us", absl::StrCat(config.local_slice_us)},
             {"pool_bytes", absl::StrCat(pool->get()->capacity_bytes())},
             {"huge_pages", huge ? "yes" : "no"},
             {"cuda_registered", cuda ? "yes" : "no"},

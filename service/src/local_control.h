@@ -23,6 +23,9 @@ namespace oscarkv::service {
 struct LocalControlOptions {
   std::string path;  // filesystem path of the socket (at most 107 bytes)
   int threads = 1;   // epoll threads, 1..64
+  // Time slice each epoll thread asks the scheduler for (sched_setattr sched_runtime, honoured
+  // by Linux >= 6.12), 100..100000 us; 0 = the kernel's default.
+  uint32_t slice_us = 100;
 };
 
 class LocalControlServer {
@@ -57,6 +60,7 @@ class LocalControlServer {
 
   std::string path_;
   ControlCalls* calls_ = nullptr;
+  uint32_t slice_us_ = 0;
   int listen_fd_ = -1;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<uint64_t> next_worker_{0};

@@ -40,6 +40,10 @@ struct DaemonConfig {
   // local_control.h): "" = <pool file>.sock (/dev/shm/<shm_name>.sock), "off" = none, or a path.
   std::string local_socket;
   uint32_t local_threads = 1;  // its epoll threads (each serves its connections' calls inline)
+  // Time slice those threads ask the scheduler for (Linux >= 6.12 honours it): they run a few
+  // microseconds per wake-up, and a short slice lets them run ahead of CPU-bound work on the
+  // same cores. 0 = the kernel's default; else 100..100000.
+  uint32_t local_slice_us = 100;
   // UCX data plane (GetDataPlane): on/off, UCX_TLS ("tcp", "shm", "rc,ud", ...) and
   // UCX_NET_DEVICES ("" = all; "lo" keeps tcp on loopback).
   bool ucx = true;
