@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "oscarkv/cuda/decode_runner.h"
@@ -219,7 +221,8 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
                                   const float* rot_k,
                                   cuda::DecodeVariant variant = cuda::DecodeVariant::kBaseline,
                                   bool precise_query = true,
-                                  std::vector<float>* out_host = nullptr) {
+                                  std::vector<float>* out_host = nullptr,
+                                  bool merge_kernel = false) {
   auto q = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
   auto out = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
   auto lse = DeviceBuffer::Create(size_t(B) * kQHeads * 4);
@@ -237,6 +240,7 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     p.rot_k = rot_k;
     p.precise_query = precise_query;
     p.variant = variant;
+    if (merge_kernel) p.fused_merge = false;  // the separate log-sum-exp merge kernel
     p.out = out->as<float>();
     p.lse = lse->as<float>();
     params.push_back(p);
@@ -329,12 +333,15 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         struct Config {
           cuda::DecodeVariant v;
           bool precise;
+          bool merge_kernel = false;
         };
         std::vector<Config> configs;
         if (o.all_variants) {
           for (int vi = 0; vi < cuda::kNumDecodeVariants; ++vi)
             configs.push_back({static_cast<cuda::DecodeVariant>(vi), o.precise_query});
           if (o.precise_query) configs.push_back({cuda::DecodeVariant::kPackedHeads, false});
+          // The default variant with the separate merge kernel instead of the fused merge.
+          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, true});
         } else {
           configs.push_back({cuda::DecodeVariant::kBaseline, o.precise_query});
         }
@@ -342,10 +349,11 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         std::vector<float> base_out;
         for (const Config& cfg : configs) {
           std::vector<float> vout;
-          auto t = TimeDecode(o, pb, d.batch, rot_k, cfg.v, cfg.precise, &vout);
+          auto t = TimeDecode(o, pb, d.batch, rot_k, cfg.v, cfg.precise, &vout, cfg.merge_kernel);
           if (!t.ok()) return t.status();
           VariantTime vt;
-          vt.name = std::string(cuda::DecodeVariantName(cfg.v)) + (cfg.precise ? "" : "+fast_query");
+          vt.name = std::string(cuda::DecodeVariantName(cfg.v)) + (cfg.precise ? "" : "+fast_query") +
+                    (cfg.merge_kernel ? "+merge_kernel" : "");
           vt.approximate = !cfg.precise && o.precise_query;
           vt.us = *t;
           // Cross-check against the first (baseline) configuration on the same pages: a
@@ -375,6 +383,9 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       if (!us.ok()) return us.status();
       const auto& plan = pb.decoder->plan();
       if (all_bf16) {
+        auto mk = TimeDecode(o, pb, d.batch, rot_k, cuda::DecodeVariant::kBaseline, true, nullptr, true);
+        if (!mk.ok()) return mk.status();
+        d.bf16_merge_kernel_us = *mk;
         d.bf16_us = *us;
         d.bf16_bytes = plan.page_bytes_read;
         d.bf16_items = static_cast<int>(plan.items.size());
@@ -403,10 +414,13 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         pb.decoder = std::make_unique<cuda::PagedDecoder>(*std::move(dec));
         // The reported (fastest default-tolerance) variant, re-planned.
         cuda::DecodeVariant best = cuda::DecodeVariant::kBaseline;
+        const bool best_merge_kernel = absl::EndsWith(d.int2_best, "+merge_kernel");
         for (int vi = 0; vi < cuda::kNumDecodeVariants; ++vi)
-          if (d.int2_best == cuda::DecodeVariantName(static_cast<cuda::DecodeVariant>(vi)))
+          if (absl::StartsWith(d.int2_best, cuda::DecodeVariantName(static_cast<cuda::DecodeVariant>(vi))) &&
+              (d.int2_best.size() == std::strlen(cuda::DecodeVariantName(static_cast<cuda::DecodeVariant>(vi))) ||
+               best_merge_kernel))
             best = static_cast<cuda::DecodeVariant>(vi);
-        auto t = TimeDecode(o, pb, d.batch, rot_k, best, o.precise_query);
+        auto t = TimeDecode(o, pb, d.batch, rot_k, best, o.precise_query, nullptr, best_merge_kernel);
         if (!t.ok()) return t.status();
         d.int2_by_target.push_back({o.target_ctas[ti], *t});
       }

@@ -46,6 +46,8 @@ struct DecodeRow {
   double sdpa_us = 0, bf16_us = 0, int2_us = 0;       // medians, 0 = not measured
   double sdpa_bytes = 0, bf16_bytes = 0, int2_bytes = 0;  // bytes of K/V read per call
   int int2_items = 0, bf16_items = 0;
+  // BF16 pages with the separate merge kernel (bf16_us: the default, the fused merge).
+  double bf16_merge_kernel_us = 0;
   std::vector<std::pair<int, double>> int2_by_target;  // (target_ctas, µs) when several
   // Every INT2 variant measured; int2_us is the fastest non-approximate one (int2_best).
   std::vector<VariantTime> int2_variants;

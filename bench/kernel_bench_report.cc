@@ -79,6 +79,12 @@ std::string FormatTable(const KernelBenchReport& r) {
     }
   }
   for (const auto& d : r.decode) {
+    if (d.bf16_merge_kernel_us > 0) {
+      s += absl::StrFormat("  BF16 pages B=%d L=%d: %.1f us fused merge (reported), %.1f us separate merge kernel\n",
+                           d.batch, d.length, d.bf16_us, d.bf16_merge_kernel_us);
+    }
+  }
+  for (const auto& d : r.decode) {
     for (auto [target, us] : d.int2_by_target) {
       s += absl::StrFormat("  INT2 B=%d L=%d (reported variant) with target_ctas=%d: %.1f us (%.2fx SDPA)\n", d.batch,
                            d.length, target, us, Ratio(d.sdpa_us, us));
@@ -164,7 +170,8 @@ std::string FormatJson(const KernelBenchReport& r) {
                           {"bw_fraction", Ratio(Gbps(d.int2_bytes, v.us), r.copy_gbps)}});
     }
     j["decode"].push_back({{"B", d.batch}, {"L", d.length}, {"sdpa_us", d.sdpa_us},
-                           {"bf16_pages_us", d.bf16_us}, {"int2_us", d.int2_us},
+                           {"bf16_pages_us", d.bf16_us}, {"bf16_pages_merge_kernel_us", d.bf16_merge_kernel_us},
+                           {"int2_us", d.int2_us},
                            {"int2_best", d.int2_best}, {"int2_variants", variants},
                            {"int2_bytes", d.int2_bytes}, {"bf16_bytes", d.bf16_bytes}});
   }

@@ -59,11 +59,9 @@ __global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
   const int t = threadIdx.x;
   // Launched as a programmatic dependent of the decode kernel(s): wait for their partials.
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  const size_t qrot_bytes = 0;
-  const float* part_o = reinterpret_cast<const float*>(static_cast<const uint8_t*>(p.workspace) + qrot_bytes);
-  const size_t po_bytes = (sizeof(float) * size_t(p.num_items) * gqa * 128 + 255) / 256 * 256;
+  const float* part_o = static_cast<const float*>(p.workspace);
   const float* part_ml =
-      reinterpret_cast<const float*>(static_cast<const uint8_t*>(p.workspace) + qrot_bytes + po_bytes);
+      reinterpret_cast<const float*>(static_cast<const uint8_t*>(p.workspace) + PartialOBytes(p));
   const int i0 = p.item_indptr[seq * p.shape.num_kv_heads + h];
   const int i1 = p.item_indptr[seq * p.shape.num_kv_heads + h + 1];
   float mx = -INFINITY;
@@ -141,6 +139,9 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
   if (p.unrotate_output && p.rot_v == nullptr) {
     return absl::InvalidArgumentError("unrotate_output needs rot_v");
   }
+  if (p.fused_merge && reinterpret_cast<uintptr_t>(p.out) % 16 != 0) {
+    return absl::InvalidArgumentError("fused_merge needs a 16-byte aligned out");
+  }
   const float scale = p.softmax_scale > 0 ? p.softmax_scale : 1.0f / sqrtf(128.0f);
   const int sq = p.table.num_seqs * static_cast<int>(p.shape.num_q_heads);
   (void)scale;
@@ -160,13 +161,16 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    // A programmatic dependent of this launch's INT2 kernel only: without INT2 items the
+    // previous kernel on the stream is another launch's (with the fused merge, its decode
+    // kernel, whose CTAs may still be merging in the same workspace).
+    cfg.numAttrs = n2 > 0 ? 1 : 0;
     if (absl::Status st = CudaStatus(cudaLaunchKernelEx(&cfg, DecodeBf16Kernel, p), "bf16 decode launch");
         !st.ok()) {
       return st;
     }
   }
-  {
+  if (!p.fused_merge) {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(sq);
     cfg.blockDim = dim3(128);

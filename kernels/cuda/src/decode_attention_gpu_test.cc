@@ -89,15 +89,27 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
   DecodeShape shape{prof.num_layers, H, Hq, d, c.group, c.page_tokens, layer};
   int sms = 0;
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  // A small CTA target forces multi-slice items (pipelining) and a large one many splits.
+  // A small CTA target forces multi-slice items (pipelining) and a large one many splits. Every
+  // variant with the fused merge (the default when the plan has no empty pair), and the default
+  // variant with the separate merge kernel too.
+  struct Run {
+    DecodeVariant variant;
+    int target;
+    bool merge_kernel;
+  };
+  std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
-  for (int target : {0, 7}) {
-    const DecodeVariant variant = static_cast<DecodeVariant>(vi);
+    for (int target : {0, 7}) runs.push_back({static_cast<DecodeVariant>(vi), target, false});
+  for (int target : {0, 7}) runs.push_back({DecodeParams{}.variant, target, true});
+  for (const Run& run : runs) {
+    const DecodeVariant variant = run.variant;
+    const int target = run.target;
     SCOPED_TRACE(std::string("variant ") + DecodeVariantName(variant) + " target_ctas " +
-                 std::to_string(target));
+                 std::to_string(target) + (run.merge_kernel ? " merge kernel" : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target);
     ASSERT_TRUE(dec.ok()) << dec.status();
     DecodeParams p = dec->Params();
+    if (run.merge_kernel) p.fused_merge = false;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();
     p.table.page_token_counts = d_counts->as<uint16_t>();
@@ -133,8 +145,9 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
       }
     }
     // The measured error of each variant (bench/results/NOTES.md quotes the maxima).
-    std::printf("[ error ] %s target_ctas %d: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g)\n",
-                DecodeVariantName(variant), target, max_scaled, double(tol));
+    std::printf("[ error ] %s target_ctas %d%s: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g)\n",
+                DecodeVariantName(variant), target, p.fused_merge ? "" : " merge kernel", max_scaled,
+                double(tol));
     for (size_t i = 0; i < lse->size(); ++i) {
       const float r = ref->lse[i], g = (*lse)[i];
       if (std::isinf(r)) {

@@ -151,7 +151,7 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   }
   CpAsyncWait<0>();
   __syncthreads();
-  FinishItem(p, item, st, smem,
+  FinishItem(p, item, it, st, smem,
              [&](int i, int r) { return 16 * i + gid + 8 * r; });
 }
 

@@ -89,11 +89,110 @@ __device__ __forceinline__ float Rescale(WarpState& st, int e, float chunk_max, 
   return m_use;
 }
 
-// Merges the 4 warps' states (written to smem by each warp) and writes the item's partial.
+// Workspace layout: partial outputs [item][gqa][128], (max, sum) pairs [item][gqa][2], then the
+// fused merge's arrival counters [seq][kv head] (DecodeWorkspaceBytes).
+__device__ __forceinline__ size_t PartialOBytes(const DecodeParams& p) {
+  return (sizeof(float) * size_t(p.num_items) * p.shape.gqa() * 128 + 255) / 256 * 256;
+}
+__device__ __forceinline__ size_t PartialMlBytes(const DecodeParams& p) {
+  return (sizeof(float) * 2 * size_t(p.num_items) * p.shape.gqa() + 255) / 256 * 256;
+}
+
+// fused_merge: the last CTA of (seq, kv head) merges the partials of its items for all GQA
+// heads: warp w takes heads w, w+4; lane l channels [4l, 4l+4) of a head. Items are taken 32 at
+// a time (lane i loads item i's (max, sum) once), with an online rescale between chunks, and
+// 16 float4 partial loads in flight, the weights 2^(m_i - M)·l_i broadcast by shuffles. Then
+// the optional R_Vᵀ product (warp w: outputs w, w+4, ... of every head, one R row load for all
+// heads). Partials are read from L2 (ld.global.cg): other CTAs wrote them.
+__device__ void MergePairInCta(const DecodeParams& p, int seq, int h, float* os) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gqa = static_cast<int>(p.shape.gqa());
+  const float* part_o = static_cast<const float*>(p.workspace);
+  const float* part_ml =
+      reinterpret_cast<const float*>(static_cast<const uint8_t*>(p.workspace) + PartialOBytes(p));
+  const int pair = seq * static_cast<int>(p.shape.num_kv_heads) + h;
+  const int i0 = p.item_indptr[pair], i1 = p.item_indptr[pair + 1];
+  const int qh0 = seq * static_cast<int>(p.shape.num_q_heads) + h * gqa;
+  const bool unrot = p.unrotate_output && p.rot_v != nullptr;
+  for (int j = warp; j < gqa; j += kWarps) {
+    float M = -INFINITY, L = 0.f;
+    float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int c0 = i0; c0 < i1; c0 += 32) {
+      const int i = c0 + lane;
+      float m = -INFINITY, l = 0.f;
+      if (i < i1) {
+        const float2 ml = __ldcg(reinterpret_cast<const float2*>(part_ml) + size_t(i) * gqa + j);
+        if (ml.y > 0.f) {
+          m = ml.x;
+          l = ml.y;
+        }
+      }
+      float cm = m;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
+      const float mn = fmaxf(M, cm);
+      if (mn == -INFINITY) continue;  // no tokens so far (warp-uniform)
+      const float f = exp2f(M - mn);  // 0 while M is -inf
+      L *= f;
+      O.x *= f;
+      O.y *= f;
+      O.z *= f;
+      O.w *= f;
+      M = mn;
+      const float w = l > 0.f ? exp2f(m - mn) * l : 0.f;
+      L += w;
+      const int n = min(32, i1 - c0);
+      for (int k = 0; k < n; k += 16) {
+        float4 v[16];
+#pragma unroll
+        for (int u = 0; u < 16; ++u) {
+          v[u] = k + u < n ? __ldcg(reinterpret_cast<const float4*>(
+                                 part_o + (size_t(c0 + k + u) * gqa + j) * 128) + lane)
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < 16; ++u) {
+          const float wu = __shfl_sync(0xffffffffu, w, (k + u) & 31);
+          O.x = fmaf(wu, v[u].x, O.x);
+          O.y = fmaf(wu, v[u].y, O.y);
+          O.z = fmaf(wu, v[u].z, O.z);
+          O.w = fmaf(wu, v[u].w, O.w);
+        }
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    const float4 o = make_float4(O.x * inv, O.y * inv, O.z * inv, O.w * inv);
+    if (lane == 0 && p.lse != nullptr) p.lse[qh0 + j] = L > 0.f ? (M + log2f(L)) * kLn2 : -INFINITY;
+    if (unrot) {
+      reinterpret_cast<float4*>(os + j * 128)[lane] = o;
+    } else {
+      reinterpret_cast<float4*>(p.out + size_t(qh0 + j) * 128)[lane] = o;
+    }
+  }
+  if (!unrot) return;
+  __syncthreads();
+  // out[j][i] = Σ_k o[j][k] · R_V[i][k].
+  const float* r = p.rot_v + size_t(h) * 128 * 128;
+  for (int i = warp; i < 128; i += kWarps) {
+    const float4 rv = reinterpret_cast<const float4*>(r + size_t(i) * 128)[lane];
+    for (int j = 0; j < gqa; ++j) {
+      const float4 ov = reinterpret_cast<const float4*>(os + j * 128)[lane];
+      float s = ov.x * rv.x + ov.y * rv.y + ov.z * rv.z + ov.w * rv.w;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (lane == 0) p.out[size_t(qh0 + j) * 128 + i] = s;
+    }
+  }
+}
+
+// Merges the 4 warps' states (written to smem by each warp) and writes the item's partial;
+// with fused_merge, the last CTA of the item's (seq, kv head) then merges the pair.
 // chan(i, r) is the channel of accumulator tile i, row half r (0: c0/c1, 1: c2/c3).
 template <typename ChanFn>
-__device__ void FinishItem(const DecodeParams& p, int item, WarpState& st, uint8_t* smem,
-                           ChanFn chan) {
+__device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem& it,
+                           WarpState& st, uint8_t* smem, ChanFn chan) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tig = lane & 3;
   const int gqa = static_cast<int>(p.shape.gqa());
   float* osm = reinterpret_cast<float*>(smem);                   // [warp][8][128]
@@ -117,10 +216,8 @@ __device__ void FinishItem(const DecodeParams& p, int item, WarpState& st, uint8
   }
   __syncthreads();
   const int t = threadIdx.x;  // channel
-  const size_t qrot_bytes = 0;
-  float* part_o = reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) + qrot_bytes);
-  const size_t po_bytes = (sizeof(float) * size_t(p.num_items) * gqa * 128 + 255) / 256 * 256;
-  float* part_ml = reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) + qrot_bytes + po_bytes);
+  float* part_o = static_cast<float*>(p.workspace);
+  float* part_ml = reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) + PartialOBytes(p));
   for (int qh = 0; qh < gqa; ++qh) {
     float mx = -INFINITY;
     #pragma unroll
@@ -139,6 +236,30 @@ __device__ void FinishItem(const DecodeParams& p, int item, WarpState& st, uint8
       part_ml[(size_t(item) * gqa + qh) * 2 + 0] = mx;
       part_ml[(size_t(item) * gqa + qh) * 2 + 1] = L;
     }
+  }
+  if (!p.fused_merge) return;
+  // Arrival: every thread's partial writes are made visible device-wide before thread 0 counts
+  // the item; the CTA that brings the count to the pair's item count merges (and re-zeroes the
+  // counter for the next launch; no other CTA of the pair touches it after its own arrival).
+  __threadfence();
+  __syncthreads();
+  __shared__ int is_last;
+  if (t == 0) {
+    const int pair = it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head;
+    const int n = p.item_indptr[pair + 1] - p.item_indptr[pair];
+    int last = 1;
+    if (n > 1) {
+      int* ctr = reinterpret_cast<int*>(static_cast<uint8_t*>(p.workspace) + PartialOBytes(p) +
+                                        PartialMlBytes(p)) + pair;
+      last = atomicAdd(ctr, 1) == n - 1;
+      if (last) *ctr = 0;
+    }
+    is_last = last;
+  }
+  __syncthreads();
+  if (is_last) {
+    __threadfence();
+    MergePairInCta(p, it.seq, it.kv_head, osm);  // osm is free again (read before the barrier)
   }
 }
 

@@ -635,7 +635,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       }
     }
   }
-  FinishItem(p, item, st, smem, [&](int i, int r) {
+  FinishItem(p, item, it, st, smem, [&](int i, int r) {
     const int half = i >> 2, cidx = 2 * (i & 3) + r;
     return G == 128 ? 16 * gid + 8 * half + cidx : 64 * half + 8 * gid + cidx;
   });

@@ -185,6 +185,7 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
         }
       }
       plan.item_indptr.push_back(static_cast<int32_t>(plan.items.size()));
+      if (plan.item_indptr.back() == plan.item_indptr[plan.item_indptr.size() - 2]) ++plan.empty_pairs;
     }
   }
   // INT2-dominated batches run every item in the INT2 kernel (its BF16 items after the INT2
@@ -206,8 +207,8 @@ size_t DecodeWorkspaceBytes(const DecodeShape& shape, int32_t num_seqs, int32_t 
   // Partial outputs [item][gqa][d], then (max, sum) pairs [item][gqa][2].
   const size_t po = align(sizeof(float) * size_t(num_items) * shape.gqa() * shape.head_dim);
   const size_t pml = align(sizeof(float) * 2 * size_t(num_items) * shape.gqa());
-  (void)num_seqs;
-  return po + pml;
+  const size_t counters = align(sizeof(int32_t) * size_t(num_seqs) * shape.num_kv_heads);
+  return po + pml + counters;
 }
 
 }  // namespace oscarkv::cuda

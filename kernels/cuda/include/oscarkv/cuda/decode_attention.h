@@ -85,6 +85,9 @@ struct DecodePlan {
   size_t int2_slices = 0, bf16_slices = 0;
   // Bytes the decode kernel reads from the pages (K and V segments of the attended layer).
   size_t page_bytes_read = 0;
+  // (sequence, KV head) pairs without any item (empty sequences); their output is written by
+  // the merge kernel, so such a plan cannot use DecodeParams::fused_merge.
+  int32_t empty_pairs = 0;
 };
 
 // Host-side planning from host copies of the page table. `target_ctas` is the number of CTAs to
@@ -163,10 +166,19 @@ struct DecodeParams {
   DecodeVariant variant = DecodeVariant::kPackedInt8;
   // Workspace for the partial results (DecodeWorkspaceBytes bytes, 256-byte aligned).
   void* workspace = nullptr;
+  // The last CTA to finish an item of a (sequence, KV head) merges that pair's partials itself
+  // (an arrival counter per pair in the workspace), instead of a separate merge kernel after the
+  // whole grid. Needs a workspace whose counters are zero before the first launch (every
+  // launch leaves them zero; PagedDecoder zeroes its workspace) and a plan with no empty pairs
+  // (DecodePlan::empty_pairs == 0), and a 16-byte aligned `out`. PagedDecoder::Params() sets it
+  // when the plan allows.
+  bool fused_merge = false;
   float* out = nullptr;  // [num_seqs][num_q_heads][head_dim]
   float* lse = nullptr;  // [num_seqs][num_q_heads] (may be nullptr)
 };
 
+// Partial outputs and (max, sum) pairs per item, then one int32 arrival counter per
+// (sequence, KV head) for fused_merge.
 size_t DecodeWorkspaceBytes(const DecodeShape& shape, int32_t num_seqs, int32_t num_items);
 
 // Enqueues the kernels on `stream` (INT2 items, BF16 items, merge). Errors: InvalidArgument for an unsupported shape or

@@ -39,6 +39,13 @@ class PagedDecoder {
     auto ws = DeviceBuffer::Create(DecodeWorkspaceBytes(shape, d.num_seqs_,
                                                         static_cast<int32_t>(d.plan_.items.size())));
     if (!ws.ok()) return ws.status();
+    // fused_merge's arrival counters start at zero (each launch leaves them zero).
+    if (ws->bytes() > 0) {
+      if (absl::Status st = CudaOk(cudaMemset(ws->get(), 0, ws->bytes()), "zero decode workspace");
+          !st.ok()) {
+        return st;
+      }
+    }
     d.items_ = *std::move(items);
     d.item_indptr_ = *std::move(ip);
     d.workspace_ = *std::move(ws);
@@ -57,6 +64,7 @@ class PagedDecoder {
     p.launch_items = launch_items_.as<DecodeWorkItem>();
     p.num_int2_items = plan_.num_int2_items;
     p.workspace = workspace_.get();
+    p.fused_merge = plan_.empty_pairs == 0;
     p.table.num_seqs = num_seqs_;
     return p;
   }
