@@ -52,7 +52,13 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   uint8_t* last_stage = smem + (kStages - 1) * kBf16Stage;
   float* qs = reinterpret_cast<float*>(kStages == 3 ? smem + kArea : last_stage);
   float* scratch = reinterpret_cast<float*>(kStages == 3 ? last_stage : last_stage + 8192);
-  RotateQueries(p, it, qs + 8 * 128, qs, scratch, 8 * 128);
+  // The INT2 kernel's BF16 items (kStages 2) take the rotation kernel's queries; the BF16
+  // kernel always rotates its own.
+  if (kStages == 2) {
+    CtaQueries(p, it, qs + 8 * 128, qs, scratch, 8 * 128);
+  } else {
+    RotateQueries(p, it, qs + 8 * 128, qs, scratch, 8 * 128);
+  }
   const float* qrot = qs;
   uint32_t qhi[8][2], qlo[8][2];
   #pragma unroll

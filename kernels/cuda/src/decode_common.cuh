@@ -97,11 +97,17 @@ __device__ __forceinline__ size_t PartialOBytes(const DecodeParams& p) {
 __device__ __forceinline__ size_t PartialMlBytes(const DecodeParams& p) {
   return (sizeof(float) * 2 * size_t(p.num_items) * p.shape.gqa() + 255) / 256 * 256;
 }
+// The rotated queries [seq][query head][128] (after the arrival counters).
+__device__ __forceinline__ float* RotatedQueries(const DecodeParams& p) {
+  const size_t counters = (sizeof(int32_t) * size_t(p.table.num_seqs) * p.shape.num_kv_heads + 255) / 256 * 256;
+  return reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) + PartialOBytes(p) +
+                                  PartialMlBytes(p) + counters);
+}
 
 // fused_merge: the last CTA of (seq, kv head) merges the partials of its items for all GQA
 // heads: warp w takes heads w, w+4; lane l channels [4l, 4l+4) of a head. Items are taken 32 at
 // a time (lane i loads item i's (max, sum) once), with an online rescale between chunks, and
-// 16 float4 partial loads in flight, the weights 2^(m_i - M)·l_i broadcast by shuffles. Then
+// 16 float4 partial loads in flight (the first 16 of a chunk with the (max, sum) loads), the weights 2^(m_i - M)·l_i broadcast by shuffles. Then
 // the optional R_Vᵀ product (warp w: outputs w, w+4, ... of every head, one R row load for all
 // heads). Partials are read from L2 (ld.global.cg): other CTAs wrote them.
 __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, float* os) {
@@ -117,16 +123,35 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, float* os)
   for (int j = warp; j < gqa; j += kWarps) {
     float M = -INFINITY, L = 0.f;
     float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 v[16];
+    // Loads of partials c0 + k .. c0 + k + 15 (zero past n), and their weighted sum.
+    auto load = [&](int c0, int k, int n) {
+#pragma unroll
+      for (int u = 0; u < 16; ++u) {
+        v[u] = k + u < n ? __ldcg(reinterpret_cast<const float4*>(
+                               part_o + (size_t(c0 + k + u) * gqa + j) * 128) + lane)
+                         : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    };
+    auto accumulate = [&](int k, float w) {
+#pragma unroll
+      for (int u = 0; u < 16; ++u) {
+        const float wu = __shfl_sync(0xffffffffu, w, (k + u) & 31);
+        O.x = fmaf(wu, v[u].x, O.x);
+        O.y = fmaf(wu, v[u].y, O.y);
+        O.z = fmaf(wu, v[u].z, O.z);
+        O.w = fmaf(wu, v[u].w, O.w);
+      }
+    };
     for (int c0 = i0; c0 < i1; c0 += 32) {
       const int i = c0 + lane;
-      float m = -INFINITY, l = 0.f;
-      if (i < i1) {
-        const float2 ml = __ldcg(reinterpret_cast<const float2*>(part_ml) + size_t(i) * gqa + j);
-        if (ml.y > 0.f) {
-          m = ml.x;
-          l = ml.y;
-        }
-      }
+      const int n = min(32, i1 - c0);
+      float2 ml = make_float2(-INFINITY, 0.f);
+      if (i < i1) ml = __ldcg(reinterpret_cast<const float2*>(part_ml) + size_t(i) * gqa + j);
+      // The first 16 partials do not depend on the weights: their loads share the round trip
+      // of the (max, sum) loads.
+      load(c0, 0, n);
+      const float m = ml.y > 0.f ? ml.x : -INFINITY, l = ml.y > 0.f ? ml.y : 0.f;
       float cm = m;
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
@@ -141,23 +166,10 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, float* os)
       M = mn;
       const float w = l > 0.f ? exp2f(m - mn) * l : 0.f;
       L += w;
-      const int n = min(32, i1 - c0);
-      for (int k = 0; k < n; k += 16) {
-        float4 v[16];
-#pragma unroll
-        for (int u = 0; u < 16; ++u) {
-          v[u] = k + u < n ? __ldcg(reinterpret_cast<const float4*>(
-                                 part_o + (size_t(c0 + k + u) * gqa + j) * 128) + lane)
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-#pragma unroll
-        for (int u = 0; u < 16; ++u) {
-          const float wu = __shfl_sync(0xffffffffu, w, (k + u) & 31);
-          O.x = fmaf(wu, v[u].x, O.x);
-          O.y = fmaf(wu, v[u].y, O.y);
-          O.z = fmaf(wu, v[u].z, O.z);
-          O.w = fmaf(wu, v[u].w, O.w);
-        }
+      accumulate(0, w);
+      for (int k = 16; k < n; k += 16) {
+        load(c0, k, n);
+        accumulate(k, w);
       }
     }
 #pragma unroll
@@ -285,7 +297,7 @@ __device__ void LoadSliceTable(const DecodeParams& p, const DecodeWorkItem& it, 
 }
 
 // q' = q · R_K[kv head] · softmax_scale · log2(e) for the item's GQA query heads, into shared
-// memory (qs, [gqa][128]). qin ([gqa][128]) is shared-memory scratch, and warp w's partial sums
+// memory (qs, [gqa][128]). qin ([gqa][128], may be qs) is shared-memory scratch, and warp w's partial sums
 // go to scratch + w * warp_stride ([8][128] floats each, so the regions may lie in stages whose
 // copies have not been issued yet). Warp w
 // takes input rows [32w, 32w+32) and lane l output channels [4l, 4l+4), so all of a thread's R
@@ -347,6 +359,23 @@ __device__ void RotateQueries(const DecodeParams& p, const DecodeWorkItem& it, f
   __syncthreads();
 }
 
+// The CTA's rotated queries into qs ([gqa][128]): with rotate_in_cta, RotateQueries (same
+// arguments); otherwise the rotation kernel's output in the workspace, after waiting for that
+// kernel (the INT2 kernel is launched as its programmatic dependent, so everything before this
+// call -- item, slice table, first copies -- overlaps it).
+__device__ void CtaQueries(const DecodeParams& p, const DecodeWorkItem& it, float* qin, float* qs,
+                           float* scratch, int warp_stride) {
+  if (p.rotate_in_cta) {
+    RotateQueries(p, it, qin, qs, scratch, warp_stride);
+    return;
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int gqa = static_cast<int>(p.shape.gqa());
+  const float4* src = reinterpret_cast<const float4*>(
+      RotatedQueries(p) + (size_t(it.seq) * p.shape.num_q_heads + size_t(it.kv_head) * gqa) * 128);
+  for (int i = threadIdx.x; i < gqa * 32; i += kThreads) reinterpret_cast<float4*>(qs)[i] = __ldcg(src + i);
+  __syncthreads();
+}
 
 template <typename K>
 bool SetSmem(K kernel, int bytes) {

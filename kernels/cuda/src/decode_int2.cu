@@ -164,8 +164,9 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
   };
 
-  // Start the first copies, then rotate the queries and build their fragments while they are
-  // in flight (the rotation's per-warp scratch is each warp's last stage, not issued yet).
+  // Start the first copies, then get the rotated queries (from the rotation kernel, or rotated
+  // here with rotate_in_cta) and build their fragments while the copies are in flight (the
+  // in-CTA rotation's per-warp scratch is each warp's last stage, not issued yet).
 #pragma unroll
   for (int k = 0; k < kInt2WarpStages - 1; ++k) {
     if (k < mine) issue(k, k);
@@ -173,7 +174,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   }
   // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
   float* qs = reinterpret_cast<float*>(smem + kInt2StageArea);
-  RotateQueries(p, it, qs + 8 * 128, qs,
+  CtaQueries(p, it, qs + 8 * 128, qs,
                 reinterpret_cast<float*>(smem + (kInt2WarpStages - 1) * kInt2Slot),
                 kInt2WarpStages * kInt2Slot / 4);
   const float* qrot = qs;
@@ -672,7 +673,19 @@ template <int G, bool kPack, bool kSplit, bool kI8 = false>
 void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
   static const bool once = SetSmem(DecodeInt2Kernel<G, kPack, kSplit, kI8>, SmemBytes<true>());
   (void)once;
-  DecodeInt2Kernel<G, kPack, kSplit, kI8><<<blocks, kThreads, SmemBytes<true>(), stream>>>(p);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(blocks);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = SmemBytes<true>();
+  cfg.stream = stream;
+  // A programmatic dependent of the rotation kernel (launched just before it unless
+  // rotate_in_cta): CTAs start while it runs and wait for its output in CtaQueries.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = p.rotate_in_cta ? 0 : 1;
+  cudaLaunchKernelEx(&cfg, DecodeInt2Kernel<G, kPack, kSplit, kI8>, p);
 }
 
 }  // namespace

@@ -11,11 +11,13 @@
 // Launch = plan (host) + run (device):
 //   * PlanDecode splits every (sequence, KV head) into work items: runs of consecutive
 //     64-token slices of one page kind, sized so the whole batch fills the GPU (split-KV).
-//   * LaunchDecodeAttention runs one CTA per work item (an INT2 kernel and a BF16 kernel that
-//     overlap): the CTA rotates its GQA queries (q' = q·R_K, times the softmax scale), then all
-//     query heads of the KV head are served from one read of each K/V slice, INT2 codes turned
-//     into tensor-core operands in registers (no dequantization pass); a merge kernel combines
-//     the partial results with their log-sum-exp and optionally multiplies by R_Vᵀ.
+//   * LaunchDecodeAttention rotates the queries once per (sequence, KV head) (q' = q·R_K, times
+//     the softmax scale; a small kernel that the INT2 kernel overlaps), then runs one CTA per
+//     work item (an INT2 kernel and a BF16 kernel that overlap): all query heads of the KV head
+//     are served from one read of each K/V slice, INT2 codes turned into tensor-core operands
+//     in registers (no dequantization pass); the last CTA of each (sequence, KV head) combines
+//     the partial results with their log-sum-exp (or a merge kernel does, see fused_merge) and
+//     optionally multiplies by R_Vᵀ.
 //
 // The INT2 kernel has variants (DecodeVariant below, chosen per launch in DecodeParams); the
 // extend (chunked-prefill) kernel over the same page tables is in extend_attention.h.
@@ -173,15 +175,22 @@ struct DecodeParams {
   // (DecodePlan::empty_pairs == 0), and a 16-byte aligned `out`. PagedDecoder::Params() sets it
   // when the plan allows.
   bool fused_merge = false;
+  // false (default): one small kernel per launch rotates every (sequence, KV head)'s queries
+  // once into the workspace, and the INT2 kernel (a programmatic dependent of it) waits for
+  // them only after its first K/V copies are in flight. true: every INT2 CTA rotates its own
+  // queries (64 KiB of R_K and 512 FMA per thread per CTA; the previous path, kept for the
+  // bench). The BF16 kernel (BF16-heavy plans) always rotates in its CTAs.
+  bool rotate_in_cta = false;
   float* out = nullptr;  // [num_seqs][num_q_heads][head_dim]
   float* lse = nullptr;  // [num_seqs][num_q_heads] (may be nullptr)
 };
 
-// Partial outputs and (max, sum) pairs per item, then one int32 arrival counter per
-// (sequence, KV head) for fused_merge.
+// Partial outputs and (max, sum) pairs per item, one int32 arrival counter per
+// (sequence, KV head) for fused_merge, then the rotated queries of every sequence.
 size_t DecodeWorkspaceBytes(const DecodeShape& shape, int32_t num_seqs, int32_t num_items);
 
-// Enqueues the kernels on `stream` (INT2 items, BF16 items, merge). Errors: InvalidArgument for an unsupported shape or
+// Enqueues the kernels on `stream` (query rotation, INT2 items, BF16 items, merge unless fused).
+// Errors: InvalidArgument for an unsupported shape or
 // missing buffers; Internal for a CUDA launch error.
 absl::Status LaunchDecodeAttention(const DecodeParams& params, cudaStream_t stream);
 
