@@ -23,7 +23,9 @@ struct KernelBenchOptions {
   // approximate single-fp16 query; false: the baseline variant only.
   bool all_variants = true;
   int quant_tokens = 32768;  // quantize-on-write: tokens of one layer (all 8 KV heads, K and V)
-  std::vector<int> target_ctas = {0};  // decode plan CTA targets to measure (0 = default)
+  // Decode plan CTA targets to measure (0 = default; -1, not first: the default target on the
+  // session-5 planner, PlanDecode's session5_slots).
+  std::vector<int> target_ctas = {0};
   bool bf16_pages = true;    // measure the kernel on all-BF16 pages
   bool quantize = true;      // measure quantize-on-write
   // Extend attention: `extend_new` new tokens over a B=1 OSCAR prefix of `extend_prefix`
@@ -48,7 +50,9 @@ struct DecodeRow {
   int int2_items = 0, bf16_items = 0;
   // BF16 pages with the separate merge kernel (bf16_us: the default, the fused merge).
   double bf16_merge_kernel_us = 0;
-  std::vector<std::pair<int, double>> int2_by_target;  // (target_ctas, µs) when several
+  // (target_ctas, µs) when several; -1: the session-5 planner, -2: the session-5 default
+  // (packed_int8 with the merge kernel and in-CTA rotation on that planner).
+  std::vector<std::pair<int, double>> int2_by_target;
   // Every INT2 variant measured; int2_us is the fastest non-approximate one (int2_best).
   std::vector<VariantTime> int2_variants;
   std::string int2_best;

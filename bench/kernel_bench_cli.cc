@@ -19,7 +19,9 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("layers", "4", "layers per page (one is read)")
       .Option("sdpa", "python3 bench/sdpa_baseline.py", "baseline command ('' to skip)")
       .Option("quant-tokens", "32768", "tokens written by the quantize-on-write bench")
-      .Option("target-ctas", "0", "decode plan CTA targets, comma list; the first is reported (0 = default)")
+      .Option("target-ctas", "0",
+              "decode plan CTA targets, comma list; the first is reported (0 = default; s5 = the "
+              "default target on the session-5 planner, not as the first)")
       .Option("extend", "32768x512", "extend attention bench: PREFIXxNEW tokens (B=1; '' to skip)")
       .Option("csv", "", "write the CSV here")
       .Option("plot", "", "write an SVG plot here")
@@ -61,6 +63,10 @@ int KernelBenchMain(int argc, char** argv) {
   o.target_ctas.clear();
   for (absl::string_view t : absl::StrSplit(args.str("target-ctas"), ',', absl::SkipEmpty())) {
     int v = 0;
+    if (t == "s5" && !o.target_ctas.empty()) {
+      o.target_ctas.push_back(-1);
+      continue;
+    }
     if (!absl::SimpleAtoi(t, &v) || v < 0) {
       std::fprintf(stderr, "bad --target-ctas\n");
       return 2;

@@ -86,8 +86,12 @@ std::string FormatTable(const KernelBenchReport& r) {
   }
   for (const auto& d : r.decode) {
     for (auto [target, us] : d.int2_by_target) {
-      s += absl::StrFormat("  INT2 B=%d L=%d (reported variant) with target_ctas=%d: %.1f us (%.2fx SDPA)\n", d.batch,
-                           d.length, target, us, Ratio(d.sdpa_us, us));
+      const std::string how =
+          target == -2 ? std::string("session-5 default (its planner, merge kernel, rotation in every CTA)")
+          : target < 0 ? std::string("on the session-5 planner")
+                       : absl::StrCat("with target_ctas=", target);
+      s += absl::StrFormat("  INT2 B=%d L=%d (reported variant) %s: %.1f us (%.2fx SDPA)\n", d.batch,
+                           d.length, how, us, Ratio(d.sdpa_us, us));
     }
   }
   for (const auto& e : r.extend) {

@@ -34,7 +34,7 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
                                       const std::vector<int32_t>& indptr,
                                       const std::vector<int32_t>& ids,
                                       const std::vector<uint8_t>& kinds, int num_sms,
-                                      int target_ctas) {
+                                      int target_ctas, bool session5_slots) {
   if (absl::Status st = ValidateDecodeShape(shape); !st.ok()) return st;
   if (indptr.empty() || indptr[0] != 0) {
     return absl::InvalidArgumentError("seq_page_indptr must start at 0");
@@ -76,11 +76,26 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
   // at 3 per SM, e.g. B=1 up to ~100K tokens) also aims for 2 per SM: the issue-bound INT2 CTAs
   // of one SM share its schedulers, so the SMs holding 3 of ~2.8 items per SM would set the
   // time, and larger items amortise the prologue (H200, B=1 x 100K: 42.9 -> 38.3 µs).
+  //
+  // INT2-dominated batches also aim for 2 INT2 CTAs per SM while the INT2 slices fit that wave
+  // in items of at most 128 slices (B=8 x 32K), and their few BF16 items (sink, recent tokens)
+  // are planned into the INT2 kernel's third CTA slot of an SM (the spare slots below) instead
+  // of after INT2 items on the same slots: the SMs then hold equal INT2 work and every CTA is
+  // resident at once (H200, B=8 x 32K: 320 INT2 items of ~101 slices + 128 BF16 items on 396
+  // slots, 74.6 µs, vs 256 of ~127 + 128 BF16 in the third slots, 67.3 µs in the same call).
+  // session5_slots keeps the previous planner (no spare slots, 3 per SM above 64 slices per
+  // CTA) for side-by-side measurement.
   const int64_t sms = std::max(1, num_sms);
   const bool bf16_heavy = 2 * bf16_cost > total_cost;
+  const int64_t int2_cost = total_cost - bf16_cost;
   if (target_ctas <= 0) {
-    target_ctas = static_cast<int>(sms * (bf16_heavy || total_cost < 64 * 3 * sms ? 2 : 3));
+    const bool two_per_sm = bf16_heavy || total_cost < 64 * 3 * sms ||
+                            (!session5_slots && int2_cost <= 128 * 2 * sms);
+    target_ctas = static_cast<int>(sms * (two_per_sm ? 2 : 3));
   }
+  // Slots that only the INT2 kernel's BF16 items (planned after the INT2 items) reach first.
+  const int64_t spare_slots =
+      (session5_slots || bf16_heavy) ? 0 : std::max<int64_t>(0, 3 * sms - target_ctas);
 
   // Maximal runs of one page kind per (sequence, KV head), in plan order.
   struct Run {
@@ -119,11 +134,16 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
   std::vector<int64_t> slot_end;
   auto makespan = [&](int64_t budget) {
     slot_end.assign(static_cast<size_t>(target_ctas), 0);
+    bool spare_added = false;
     std::make_heap(slot_end.begin(), slot_end.end(), std::greater<int64_t>());
-    // INT2-dominated batches run every item in the INT2 kernel (its BF16 items after the INT2
-  // ones, on the same CTA slots); otherwise the BF16 items go to the BF16 kernel.
-  const bool fused = !bf16_heavy;
-  for (int pass = 0; pass < 2; ++pass) {
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == 1 && !spare_added) {  // the third CTA slots of the SMs, free from the start
+        spare_added = true;
+        for (int64_t i = 0; i < spare_slots; ++i) {
+          slot_end.push_back(0);
+          std::push_heap(slot_end.begin(), slot_end.end(), std::greater<int64_t>());
+        }
+      }
       for (const Run& r : runs) {
         if (is_int2(r.kind) != (pass == 0)) continue;
         const int32_t parts = parts_of(r, budget);

@@ -60,15 +60,15 @@ TEST(PlanDecode, CoversEverySliceOnceWithHomogeneousItems) {
 }
 
 // The default target is one resident wave: 2 CTAs/SM when BF16 slices dominate the cost (the
-// BF16 kernel's residency) or the INT2 batch is small (under 64 slices per CTA at 3/SM), 3 for a
-// large INT2 batch.
+// BF16 kernel's residency) or the INT2 batch fits 2 items per SM of at most 128 slices, 3 for a
+// larger INT2 batch.
 TEST(PlanDecode, DefaultTargetIsOneWaveOfTheDominantKernel) {
   struct C {
     uint8_t kind;
     int pages;
     size_t per_sm;
   };
-  for (C c : {C{1, 512, 2}, C{2, 512, 2}, C{1, 4096, 3}}) {
+  for (C c : {C{1, 512, 2}, C{2, 512, 2}, C{1, 4096, 2}, C{1, 8192, 3}}) {
     std::vector<int32_t> indptr = {0, c.pages}, ids(c.pages);
     std::vector<uint8_t> kinds(c.pages, c.kind);
     for (int i = 0; i < c.pages; ++i) ids[i] = i;
@@ -107,6 +107,46 @@ TEST(PlanDecode, NoNearlyEmptyLastWave) {
         << c.seqs << " x " << c.tokens << " kind " << int{c.kind} << ": " << plan->items.size()
         << " items over " << wave << " slots";
   }
+}
+
+// INT2-dominated batches with sink and recent BF16 pages (the bench's B=8 x 32K): the INT2
+// items take 2 slots per SM and the BF16 items the third, so every CTA is resident at once
+// (the session-5 planner put 320 INT2 items on 396 slots and the 128 BF16 items after them).
+TEST(PlanDecode, Int2BatchLeavesTheThirdSlotToBf16Items) {
+  CodecProfile prof;
+  prof.model_id = "test";
+  prof.model_revision = "1";
+  prof.num_layers = 2;
+  prof.num_kv_heads = 8;
+  prof.head_dim = 128;
+  prof.page_tokens = 64;
+  prof.group_size = 128;
+  const std::vector<PlannedPage> pages = PlanSequencePages(prof, 32768);
+  std::vector<int32_t> indptr = {0}, ids;
+  std::vector<uint8_t> kinds;
+  for (int b = 0; b < 8; ++b) {
+    for (const PlannedPage& pp : pages) {
+      ids.push_back(static_cast<int32_t>(kinds.size()));
+      kinds.push_back(static_cast<uint8_t>(pp.kind));
+    }
+    indptr.push_back(static_cast<int32_t>(ids.size()));
+  }
+  auto count = [](const DecodePlan& plan, int32_t kind) {
+    size_t n = 0;
+    for (const DecodeWorkItem& it : plan.items) n += it.kind == kind;
+    return n;
+  };
+  auto plan = PlanDecode(Shape(), indptr, ids, kinds, 132);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const size_t n_int2 = count(*plan, 1), n_bf16 = count(*plan, 2);
+  EXPECT_GT(n_bf16, 0u);
+  EXPECT_LE(n_int2, 2u * 132);
+  EXPECT_GE(n_int2, 3u * 132 / 2);
+  EXPECT_LE(n_int2 + n_bf16, 3u * 132);
+  EXPECT_EQ(plan->num_int2_items, static_cast<int32_t>(plan->items.size()));  // one kernel
+  auto s5 = PlanDecode(Shape(), indptr, ids, kinds, 132, 0, /*session5_slots=*/true);
+  ASSERT_TRUE(s5.ok()) << s5.status();
+  EXPECT_GT(s5->items.size(), 3u * 132);  // what the new planner avoids
 }
 
 TEST(PlanDecode, RejectsMalformedTables) {

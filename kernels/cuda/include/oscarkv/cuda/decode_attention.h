@@ -92,14 +92,18 @@ struct DecodePlan {
   int32_t empty_pairs = 0;
 };
 
-// Host-side planning from host copies of the page table. `target_ctas` is the number of CTAs to
-// aim for (0 = one wave for `num_sms`: 3 CTAs per SM, or 2 -- the BF16 kernel's residency -- when
-// BF16 slices carry most of the cost). Errors: InvalidArgument on a malformed table.
+// Host-side planning from host copies of the page table. `target_ctas` is the number of CTA
+// slots the main items aim for (0 = one wave for `num_sms`: 3 CTAs per SM, or 2 -- the BF16
+// kernel's residency -- when BF16 slices carry most of the cost, and 2 for INT2 batches of up to
+// 256 slices per SM); in INT2-dominated plans the BF16 items are planned into the INT2 kernel's
+// remaining slots (3 per SM). session5_slots: the previous planner (no such spare slots, 3 per
+// SM above 64 INT2 slices per CTA), for side-by-side benchmarks. Errors: InvalidArgument on a
+// malformed table.
 absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
                                       const std::vector<int32_t>& seq_page_indptr,
                                       const std::vector<int32_t>& seq_page_ids,
                                       const std::vector<uint8_t>& page_kinds, int num_sms,
-                                      int target_ctas = 0);
+                                      int target_ctas = 0, bool session5_slots = false);
 
 // INT2 kernel variants, selectable per launch so one benchmark run measures all of them and the
 // GPU tests check each against the CPU reference. All compute the same function to the stated
