@@ -220,7 +220,7 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
                                   cuda::DecodeVariant variant = cuda::DecodeVariant::kBaseline,
                                   bool precise_query = true,
                                   std::vector<float>* out_host = nullptr,
-                                  bool merge_kernel = false, bool cta_rotation = false) {
+                                  bool merge_kernel = false, int rotation = 0) {
   auto q = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
   auto out = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
   auto lse = DeviceBuffer::Create(size_t(B) * kQHeads * 4);
@@ -239,7 +239,8 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     p.precise_query = precise_query;
     p.variant = variant;
     if (merge_kernel) p.fused_merge = false;  // the separate log-sum-exp merge kernel
-    p.rotate_in_cta = cta_rotation;             // every CTA rotates its queries (no rotation kernel)
+    // rotation 1: every CTA rotates its queries; 2: the rotation kernel; 0: PagedDecoder's choice.
+    if (rotation != 0) p.rotate_in_cta = rotation == 1;
     p.out = out->as<float>();
     p.lse = lse->as<float>();
     params.push_back(p);
@@ -328,7 +329,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
                                        *ksrc, *vsrc, frags->get(), clips->as<float>(), &pb));
       // The reported INT2 configuration (re-planned for the other CTA targets below).
       cuda::DecodeVariant best_v = cuda::DecodeVariant::kBaseline;
-      bool best_merge_kernel = false, best_cta_rotation = false;
+      bool best_merge_kernel = false;
+      int best_rotation = 0;
       if (!all_bf16) {
         // Every INT2 variant on the same pages; the report's INT2 figure is the fastest one
         // within the default tolerance.
@@ -336,7 +338,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
           cuda::DecodeVariant v;
           bool precise;
           bool merge_kernel = false;
-          bool cta_rotation = false;
+          int rotation = 0;  // TimeDecode's
         };
         std::vector<Config> configs;
         if (o.all_variants) {
@@ -344,11 +346,12 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
             configs.push_back({static_cast<cuda::DecodeVariant>(vi), o.precise_query});
           if (o.precise_query) configs.push_back({cuda::DecodeVariant::kPackedHeads, false});
           // The default variant with the separate merge kernel instead of the fused merge, with
-          // the queries rotated in every CTA instead of by the rotation kernel, and with both
-          // (the launch before the fused merge and the rotation kernel).
-          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, true, false});
-          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, false, true});
-          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, true, true});
+          // the queries rotated in every CTA and by the rotation kernel (instead of the
+          // decoder's choice), and the session-5 launch (merge kernel, rotation in every CTA).
+          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, true, 0});
+          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, false, 1});
+          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, false, 2});
+          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, true, 1});
         } else {
           configs.push_back({cuda::DecodeVariant::kBaseline, o.precise_query});
         }
@@ -357,11 +360,13 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         for (const Config& cfg : configs) {
           std::vector<float> vout;
           auto t = TimeDecode(o, pb, d.batch, rot_k, cfg.v, cfg.precise, &vout, cfg.merge_kernel,
-                              cfg.cta_rotation);
+                              cfg.rotation);
           if (!t.ok()) return t.status();
           VariantTime vt;
           vt.name = std::string(cuda::DecodeVariantName(cfg.v)) + (cfg.precise ? "" : "+fast_query") +
-                    (cfg.merge_kernel ? "+merge_kernel" : "") + (cfg.cta_rotation ? "+cta_rotation" : "");
+                    (cfg.merge_kernel ? "+merge_kernel" : "") + (cfg.rotation == 1   ? "+cta_rotation"
+                     : cfg.rotation == 2 ? "+rotation_kernel"
+                                         : "");
           vt.approximate = !cfg.precise && o.precise_query;
           vt.us = *t;
           // Cross-check against the first (baseline) configuration on the same pages: a
@@ -384,7 +389,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
             d.int2_best = vt.name;
             best_v = cfg.v;
             best_merge_kernel = cfg.merge_kernel;
-            best_cta_rotation = cfg.cta_rotation;
+            best_rotation = cfg.rotation;
           }
           d.int2_variants.push_back(vt);
         }
@@ -427,14 +432,14 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         pb.decoder = std::make_unique<cuda::PagedDecoder>(*std::move(dec));
         // The reported (fastest default-tolerance) variant, re-planned.
         auto t = TimeDecode(o, pb, d.batch, rot_k, best_v, o.precise_query, nullptr, best_merge_kernel,
-                            best_cta_rotation);
+                            best_rotation);
         if (!t.ok()) return t.status();
         d.int2_by_target.push_back({o.target_ctas[ti], *t});
         if (target < 0) {
           // The session-5 default as a whole: that planner, the merge kernel, the queries
           // rotated in every CTA.
           auto t5 = TimeDecode(o, pb, d.batch, rot_k, cuda::DecodeParams{}.variant, o.precise_query,
-                               nullptr, true, true);
+                               nullptr, true, 1);
           if (!t5.ok()) return t5.status();
           d.int2_by_target.push_back({-2, *t5});
         }

@@ -96,25 +96,26 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     DecodeVariant variant;
     int target;
     bool merge_kernel;
-    bool cta_rotation = false;
+    int rotation = 0;  // 1: in every CTA, 2: the rotation kernel, 0: PagedDecoder's choice
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
     for (int target : {0, 7}) runs.push_back({static_cast<DecodeVariant>(vi), target, false});
   for (int target : {0, 7}) runs.push_back({DecodeParams{}.variant, target, true});
-  // And with the queries rotated in every CTA (no rotation kernel), with either merge.
-  for (bool mk : {false, true}) runs.push_back({DecodeParams{}.variant, 7, mk, true});
+  // And with the queries rotated in every CTA and by the rotation kernel, with either merge.
+  for (int rot : {1, 2})
+    for (bool mk : {false, true}) runs.push_back({DecodeParams{}.variant, 7, mk, rot});
   for (const Run& run : runs) {
     const DecodeVariant variant = run.variant;
     const int target = run.target;
     SCOPED_TRACE(std::string("variant ") + DecodeVariantName(variant) + " target_ctas " +
                  std::to_string(target) + (run.merge_kernel ? " merge kernel" : "") +
-                 (run.cta_rotation ? " cta rotation" : ""));
+                 (run.rotation == 1 ? " cta rotation" : run.rotation == 2 ? " rotation kernel" : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target);
     ASSERT_TRUE(dec.ok()) << dec.status();
     DecodeParams p = dec->Params();
     if (run.merge_kernel) p.fused_merge = false;
-    p.rotate_in_cta = run.cta_rotation;
+    if (run.rotation != 0) p.rotate_in_cta = run.rotation == 1;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();
     p.table.page_token_counts = d_counts->as<uint16_t>();
@@ -152,7 +153,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     // The measured error of each variant (bench/results/NOTES.md quotes the maxima).
     std::printf("[ error ] %s target_ctas %d%s%s: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g)\n",
                 DecodeVariantName(variant), target, p.fused_merge ? "" : " merge kernel",
-                p.rotate_in_cta ? " cta rotation" : "", max_scaled, double(tol));
+                p.rotate_in_cta ? "" : " rotation kernel", max_scaled, double(tol));
     for (size_t i = 0; i < lse->size(); ++i) {
       const float r = ref->lse[i], g = (*lse)[i];
       if (std::isinf(r)) {

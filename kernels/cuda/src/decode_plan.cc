@@ -76,26 +76,16 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
   // at 3 per SM, e.g. B=1 up to ~100K tokens) also aims for 2 per SM: the issue-bound INT2 CTAs
   // of one SM share its schedulers, so the SMs holding 3 of ~2.8 items per SM would set the
   // time, and larger items amortise the prologue (H200, B=1 x 100K: 42.9 -> 38.3 µs).
-  //
-  // INT2-dominated batches also aim for 2 INT2 CTAs per SM while the INT2 slices fit that wave
-  // in items of at most 128 slices (B=8 x 32K), and their few BF16 items (sink, recent tokens)
-  // are planned into the INT2 kernel's third CTA slot of an SM (the spare slots below) instead
-  // of after INT2 items on the same slots: the SMs then hold equal INT2 work and every CTA is
-  // resident at once (H200, B=8 x 32K: 320 INT2 items of ~101 slices + 128 BF16 items on 396
-  // slots, 74.6 µs, vs 256 of ~127 + 128 BF16 in the third slots, 67.3 µs in the same call).
-  // session5_slots keeps the previous planner (no spare slots, 3 per SM above 64 slices per
-  // CTA) for side-by-side measurement.
   const int64_t sms = std::max(1, num_sms);
   const bool bf16_heavy = 2 * bf16_cost > total_cost;
   const int64_t int2_cost = total_cost - bf16_cost;
-  if (target_ctas <= 0) {
-    const bool two_per_sm = bf16_heavy || total_cost < 64 * 3 * sms ||
-                            (!session5_slots && int2_cost <= 128 * 2 * sms);
-    target_ctas = static_cast<int>(sms * (two_per_sm ? 2 : 3));
+  const bool default_target = target_ctas <= 0;
+  if (default_target) {
+    target_ctas = static_cast<int>(sms * (bf16_heavy || total_cost < 64 * 3 * sms ? 2 : 3));
   }
-  // Slots that only the INT2 kernel's BF16 items (planned after the INT2 items) reach first.
-  const int64_t spare_slots =
-      (session5_slots || bf16_heavy) ? 0 : std::max<int64_t>(0, 3 * sms - target_ctas);
+  // Slots that only the INT2 kernel's BF16 items (planned after the INT2 items) reach first:
+  // the third CTA slot of each SM when the INT2 items aim for 2 per SM (see below).
+  int64_t spare_slots = 0;
 
   // Maximal runs of one page kind per (sequence, KV head), in plan order.
   struct Run {
@@ -161,17 +151,39 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
   };
   // Budget: the one-wave share of the total cost, then the best of a geometric range around
   // it by the estimate (ties: the larger budget, i.e. fewer items).
-  const int64_t base = std::max<int64_t>(4, (total_cost + target_ctas - 1) / target_ctas);
-  int64_t budget = (base + 3) / 4 * 4;
-  if (!runs.empty()) {
-    int64_t best = makespan(budget);
-    for (double f = 0.25; f <= 4.0; f *= 1.04) {
-      const int64_t b = std::max<int64_t>(4, static_cast<int64_t>(base * f));
-      const int64_t m = makespan(b);
-      if (m < best || (m == best && b > budget)) {
-        best = m;
-        budget = b;
+  auto choose_budget = [&]() {
+    const int64_t base = std::max<int64_t>(4, (total_cost + target_ctas - 1) / target_ctas);
+    int64_t budget = (base + 3) / 4 * 4;
+    if (!runs.empty()) {
+      int64_t best = makespan(budget);
+      for (double f = 0.25; f <= 4.0; f *= 1.04) {
+        const int64_t b = std::max<int64_t>(4, static_cast<int64_t>(base * f));
+        const int64_t m = makespan(b);
+        if (m < best || (m == best && b > budget)) {
+          best = m;
+          budget = b;
+        }
       }
+    }
+    return budget;
+  };
+  int64_t budget = choose_budget();
+  // An INT2-dominated plan that does not fit one resident wave of the INT2 kernel (3 CTAs per
+  // SM) only because of its BF16 items (sink, recent tokens), while its INT2 slices fit 2 items
+  // per SM of at most 128 slices, is re-planned with the INT2 items aimed at 2 per SM and the
+  // BF16 items in the third slots, so every CTA is resident at once and the SMs hold equal INT2
+  // work (H200, B=8 x 32K: 320 INT2 items of ~101 slices + 128 BF16 items on 396 slots, 75.2
+  // µs, vs 256 of ~127 + the BF16 items in the third slots, 67.2 µs in the same call). Plans that
+  // already fit keep their slots: a BF16 item in the third slot slows its SM's two INT2 items
+  // (B=1 x 100K: 264 INT2 items + 16 BF16 in third slots 42.4 µs vs 240 + 16 on 2 per SM 38.1).
+  // session5_slots keeps the previous planner, for side-by-side measurement.
+  if (default_target && !session5_slots && !bf16_heavy && int2_cost <= 128 * 2 * sms) {
+    int64_t items = 0;
+    for (const Run& r : runs) items += parts_of(r, budget);
+    if (items > 3 * sms) {
+      target_ctas = static_cast<int>(2 * sms);
+      spare_slots = sms;
+      budget = choose_budget();
     }
   }
 

@@ -60,15 +60,15 @@ TEST(PlanDecode, CoversEverySliceOnceWithHomogeneousItems) {
 }
 
 // The default target is one resident wave: 2 CTAs/SM when BF16 slices dominate the cost (the
-// BF16 kernel's residency) or the INT2 batch fits 2 items per SM of at most 128 slices, 3 for a
-// larger INT2 batch.
+// BF16 kernel's residency) or the INT2 batch is small (under 64 slices per CTA at 3/SM), 3 for a
+// large INT2 batch.
 TEST(PlanDecode, DefaultTargetIsOneWaveOfTheDominantKernel) {
   struct C {
     uint8_t kind;
     int pages;
     size_t per_sm;
   };
-  for (C c : {C{1, 512, 2}, C{2, 512, 2}, C{1, 4096, 2}, C{1, 8192, 3}}) {
+  for (C c : {C{1, 512, 2}, C{2, 512, 2}, C{1, 4096, 3}}) {
     std::vector<int32_t> indptr = {0, c.pages}, ids(c.pages);
     std::vector<uint8_t> kinds(c.pages, c.kind);
     for (int i = 0; i < c.pages; ++i) ids[i] = i;
@@ -112,6 +112,7 @@ TEST(PlanDecode, NoNearlyEmptyLastWave) {
 // INT2-dominated batches with sink and recent BF16 pages (the bench's B=8 x 32K): the INT2
 // items take 2 slots per SM and the BF16 items the third, so every CTA is resident at once
 // (the session-5 planner put 320 INT2 items on 396 slots and the 128 BF16 items after them).
+// B=1 x 100K fits one wave already and keeps the session-5 plan.
 TEST(PlanDecode, Int2BatchLeavesTheThirdSlotToBf16Items) {
   CodecProfile prof;
   prof.model_id = "test";
@@ -147,6 +148,19 @@ TEST(PlanDecode, Int2BatchLeavesTheThirdSlotToBf16Items) {
   auto s5 = PlanDecode(Shape(), indptr, ids, kinds, 132, 0, /*session5_slots=*/true);
   ASSERT_TRUE(s5.ok()) << s5.status();
   EXPECT_GT(s5->items.size(), 3u * 132);  // what the new planner avoids
+  const std::vector<PlannedPage> long_pages = PlanSequencePages(prof, 100000);
+  std::vector<int32_t> indptr1 = {0}, ids1;
+  std::vector<uint8_t> kinds1;
+  for (const PlannedPage& pp : long_pages) {
+    ids1.push_back(static_cast<int32_t>(kinds1.size()));
+    kinds1.push_back(static_cast<uint8_t>(pp.kind));
+  }
+  indptr1.push_back(static_cast<int32_t>(ids1.size()));
+  auto p1 = PlanDecode(Shape(), indptr1, ids1, kinds1, 132);
+  auto p1s5 = PlanDecode(Shape(), indptr1, ids1, kinds1, 132, 0, true);
+  ASSERT_TRUE(p1.ok() && p1s5.ok());
+  EXPECT_EQ(p1->items.size(), p1s5->items.size());
+  EXPECT_LE(p1->items.size(), 2u * 132);
 }
 
 TEST(PlanDecode, RejectsMalformedTables) {

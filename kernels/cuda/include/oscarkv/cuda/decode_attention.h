@@ -92,13 +92,12 @@ struct DecodePlan {
   int32_t empty_pairs = 0;
 };
 
-// Host-side planning from host copies of the page table. `target_ctas` is the number of CTA
-// slots the main items aim for (0 = one wave for `num_sms`: 3 CTAs per SM, or 2 -- the BF16
-// kernel's residency -- when BF16 slices carry most of the cost, and 2 for INT2 batches of up to
-// 256 slices per SM); in INT2-dominated plans the BF16 items are planned into the INT2 kernel's
-// remaining slots (3 per SM). session5_slots: the previous planner (no such spare slots, 3 per
-// SM above 64 INT2 slices per CTA), for side-by-side benchmarks. Errors: InvalidArgument on a
-// malformed table.
+// Host-side planning from host copies of the page table. `target_ctas` is the number of CTAs to
+// aim for (0 = one wave for `num_sms`: 3 CTAs per SM, or 2 -- the BF16 kernel's residency -- when
+// BF16 slices carry most of the cost; an INT2-dominated batch that would not fit one wave of 3
+// per SM only because of its BF16 items gets 2 INT2 items per SM and its BF16 items in the
+// third slots). session5_slots: the previous planner (without that last rule), for side-by-side
+// benchmarks. Errors: InvalidArgument on a malformed table.
 absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
                                       const std::vector<int32_t>& seq_page_indptr,
                                       const std::vector<int32_t>& seq_page_ids,
@@ -179,12 +178,15 @@ struct DecodeParams {
   // (DecodePlan::empty_pairs == 0), and a 16-byte aligned `out`. PagedDecoder::Params() sets it
   // when the plan allows.
   bool fused_merge = false;
-  // false (default): one small kernel per launch rotates every (sequence, KV head)'s queries
-  // once into the workspace, and the INT2 kernel (a programmatic dependent of it) waits for
-  // them only after its first K/V copies are in flight. true: every INT2 CTA rotates its own
-  // queries (64 KiB of R_K and 512 FMA per thread per CTA; the previous path, kept for the
-  // bench). The BF16 kernel (BF16-heavy plans) always rotates in its CTAs.
-  bool rotate_in_cta = false;
+  // true (default): every INT2 CTA rotates its own queries (64 KiB of R_K and 512 FMA per
+  // thread per CTA). false: one small kernel per launch rotates each (sequence, KV head)'s
+  // queries once into the workspace, and the INT2 kernel, launched as its programmatic
+  // dependent, waits for them after its first K/V copies are issued. Measured (H200): 2% faster
+  // when the INT2 kernel runs several waves (B=32 x 32K), 15-35% slower for one-wave plans
+  // (B=1, B=8), whose CTAs are then spread unevenly over the SMs; PagedDecoder::Params()
+  // chooses it for plans of more than one wave. The BF16 kernel (BF16-heavy plans) always
+  // rotates in its CTAs.
+  bool rotate_in_cta = true;
   float* out = nullptr;  // [num_seqs][num_q_heads][head_dim]
   float* lse = nullptr;  // [num_seqs][num_q_heads] (may be nullptr)
 };

@@ -22,6 +22,7 @@ class PagedDecoder {
     if (!plan.ok()) return plan.status();
     PagedDecoder d;
     d.shape_ = shape;
+    d.num_sms_ = num_sms;
     d.num_seqs_ = static_cast<int32_t>(seq_page_indptr.size() - 1);
     d.plan_ = *std::move(plan);
     auto items = DeviceBuffer::FromHost(d.plan_.items);
@@ -66,6 +67,9 @@ class PagedDecoder {
     p.num_int2_items = plan_.num_int2_items;
     p.workspace = workspace_.get();
     p.fused_merge = plan_.empty_pairs == 0;
+    // The rotation kernel pays only when the INT2 kernel runs more than one wave of its 3 CTAs
+    // per SM (DecodeParams::rotate_in_cta).
+    p.rotate_in_cta = plan_.num_int2_items <= 3 * num_sms_;
     p.table.num_seqs = num_seqs_;
     return p;
   }
@@ -75,6 +79,7 @@ class PagedDecoder {
  private:
   DecodeShape shape_;
   int32_t num_seqs_ = 0;
+  int num_sms_ = 0;
   DecodePlan plan_;
   DeviceBuffer items_, item_indptr_, order_, launch_items_, workspace_;
 };
