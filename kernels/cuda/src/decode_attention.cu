@@ -1,7 +1,8 @@
-// Mixed-precision paged decode attention: the BF16-slice kernel, the log-sum-exp merge and the
-// launch sequence (INT2 items, then BF16 items overlapping them through programmatic
-// serialization, then the merge). The INT2 kernel and its variants are in decode_int2.cu; the
-// shared pieces in decode_common.cuh.
+// Mixed-precision paged decode attention: the BF16-slice kernel, the query rotation kernel, the
+// log-sum-exp merge kernel and the launch sequence (optional rotation kernel, INT2 items, then
+// BF16 items overlapping them through programmatic serialization, then the merge kernel unless
+// the last CTA of each (sequence, KV head) merges). The INT2 kernel and its variants are in
+// decode_int2.cu; the shared pieces (and the fused merge) in decode_common.cuh.
 //
 // Work decomposition: one CTA (4 warps) per work item = (sequence, KV head, run of 64-token
 // slices of one kind). K/V bytes of the item's slices stream through shared memory with

@@ -11,13 +11,13 @@
 // Launch = plan (host) + run (device):
 //   * PlanDecode splits every (sequence, KV head) into work items: runs of consecutive
 //     64-token slices of one page kind, sized so the whole batch fills the GPU (split-KV).
-//   * LaunchDecodeAttention rotates the queries once per (sequence, KV head) (q' = q·R_K, times
-//     the softmax scale; a small kernel that the INT2 kernel overlaps), then runs one CTA per
-//     work item (an INT2 kernel and a BF16 kernel that overlap): all query heads of the KV head
-//     are served from one read of each K/V slice, INT2 codes turned into tensor-core operands
-//     in registers (no dequantization pass); the last CTA of each (sequence, KV head) combines
-//     the partial results with their log-sum-exp (or a merge kernel does, see fused_merge) and
-//     optionally multiplies by R_Vᵀ.
+//   * LaunchDecodeAttention runs one CTA per work item (an INT2 kernel and a BF16 kernel that
+//     overlap): the CTA rotates its GQA queries (q' = q·R_K, times the softmax scale; or a small
+//     kernel ahead of the INT2 kernel rotates them once per (sequence, KV head), see
+//     rotate_in_cta), then all query heads of the KV head are served from one read of each K/V
+//     slice, INT2 codes turned into tensor-core operands in registers (no dequantization pass);
+//     the last CTA of each (sequence, KV head) combines the partial results with their
+//     log-sum-exp (or a merge kernel does, see fused_merge) and optionally multiplies by R_Vᵀ.
 //
 // The INT2 kernel has variants (DecodeVariant below, chosen per launch in DecodeParams); the
 // extend (chunked-prefill) kernel over the same page tables is in extend_attention.h.
