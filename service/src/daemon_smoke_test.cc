@@ -20,6 +20,7 @@
 #include <map>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
@@ -654,6 +655,34 @@ TEST(DaemonSmoke, LocalSocketMatchesGrpcAndSurvivesGarbageFrames) {
       EXPECT_EQ(a.h.code, 0u);
     }
     local_lookups += 50;
+  }
+  // Backpressure: 3,000 pipelined requests while nobody reads the answers for 300 ms. The
+  // daemon's send buffer fills, it queues what it cannot send and stops reading this
+  // connection until the answers drain; then every answer arrives, in order.
+  {
+    const int c = Handshaken(path);
+    ASSERT_GE(c, 0);
+    constexpr int kPipelined = 3000;
+    std::thread sender([&] {
+      for (int i = 0; i < kPipelined; ++i) {
+        const std::string f = Frame(lc::Method::kLookup, 5000 + i, lookups[0]);
+        if (send(c, f.data(), f.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(f.size())) {
+          ADD_FAILURE() << "send " << i << ": " << std::strerror(errno);
+          return;
+        }
+      }
+    });
+    usleep(300000);
+    int in_order = 0;
+    for (int i = 0; i < kPipelined; ++i) {
+      Answer a = Recv(c);
+      if (a.closed) break;
+      in_order += a.h.id == 5000u + i && a.h.code == 0;
+    }
+    sender.join();
+    EXPECT_EQ(in_order, kPipelined);
+    local_lookups += kPipelined;
+    close(c);
   }
   // Malformed frames: each gets INVALID_ARGUMENT naming the problem, then the close.
   struct Bad {
