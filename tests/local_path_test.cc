@@ -222,6 +222,47 @@ TEST(LocalPathTest, PipelinedAsyncLookupsFromManyThreads) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+// A daemon that stops answering (SIGSTOP): blocking and async local lookups fail with
+// DEADLINE_EXCEEDED after the RPC timeout, and work again once it resumes (the late answers
+// of the timed-out calls are dropped, never delivered to later calls).
+TEST(LocalPathTest, StalledDaemonTimesOutThenRecovers) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  client::ConnectOptions o;
+  o.address = daemon->address();
+  o.lookup_path = LookupPath::kLocal;
+  o.rpc_timeout_ms = 400;
+  o.dedicated_connection = true;
+  auto c = client::Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const client::Codec codec = RegisterRefmodel(**c);
+  const auto keys = client::Client::BlockKeys(codec, Tokens(9, 3 * codec.profile.page_tokens));
+  ASSERT_EQ((*c)->Store(codec, std::vector<PageWrite>{{keys[0], PageKind::kInt2,
+                                                       MakePage(codec.profile, PageKind::kInt2, 3)}})
+                ->stored,
+            1u);
+  ASSERT_TRUE((*c)->LookupAsync(codec, keys).get().ok());  // opens the async connection
+  ASSERT_EQ(::kill(daemon->pid(), SIGSTOP), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto async = (*c)->LookupAsync(codec, keys);
+  auto r = (*c)->Lookup(codec, keys);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  auto a = async.get();
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kDeadlineExceeded) << a.status();
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(waited, std::chrono::milliseconds(350));
+  EXPECT_LT(waited, std::chrono::seconds(3));
+  ASSERT_EQ(::kill(daemon->pid(), SIGCONT), 0);
+  for (int i = 0; i < 3; ++i) {
+    auto again = (*c)->LookupAsync(codec, keys).get();
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->matched, 1u);
+    auto sync = (*c)->Lookup(codec, keys);
+    ASSERT_TRUE(sync.ok()) << sync.status();
+    EXPECT_EQ(sync->matched, 1u);
+  }
+}
+
 // The daemon dies under a local client: blocking and async lookups fail with UNAVAILABLE
 // promptly instead of hanging.
 TEST(LocalPathTest, DaemonDeathFailsLocalCallsPromptly) {
