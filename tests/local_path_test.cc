@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "oscarkv/v1/local_control.h"
@@ -243,6 +245,16 @@ TEST(LocalPathTest, StalledDaemonTimesOutThenRecovers) {
             1u);
   ASSERT_TRUE((*c)->LookupAsync(codec, keys).get().ok());  // opens the async connection
   ASSERT_EQ(::kill(daemon->pid(), SIGSTOP), 0);
+  // kill() returns before the process is stopped: wait until /proc says it is ('T').
+  bool stopped = false;
+  for (int i = 0; i < 400 && !stopped; ++i) {
+    std::ifstream f("/proc/" + std::to_string(daemon->pid()) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');
+    stopped = close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+    if (!stopped) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(stopped) << "oscarkvd did not stop";
   const auto t0 = std::chrono::steady_clock::now();
   auto async = (*c)->LookupAsync(codec, keys);
   auto r = (*c)->Lookup(codec, keys);
