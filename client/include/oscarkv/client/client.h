@@ -19,7 +19,8 @@
 //   daemon announces one and this process can connect to it (which proves it is on this host),
 //   else gRPC. Same messages, same validation, same leases and result codes either way; every
 //   other call always goes over gRPC. A lookup of more keys than fit a local frame
-//   (v1::local::kMaxLookupKeys, 4032) goes over gRPC.
+//   (v1::local::kMaxLookupKeys, 6080; only possible with a daemon max_batch above that) goes
+//   over gRPC.
 // * Pages are the byte format of docs/FORMAT.md §1 and are opaque to this API except for the
 //   checks named below. Keys are the canonical chained block keys of §3 (BlockKeys()).
 // * Errors: absl::Status; codes are the daemon's gRPC codes passed through one-to-one
