@@ -100,7 +100,7 @@ std::string FormatTable(const KernelBenchReport& r) {
   }
   s += "quantize-on-write (bf16 rows in -> page rows out, one layer, 8 KV heads, K and V)\n";
   for (const auto& q : r.quant) {
-    s += absl::StrFormat("  %-40s %9.1f us %8.0f GB/s %5.0f%% of copy\n", q.name, q.us,
+    s += absl::StrFormat("  %-66s %9.1f us %8.0f GB/s %5.0f%% of copy\n", q.name, q.us,
                          Gbps(q.bytes, q.us), 100 * Ratio(Gbps(q.bytes, q.us), r.copy_gbps));
   }
   return s;
@@ -152,7 +152,7 @@ std::string FormatJson(const KernelBenchReport& r) {
     j["int2_best_variant_b1_100k"] = b1->int2_best;
   }
   if (!r.quant.empty()) {
-    // The full write path (rotation + clip, min-max): the figure.
+    // The default codec write (the first row, see kernel_bench.cu): the figure.
     j["quant_bw_fraction"] = Ratio(Gbps(r.quant[0].bytes, r.quant[0].us), r.copy_gbps);
     j["quant_variant"] = r.quant[0].name;
     // The fastest INT2 write configuration measured (may skip rotation or clipping).

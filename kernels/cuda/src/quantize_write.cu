@@ -8,7 +8,11 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
+#include <type_traits>
+#include <vector>
 
 #include "device_util.cuh"
 #include "oscarkv/cuda/quantize_write.h"
@@ -335,7 +339,9 @@ __device__ __forceinline__ DevParams UnpackParams(uint32_t w) {
 // codes are three compares per element. Exact integer sums: the order of the atomics does not
 // matter. `y` is overwritten with the positions' bits.
 constexpr int kBands = 19;
-constexpr int kBinWords = kBands * 32;  // per warp
+constexpr int kLevels = 49;  // levels 0..48: one bin per level (unrotated kernels, more shared memory)
+template <bool kLevelBins>
+constexpr int kBinWords = (kLevelBins ? kLevels : kBands) * 32;  // per warp
 constexpr uint32_t kMagic = 0x4B000000u;  // bits of 2^23
 __device__ __forceinline__ void SharedRedAdd(uint32_t addr, uint32_t v) {
   asm volatile("red.shared.add.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
@@ -353,7 +359,9 @@ __device__ __forceinline__ void SharedStoreZero(uint32_t addr) {
 __device__ __forceinline__ int BandOf(int l) {
   return min(max(l - 7, 0), 9) + (l >= 24 ? 1 : 0) + min(max(l - 32, 0), 8);
 }
-template <int G>
+// kLevelBins: one bin per level (49) instead of per band (19): no band arithmetic per element
+// (~7 instructions), 30 more bin loads and stores per lane and row, 2.6x the shared memory.
+template <int G, bool kLevelBins>
 __device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx, uint32_t bins,
                                     uint32_t (&best)[2]) {
   constexpr int L = G / 32, kOwn = 8 / L;
@@ -367,21 +375,30 @@ __device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx,
     const float u = __saturatef(__fmaf_rn(y[j], k, b));
     const uint32_t vb = __float_as_uint(__fmaf_rd(u, 98304.0f, 8388608.0f));
     const uint32_t v = vb - kMagic;
-    SharedRedAdd(bins + (static_cast<uint32_t>(BandOf(static_cast<int>(v >> 11))) << 7), v + (1u << 24));
+    const uint32_t bin = kLevelBins ? v >> 11 : static_cast<uint32_t>(BandOf(static_cast<int>(v >> 11)));
+    SharedRedAdd(bins + (bin << 7), v + (1u << 24));
     v2 += static_cast<unsigned long long>(v) * v;
     y[j] = __uint_as_float(vb);
   }
   __syncwarp();  // orders the atomics before the loads below
   // Suffix sums (count << 24 | sum of v) at the thresholds: lo[i] = P(8+i) (band 1+i),
   // hi[i] = P(40-i) (band 18-i), p24 = P(24) (band 10), tot = all.
+  // (Level bins: lo[i] = P(8+i) is bin 8+i, hi[i] = P(40-i) bin 40-i, p24 bin 24.)
   uint32_t lo[8], hi[8], p24 = 0, tot = 0, run = 0;
+  constexpr int kBins = kLevelBins ? kLevels : kBands;
 #pragma unroll
-  for (int band = kBands - 1; band >= 0; --band) {
+  for (int band = kBins - 1; band >= 0; --band) {
     run += SharedLoad(bins + (band << 7));
     SharedStoreZero(bins + (band << 7));
-    if (band >= 11) hi[18 - band] = run;
-    if (band == 10) p24 = run;
-    if (band >= 1 && band <= 8) lo[band - 1] = run;
+    if (kLevelBins) {
+      if (band >= 33 && band <= 40) hi[40 - band] = run;
+      if (band == 24) p24 = run;
+      if (band >= 8 && band <= 15) lo[band - 8] = run;
+    } else {
+      if (band >= 11) hi[18 - band] = run;
+      if (band == 10) p24 = run;
+      if (band >= 1 && band <= 8) lo[band - 1] = run;
+    }
     if (band == 0) tot = run;
   }
   // Group totals: p24, tot and v2 everywhere; lo/hi reduce-scattered so that lane `sub` keeps
@@ -491,10 +508,10 @@ __device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx,
 // RangeMode::kSearch, mirroring QuantizeRowInt2 bit for bit: the same 8 candidate ranges, the
 // same integer error sums (exact, so any order), the same first-smallest choice. Returns the
 // chosen parameters and the lane's codes.
-template <int G>
+template <int G, bool kLevelBins>
 __device__ DevParams SelectRange(float (&y)[32], int tig, float mn, float mx, RangeMode mode,
                                  uint32_t bins, uint32_t (&best)[2]) {
-  if (mode == RangeMode::kUnbiased) return SelectUnbiased<G>(y, tig, mn, mx, bins, best);
+  if (mode == RangeMode::kUnbiased) return SelectUnbiased<G, kLevelBins>(y, tig, mn, mx, bins, best);
   const float width = __fsub_rn(mx, mn);
   DevParams best_p = RangeParams(mn, mx);
   uint32_t cand[2];
@@ -534,7 +551,7 @@ __device__ DevParams SelectRange(float (&y)[32], int tig, float mn, float mx, Ra
 // Quantizes this lane's 32 values of a row (group = G channels spread over G/32 lanes) and
 // stores the codes (8 bytes) and, from the first lane of each group, the (scale, min) pair.
 // kSelect: the CTA's mode (uniform) may be search / unbiased; false compiles min-max only.
-template <int G, bool kSelect>
+template <int G, bool kSelect, bool kLevelBins>
 __device__ void QuantizeStore(float (&y)[32], int tig, uint8_t* codes_row, uint8_t* params_row,
                               RangeMode mode, uint32_t bins) {
   float mn = y[0], mx = y[0];
@@ -560,7 +577,7 @@ __device__ void QuantizeStore(float (&y)[32], int tig, uint8_t* codes_row, uint8
       packed[i / 16] |= static_cast<uint32_t>(c) << (2 * (i % 16));
     }
   } else {
-    q = SelectRange<G>(y, tig, mn, mx, mode, bins, packed);
+    q = SelectRange<G, kLevelBins>(y, tig, mn, mx, mode, bins, packed);
   }
   *reinterpret_cast<uint2*>(codes_row + 8 * tig) = make_uint2(packed[0], packed[1]);
   const int lanes_per_group = G / 32;
@@ -571,11 +588,31 @@ __device__ void QuantizeStore(float (&y)[32], int tig, uint8_t* codes_row, uint8
   }
 }
 
+// Staged loads (kStaged): every warp streams its 16-row tiles through a private ring of
+// kStagesOf stages (4 KiB each) in shared memory, filled by cp.async (coalesced: a warp's
+// instruction copies two whole 256-byte rows) kStagesOf - 1 tiles ahead, so the next tiles'
+// bytes are in flight while this one is rotated and quantized, at no register cost (the
+// selecting kernels could not afford a register prefetch). Rows are stored with their 16-byte
+// chunks XOR-swizzled (chunk c of row r at c ^ 2·bit3(c) ^ (r & 1)) so that the lanes' 16-byte
+// reads of their 64-byte slices are conflict-free. The grid is one balanced wave (tiles split
+// evenly over the CTAs that fit at once), which also loads each CTA's rotation fragments once.
+constexpr int kStageBytes = 16 * 256;  // one warp's 16 rows of bf16
+template <bool kSelect, bool kRotate>
+constexpr int kStagesOf = kRotate ? 2 : 3;
+__host__ __device__ constexpr int BinBytes(bool select, bool level_bins) {
+  return select ? kThreads / 32 * (level_bins ? kLevels : kBands) * 32 * 4 : 0;
+}
+
 // kSelect (some head uses search / unbiased) and kRotate (rot_fragments set) are template
 // arguments so that the simpler kernels keep their registers (occupancy); the selecting kernels
-// are capped at 168 registers (3 CTAs per SM), measured faster than 2 CTAs of 255.
-template <int G, bool kSelect, bool kRotate>
-__global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel(const QuantizeWriteParams p) {
+// are capped at 168 registers (3 CTAs per SM), measured faster than 2 CTAs of 255. kStaged:
+// staged loads (above); false is the round-1 kernel (direct loads, a register prefetch of the
+// next tile in the min-max kernels, none in the selecting ones), kept for side-by-side benches.
+// Unrotated staged selecting kernels use one bin per level (kLevelBins).
+template <int G, bool kSelect, bool kRotate, bool kStaged>
+__global__ void __launch_bounds__(kThreads, kSelect ? 3 : (kStaged && !kRotate ? 4 : 2))
+    QuantizeWriteKernel(const QuantizeWriteParams p, int per_cta) {
+  constexpr bool kLevelBins = kStaged && !kRotate;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
   const int head = blockIdx.y;
@@ -586,6 +623,7 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel
   const uint4* frag = reinterpret_cast<const uint4*>(smem);    // hi + lo parts
   const uint2* frag_hi = reinterpret_cast<const uint2*>(smem);  // hi parts only, packed
   const bool precise = p.precise_rotation;
+  const int frag_bytes = rotate ? (precise ? kFragSmem : kFragSmem / 2) : 0;
   if (rotate) {
     const uint8_t* src = static_cast<const uint8_t*>(p.rot_fragments) + size_t(mat) * kFragSmem;
     if (precise) {
@@ -600,13 +638,12 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel
     }
     __syncthreads();
   }
-  // Unbiased range selection: 19 private band bins per lane after the fragments ([band][lane]).
-  uint32_t bins = 0;  // shared-memory address of this lane's level 0 bin
+  // Unbiased range selection: private bins per lane after the fragments ([bin][lane]).
+  uint32_t bins = 0;  // shared-memory address of this lane's bin 0
   if constexpr (kSelect) {
-    const int frag_bytes = rotate ? (precise ? kFragSmem : kFragSmem / 2) : 0;
-    uint32_t* b = reinterpret_cast<uint32_t*>(smem + frag_bytes) + warp * kBinWords + lane;
+    uint32_t* b = reinterpret_cast<uint32_t*>(smem + frag_bytes) + warp * kBinWords<kLevelBins> + lane;
 #pragma unroll
-    for (int l = 0; l < kBands; ++l) b[l << 5] = 0u;
+    for (int l = 0; l < (kLevelBins ? kLevels : kBands); ++l) b[l << 5] = 0u;
     bins = static_cast<uint32_t>(__cvta_generic_to_shared(b));
   }
   const float clip = p.clips != nullptr ? p.clips[mat] : 1.0f;
@@ -620,42 +657,10 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel
   const int codes_bytes = static_cast<int>(g2.codes_bytes());
   const int tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
 
-  // Loads the lane's 32 input channels of rows gid and gid+8 of a tile (16 bf16x2 words each).
-  auto load = [&](int tile, uint32_t (&xw)[2][16]) {
-    const int t0 = tile * kTileTokens + warp * 16;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int tk = t0 + gid + 8 * r;
-      if (tile < tiles && tk < p.num_tokens) {
-        const uint4* src = reinterpret_cast<const uint4*>(base + tk * p.src_token_stride + 32 * tig);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint4 v = src[q];
-          xw[r][4 * q] = v.x;
-          xw[r][4 * q + 1] = v.y;
-          xw[r][4 * q + 2] = v.z;
-          xw[r][4 * q + 3] = v.w;
-        }
-      } else {
-#pragma unroll
-        for (int q = 0; q < 16; ++q) xw[r][q] = 0u;
-      }
-    }
-  };
-  uint32_t xw[2][16];
-  load(blockIdx.x, xw);
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  // Rotates (or converts) the lane's rows of one tile and writes them to their page slots.
+  auto body = [&](int tile, const uint32_t (&xw)[2][16]) {
     const int t0 = tile * kTileTokens + warp * 16;
     int tok[2] = {t0 + gid, t0 + gid + 8};
-    // Prefetch the next tile's rows while this one is rotated and quantized.
-    // (The selecting kernels are compute-bound: they load each tile when they reach it and
-    // spend the 32 registers on the range selection instead.)
-    uint32_t xn[2][16];
-    if constexpr (kSelect) {
-      if (tile != blockIdx.x) load(tile, xw);
-    } else {
-      load(tile + gridDim.x, xn);
-    }
     float y[2][32];
     if constexpr (rotate) {
       uint32_t a[2][16];  // fp16x2 of the same words
@@ -746,20 +751,134 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : 2) QuantizeWriteKernel
       uint8_t* codes_row = int2 ? page + seg2 + size_t(slot) * 32 : scratch;
       uint8_t* params_row = int2 ? page + seg2 + codes_bytes + size_t(slot) * (128 / G) * 4 : scratch;
       if (int2) {
-        QuantizeStore<G, kSelect>(y[r], tig, codes_row, params_row, mode, bins);
+        QuantizeStore<G, kSelect, kLevelBins>(y[r], tig, codes_row, params_row, mode, bins);
       } else {
         // Keep the quad's shuffles convergent: lanes with nothing to write still take part.
         float dummy[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) dummy[i] = 0.f;
-        QuantizeStore<G, kSelect>(dummy, tig, scratch, scratch, mode, bins);
+        QuantizeStore<G, kSelect, kLevelBins>(dummy, tig, scratch, scratch, mode, bins);
       }
     }
+  };
+
+  if constexpr (kStaged) {
+    constexpr int S = kStagesOf<kSelect, kRotate>;
+    uint8_t* ring = smem + frag_bytes + BinBytes(kSelect, kLevelBins) + warp * S * kStageBytes;
+    const int tile_begin = blockIdx.x * per_cta;
+    const int n = min(per_cta, tiles - tile_begin);
+    // Copier lane: rows 2i + (lane >> 4), chunk lane & 15 (swizzled once per lane).
+    const int crow = lane >> 4, cchunk = lane & 15;
+    const int cdst = crow * 256 + 16 * (cchunk ^ (((cchunk >> 3) & 1) << 1) ^ crow);
+    auto issue = [&](int k, int stage) {
+      if (k < n) {
+        const int t0 = (tile_begin + k) * kTileTokens + warp * 16;
+        uint8_t* st = ring + stage * kStageBytes + cdst;
 #pragma unroll
-    for (int r = 0; r < 2; ++r)
+        for (int i = 0; i < 8; ++i) {
+          const int tk = t0 + 2 * i + crow;
+          const bool ok = tk < p.num_tokens;
+          CpAsync16(st + i * 512, base + int64_t(ok ? tk : 0) * p.src_token_stride + 8 * cchunk, ok);
+        }
+      }
+      CpAsyncCommit();
+    };
+    // Reader lane: chunks 4·tig + q of rows gid, gid + 8 (row parity = gid & 1).
+    const int rx = (((tig >> 1) & 1) << 1) ^ (gid & 1);
 #pragma unroll
-      for (int q = 0; q < 16; ++q) xw[r][q] = kSelect ? xw[r][q] : xn[r][q];
+    for (int s = 0; s < S - 1; ++s) issue(s, s);
+    int stage = 0;
+    for (int k = 0; k < n; ++k) {
+      CpAsyncWait<S - 2>();
+      __syncwarp();
+      uint32_t xw[2][16];
+      const uint8_t* st = ring + stage * kStageBytes;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint4 v = *reinterpret_cast<const uint4*>(st + (gid + 8 * r) * 256 + 16 * (4 * tig + (q ^ rx)));
+          xw[r][4 * q] = v.x;
+          xw[r][4 * q + 1] = v.y;
+          xw[r][4 * q + 2] = v.z;
+          xw[r][4 * q + 3] = v.w;
+        }
+      __syncwarp();  // every lane has read the stage before it is refilled
+      issue(k + S - 1, stage == 0 ? S - 1 : stage - 1);
+      stage = stage == S - 1 ? 0 : stage + 1;
+      body(tile_begin + k, xw);
+    }
+    CpAsyncWait<0>();
+  } else {
+    // Loads the lane's 32 input channels of rows gid and gid+8 of a tile (16 bf16x2 words each).
+    auto load = [&](int tile, uint32_t (&xw)[2][16]) {
+      const int t0 = tile * kTileTokens + warp * 16;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int tk = t0 + gid + 8 * r;
+        if (tile < tiles && tk < p.num_tokens) {
+          const uint4* src = reinterpret_cast<const uint4*>(base + tk * p.src_token_stride + 32 * tig);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint4 v = src[q];
+            xw[r][4 * q] = v.x;
+            xw[r][4 * q + 1] = v.y;
+            xw[r][4 * q + 2] = v.z;
+            xw[r][4 * q + 3] = v.w;
+          }
+        } else {
+#pragma unroll
+          for (int q = 0; q < 16; ++q) xw[r][q] = 0u;
+        }
+      }
+    };
+    uint32_t xw[2][16];
+    load(blockIdx.x, xw);
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      // Prefetch the next tile's rows while this one is rotated and quantized.
+      // (The selecting kernels are compute-bound: they load each tile when they reach it and
+      // spend the 32 registers on the range selection instead.)
+      uint32_t xn[2][16];
+      if constexpr (kSelect) {
+        if (tile != blockIdx.x) load(tile, xw);
+      } else {
+        load(tile + gridDim.x, xn);
+      }
+      body(tile, xw);
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int q = 0; q < 16; ++q) xw[r][q] = kSelect ? xw[r][q] : xn[r][q];
+    }
   }
+}
+
+// Resident CTAs of `kernel` on the current device (SMs x CTAs per SM), cached.
+cudaError_t CachedSlots(const void* kernel, int smem, int* slots) {
+  struct Entry {
+    const void* kernel;
+    int smem, device, slots;
+  };
+  static std::mutex mu;
+  static std::vector<Entry> cache;
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Entry& c : cache) {
+    if (c.kernel == kernel && c.smem == smem && c.device == device) {
+      *slots = c.slots;
+      return cudaSuccess;
+    }
+  }
+  int sms = 0, per_sm = 0;
+  e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
+  if (e != cudaSuccess) return e;
+  *slots = sms * per_sm;
+  cache.push_back({kernel, smem, device, *slots});
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -797,30 +916,61 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   // Per-head modes live in device memory (unknown here): any table takes the selecting kernel,
   // which handles min-max heads at run time too.
   const bool select = p.range_modes != nullptr || p.range_mode != RangeMode::kMinMax;
-  // 64-token tiles per CTA: rotated CTAs amortize the 64 KiB fragment load over several tiles;
-  // the rotated selecting kernel (3 CTAs/SM) takes 4 (measured side by side on an H200, default
-  // codec write: 4 tiles 301.6 us, 8 tiles 313.9 us, 16 tiles 412.4 us -- a shorter last wave).
-  const int per_cta = p.rot_fragments != nullptr ? (select ? 4 : 8) : 2;
-  dim3 grid((tiles + per_cta - 1) / per_cta, p.num_kv_heads, 2 * p.layer_count);
-  const int bin_bytes = kThreads / 32 * kBinWords * 4;
-  const int smem = (p.rot_fragments == nullptr ? 0 : p.precise_rotation ? kFragSmem : kFragSmem / 2) +
-                   (select ? bin_bytes : 0);
-  auto launch = [&](auto kernel) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kFragSmem + bin_bytes);
-    kernel<<<grid, kThreads, smem, stream>>>(p);
-  };
   const bool rot = p.rot_fragments != nullptr;
-  if (select) {
-    if (rot) {
-      g128 ? launch(QuantizeWriteKernel<128, true, true>) : launch(QuantizeWriteKernel<64, true, true>);
+  const bool staged = p.load_path == QuantizeWriteParams::LoadPath::kStaged ||
+                      (p.load_path == QuantizeWriteParams::LoadPath::kAuto && !select);
+  const int frag_bytes = !rot ? 0 : p.precise_rotation ? kFragSmem : kFragSmem / 2;
+  // Shared memory: fragments, bins (selecting kernels), then the staged kernels' load rings.
+  const int stages = !staged ? 0 : rot ? kStagesOf<true, true> : kStagesOf<true, false>;
+  const int smem = frag_bytes + (select ? BinBytes(true, staged && !rot) : 0) +
+                   kThreads / 32 * stages * kStageBytes;
+  auto launch = [&](auto kernel) -> absl::Status {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return CudaStatus(e, "quantize-on-write smem attribute");
+    int per_cta;
+    if (staged) {
+      // One balanced wave: the fewest tiles per CTA such that all CTAs fit on the device at
+      // once (cached per kernel, shared-memory size and device).
+      int slots = 0;
+      e = CachedSlots(reinterpret_cast<const void*>(kernel), smem, &slots);
+      if (e != cudaSuccess) return CudaStatus(e, "quantize-on-write occupancy");
+      if (slots <= 0) return absl::InternalError("quantize-on-write: kernel does not fit an SM");
+      const int items = static_cast<int>(p.num_kv_heads * 2 * p.layer_count);
+      const int x = std::max(1, slots / items);
+      per_cta = (tiles + x - 1) / x;
     } else {
-      g128 ? launch(QuantizeWriteKernel<128, true, false>) : launch(QuantizeWriteKernel<64, true, false>);
+      // 64-token tiles per CTA: rotated CTAs amortize the fragment load over several tiles; the
+      // rotated selecting kernel (3 CTAs/SM) takes 4 (measured side by side on an H200, default
+      // codec write: 4 tiles 301.6 us, 8 tiles 313.9 us, 16 tiles 412.4 us -- a shorter last
+      // wave). The kernel strides over tiles by the grid's width.
+      per_cta = rot ? (select ? 4 : 8) : 2;
     }
-  } else if (rot) {
-    g128 ? launch(QuantizeWriteKernel<128, false, true>) : launch(QuantizeWriteKernel<64, false, true>);
+    dim3 grid((tiles + per_cta - 1) / per_cta, p.num_kv_heads, 2 * p.layer_count);
+    kernel<<<grid, kThreads, smem, stream>>>(p, per_cta);
+    return absl::OkStatus();
+  };
+  // Template arguments: group, select, rotate, staged.
+  absl::Status st;
+  auto pick = [&](auto g, auto sel, auto rt) {
+    constexpr int kG = decltype(g)::value;
+    constexpr bool kSel = decltype(sel)::value, kRot = decltype(rt)::value;
+    if (staged) {
+      st = launch(QuantizeWriteKernel<kG, kSel, kRot, true>);
+    } else {
+      st = launch(QuantizeWriteKernel<kG, kSel, kRot, false>);
+    }
+  };
+  using T = std::true_type;
+  using F = std::false_type;
+  using G128 = std::integral_constant<int, 128>;
+  using G64 = std::integral_constant<int, 64>;
+  auto by_group = [&](auto sel, auto rt) { g128 ? pick(G128{}, sel, rt) : pick(G64{}, sel, rt); };
+  if (select) {
+    rot ? by_group(T{}, T{}) : by_group(T{}, F{});
   } else {
-    g128 ? launch(QuantizeWriteKernel<128, false, false>) : launch(QuantizeWriteKernel<64, false, false>);
+    rot ? by_group(F{}, T{}) : by_group(F{}, F{});
   }
+  if (!st.ok()) return st;
   return CudaStatus(cudaGetLastError(), "quantize-on-write launch");
 }
 

@@ -1,14 +1,16 @@
 // Quantize-on-write: new K/V rows (bf16, e.g. post-RoPE keys from the engine) are rotated
-// (x·R on tensor cores, R split into fp16 high and low parts), then written straight into their
-// page slots in the docs/FORMAT.md layout -- bf16 rows for BF16 pages (sink, recent tail), or
-// clipped INT2 codes + fp16 (scale, min) for INT2 pages. The same kernel with no rotation is the
-// flush that moves the oldest tail tokens (already rotated bf16 rows) into an INT2 page.
+// (x·R on tensor cores, R as fp16 high + low parts, or fp16 only: `precise_rotation`), then written
+// straight into their page slots in the docs/FORMAT.md layout -- bf16 rows for BF16 pages (sink,
+// recent tail), or clipped INT2 codes + fp16 (scale, min) for INT2 pages. The same kernel with no
+// rotation is the flush that moves the oldest tail tokens (already rotated bf16 rows) into an
+// INT2 page. Rows may stream through a cp.async ring in shared memory (`load_path`).
 //
 // Bit-exactness: given the same fp32 row, codes and fp16 parameters equal the CPU reference
 // (kernels/src/quantize.cc: quantile clip with linear interpolation, directed-rounding fp16
 // parameters, correctly rounded 1/scale, unfused multiply then add). The rotation itself is
-// computed in a different order than RotateRow (and with R to ~2^-22 relative), so rotated rows
-// agree with the CPU to ~1e-6 relative, not bit for bit; unrotated writes are bit-exact.
+// computed in a different order than RotateRow and with R rounded to fp16 (~2^-12 relative;
+// hi + lo: ~2^-22, rows agree with the CPU to ~1e-6), so rotated rows are not bit for bit;
+// unrotated writes are bit-exact.
 //
 // Range selection: all three RangeMode rules of the CPU codec (quantize.h, docs/FORMAT.md
 // §1.3.1) are mirrored bit for bit -- kMinMax, kSearch (8 candidate ranges, integer error) and
@@ -64,9 +66,20 @@ struct QuantizeWriteParams {
   const void* rot_fragments = nullptr;
   // Clip ratios [layer_count][2][num_kv_heads] applied to INT2 rows; nullptr: no clipping.
   const float* clips = nullptr;
-  // R as fp16 high + low parts (rotation error ~1e-6 relative); false uses the high part only
-  // (~2^-12 relative: below bf16 storage rounding and INT2 steps, half the fragment traffic).
+  // R as fp16 high + low parts (the default; rotation error ~1e-6 relative); false uses the high
+  // part only: ~2^-12 relative, half the tensor work and fragment traffic (default write 302 ->
+  // 255 us on an H200). Not the default: on the reference model's real K/V no INT2 code differs
+  // from the fp32 rotation, but 0.4-1% of groups pick another range candidate, and the engine's
+  // CPU-vs-GPU attention test (engine/src/cuda_attention_gpu_test.cc) measured relative RMS
+  // errors of 1.0e-3 to 6.9e-3 against its 1e-3 bound (random inputs with outlier channels).
   bool precise_rotation = true;
+  // How rows reach the kernel: kStaged streams them through a cp.async ring in shared memory
+  // (one balanced wave of CTAs); kDirect is the round-1 kernel (direct loads). Both write the
+  // same bytes. kAuto: staged for the min-max / bf16 kernels (measured faster), direct for the
+  // selecting kernels (compute-bound: staged measured 1.5-3% slower, and with R hi+lo the ring
+  // costs the third CTA per SM).
+  enum class LoadPath : uint8_t { kAuto, kStaged, kDirect };
+  LoadPath load_path = LoadPath::kAuto;
   // Range selection of INT2 groups (see the top of this file): per (layer, K|V, head) modes
   // [layer_count][2][num_kv_heads] as RangeMode bytes (RotationSet::range_mode order, like
   // clips), or nullptr to use `range_mode` for every head.
