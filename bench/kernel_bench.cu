@@ -519,29 +519,33 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       // The first row is the write a calibrated codec performs (`oscarkv calibrate` defaults:
       // K and V rotated by R as fp16 hi+lo -- V is not absorbed unless `calibrate absorb`
       // ran --, no quantile clip (`--clip none`), range mode unbiased) with the kernel's
-      // defaults; the JSON's quant_bw_fraction is that row. "staged" / "direct" rows force the
-      // load path (kAuto: staged for min-max and bf16 kernels, direct for selecting kernels;
-      // direct is the round-1 kernel), side by side.
+      // defaults; the JSON's quant_bw_fraction is that row. Rows naming a load path force it
+      // (kAuto: staged for min-max and bf16 kernels, direct for selecting kernels); "round-1
+      // kernel" rows are round 1's kernels as they were, side by side.
       const RangeMode kUb = RangeMode::kUnbiased, kMm = RangeMode::kMinMax;
       if (kind == PageKind::kInt2) {
         variants = {{"int2 default codec: rotate+unbiased (no clip)", true, false, true, kUb},
+                    {"int2 default codec, round-1 kernel", true, false, true, kUb, LP::kRound1},
                     {"int2 default codec, staged loads", true, false, true, kUb, LP::kStaged},
                     {"int2 default codec, R fp16 only", true, false, false, kUb},
+                    {"int2 default codec, R fp16 only, round-1 kernel", true, false, false, kUb, LP::kRound1},
                     {"int2 default codec, R fp16 only, staged loads", true, false, false, kUb, LP::kStaged},
                     {"int2 prerotated+unbiased (flush / R_V absorbed)", false, false, true, kUb},
-                    {"int2 prerotated+unbiased, staged loads + 49 bins", false, false, true, kUb, LP::kStaged},
+                    {"int2 prerotated+unbiased, round-1 kernel", false, false, true, kUb, LP::kRound1},
+                    {"int2 prerotated+unbiased, staged loads", false, false, true, kUb, LP::kStaged},
                     {"int2 rotate+clip+unbiased (OSCAR clips)", true, true, true, kUb},
+                    {"int2 rotate+clip+unbiased (OSCAR clips), round-1 kernel", true, true, true, kUb, LP::kRound1},
                     {"int2 rotate+clip, min-max", true, true, true, kMm},
                     {"int2 rotate, min-max", true, false, true, kMm},
-                    {"int2 rotate, min-max, direct loads", true, false, true, kMm, LP::kDirect},
+                    {"int2 rotate, min-max, round-1 kernel", true, false, true, kMm, LP::kRound1},
                     {"int2 rotate, min-max, R fp16 only", true, false, false, kMm},
                     {"int2 prerotated, min-max", false, false, true, kMm},
-                    {"int2 prerotated, min-max, direct loads", false, false, true, kMm, LP::kDirect},
+                    {"int2 prerotated, min-max, round-1 kernel", false, false, true, kMm, LP::kRound1},
                     {"int2 prerotated+clip, min-max", false, true, true, kMm},
                     {"int2 rotate+clip, range search", true, true, true, RangeMode::kSearch}};
       } else {
         variants = {{"bf16 rotate (sink/tail)", true, false},
-                    {"bf16 rotate (sink/tail), direct loads", true, false, true, kMm, LP::kDirect},
+                    {"bf16 rotate (sink/tail), round-1 kernel", true, false, true, kMm, LP::kRound1},
                     {"bf16 rotate (sink/tail), R fp16 only", true, false, false}};
       }
       for (const Variant& v : variants) {

@@ -1,7 +1,7 @@
 // Quantize-on-write kernel: rotate (tensor cores), clip, INT2-quantize or bf16-round, and store
 // rows into their page slots.
 //
-// A CTA owns one (layer, K|V, KV head) and loops over 64-token tiles (16 tokens per warp). Lane
+// A CTA owns one (layer, K|V, KV head) and loops over tiles of 16 tokens per warp. Lane
 // (gid, tig) ends up holding channels [32·tig, 32·tig+32) of tokens gid and gid+8 of its warp's
 // tile: the mma k order (input channels) and n order (output channels) are permuted in the
 // prepared fragments so that both the loads and the packed code stores are contiguous.
@@ -22,8 +22,11 @@ namespace {
 
 using namespace detail;
 
-constexpr int kThreads = 128;
-constexpr int kTileTokens = 64;
+// Warps per CTA (16 tokens each): 6 for the rotating selecting kernels (the 64 KiB of R hi+lo
+// fragments are shared by 6 warps; 2 CTAs = 12 warps per SM), 4 otherwise.
+__host__ __device__ constexpr int WarpsOf(bool select, bool rotate, bool round1) {
+  return select && rotate && !round1 ? 6 : 4;
+}
 constexpr int kFragSmem = 16 * 8 * 32 * 16;  // [n-tile][k-step][lane] uint4 = 64 KiB
 
 // Input channel of mma k index `k` at k-step `s`, for the lane layout above.
@@ -330,18 +333,24 @@ __device__ __forceinline__ DevParams UnpackParams(uint32_t w) {
 // The group's G/32 lanes each hold one 32-channel chunk. Per element: one level position
 // v = floor(98304·sat(fma(x, 1/w, −mn/w))) (an FFMA.SAT and an FFMA rounding down onto 2^23,
 // whose bits hold v), one shared-memory atomic add of (1 << 24) + v into the lane's private bin
-// of the band of level L = v >> 11, and v² into a 64-bit sum. The 19 bands are the level ranges
-// between consecutive candidate thresholds (L < 8, one band per L = 8..15, 16..23, 24..32, one
-// per L = 33..39, L >= 40), so every threshold's suffix sum is a suffix of band sums. Bins are
-// [band][lane]: conflict-free. Then each lane reads and clears its bins, a reduce-scatter across
-// the group leaves each candidate's sums on the lane that owns it, which refits and scores it in
+// clamp(L, 7, 40) of level L = v >> 11 (34 bins: L <= 7, one per L = 8..39, L >= 40 -- two
+// integer min/max, cheaper than round 1's 19 bands, which needed ~10 instructions per element),
+// and v² into a 64-bit sum. Every candidate threshold (8..15, 24, 33..40) is a bin boundary, so
+// its suffix sum is a suffix of bin sums. Bins are [bin][lane]: conflict-free. Then each lane
+// reads and clears its bins, a reduce-scatter across the group leaves each candidate's sums on the lane that owns it, which refits and scores it in
 // fp64; an (error, index) minimum across the group picks the first smallest, and the winner's
 // codes are three compares per element. Exact integer sums: the order of the atomics does not
 // matter. `y` is overwritten with the positions' bits.
+constexpr int kBins = 34;
+// Round 1's bins (kept for side-by-side benches, LoadPath::kRound1): 19 bands, the level ranges
+// between consecutive thresholds -- 0 for l < 8, 1..8 for l = 8..15, 9 for 16..23, 10 for
+// 24..32, 11..17 for 33..39, 18 for l >= 40.
 constexpr int kBands = 19;
-constexpr int kLevels = 49;  // levels 0..48: one bin per level (unrotated kernels, more shared memory)
-template <bool kLevelBins>
-constexpr int kBinWords = (kLevelBins ? kLevels : kBands) * 32;  // per warp
+__device__ __forceinline__ int BandOf(int l) {
+  return min(max(l - 7, 0), 9) + (l >= 24 ? 1 : 0) + min(max(l - 32, 0), 8);
+}
+template <bool kRound1>
+constexpr int kBinsOf = kRound1 ? kBands : kBins;
 constexpr uint32_t kMagic = 0x4B000000u;  // bits of 2^23
 __device__ __forceinline__ void SharedRedAdd(uint32_t addr, uint32_t v) {
   asm volatile("red.shared.add.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
@@ -354,14 +363,7 @@ __device__ __forceinline__ uint32_t SharedLoad(uint32_t addr) {
 __device__ __forceinline__ void SharedStoreZero(uint32_t addr) {
   asm volatile("st.shared.u32 [%0], 0;\n" ::"r"(addr) : "memory");
 }
-// Band of level l: 0 for l < 8, 1..8 for l = 8..15, 9 for 16..23, 10 for 24..32, 11..17 for
-// 33..39, 18 for l >= 40.
-__device__ __forceinline__ int BandOf(int l) {
-  return min(max(l - 7, 0), 9) + (l >= 24 ? 1 : 0) + min(max(l - 32, 0), 8);
-}
-// kLevelBins: one bin per level (49) instead of per band (19): no band arithmetic per element
-// (~7 instructions), 30 more bin loads and stores per lane and row, 2.6x the shared memory.
-template <int G, bool kLevelBins>
+template <int G, bool kRound1>
 __device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx, uint32_t bins,
                                     uint32_t (&best)[2]) {
   constexpr int L = G / 32, kOwn = 8 / L;
@@ -375,31 +377,34 @@ __device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx,
     const float u = __saturatef(__fmaf_rn(y[j], k, b));
     const uint32_t vb = __float_as_uint(__fmaf_rd(u, 98304.0f, 8388608.0f));
     const uint32_t v = vb - kMagic;
-    const uint32_t bin = kLevelBins ? v >> 11 : static_cast<uint32_t>(BandOf(static_cast<int>(v >> 11)));
-    SharedRedAdd(bins + (bin << 7), v + (1u << 24));
+    // Bin clamp(L, 7, 40) - 7 (the -7 is folded into `bins`).
+    const uint32_t lv = kRound1 ? static_cast<uint32_t>(BandOf(static_cast<int>(v >> 11)))
+                                : min(max(v, 7u * kUnbiasedStepsPerLevel), 40u * kUnbiasedStepsPerLevel) >> 11;
+    SharedRedAdd(bins + (lv << 7), v + (1u << 24));
     v2 += static_cast<unsigned long long>(v) * v;
     y[j] = __uint_as_float(vb);
   }
   __syncwarp();  // orders the atomics before the loads below
   // Suffix sums (count << 24 | sum of v) at the thresholds: lo[i] = P(8+i) (band 1+i),
   // hi[i] = P(40-i) (band 18-i), p24 = P(24) (band 10), tot = all.
-  // (Level bins: lo[i] = P(8+i) is bin 8+i, hi[i] = P(40-i) bin 40-i, p24 bin 24.)
+  // Suffix sums (count << 24 | sum of v) at the thresholds: lo[i] = P(8+i) (bin 1+i),
+  // hi[i] = P(40-i) (bin 33-i), p24 = P(24) (bin 17), tot = all. `bins` points at bin -7.
   uint32_t lo[8], hi[8], p24 = 0, tot = 0, run = 0;
-  constexpr int kBins = kLevelBins ? kLevels : kBands;
 #pragma unroll
-  for (int band = kBins - 1; band >= 0; --band) {
-    run += SharedLoad(bins + (band << 7));
-    SharedStoreZero(bins + (band << 7));
-    if (kLevelBins) {
-      if (band >= 33 && band <= 40) hi[40 - band] = run;
-      if (band == 24) p24 = run;
-      if (band >= 8 && band <= 15) lo[band - 8] = run;
+  for (int bin = kBinsOf<kRound1> - 1; bin >= 0; --bin) {
+    const uint32_t at = bins + ((kRound1 ? bin : bin + 7) << 7);
+    run += SharedLoad(at);
+    SharedStoreZero(at);
+    if (kRound1) {  // bands
+      if (bin >= 11) hi[18 - bin] = run;
+      if (bin == 10) p24 = run;
+      if (bin >= 1 && bin <= 8) lo[bin - 1] = run;
     } else {
-      if (band >= 11) hi[18 - band] = run;
-      if (band == 10) p24 = run;
-      if (band >= 1 && band <= 8) lo[band - 1] = run;
+      if (bin >= 26) hi[33 - bin] = run;
+      if (bin == 17) p24 = run;
+      if (bin >= 1 && bin <= 8) lo[bin - 1] = run;
     }
-    if (band == 0) tot = run;
+    if (bin == 0) tot = run;
   }
   // Group totals: p24, tot and v2 everywhere; lo/hi reduce-scattered so that lane `sub` keeps
   // candidates i = sub + L*r (after the xor-1 step those with (i & 1) == (tig & 1), after the
@@ -458,7 +463,9 @@ __device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx,
     const long long det = G * y1 - c1 * V1;
     if (det > 0 && num > 0) {
       const double s = __ddiv_rn(static_cast<double>(num), static_cast<double>(det));
-      const double m = __ddiv_rn(__dsub_rn(z1, __dmul_rn(s, static_cast<double>(c1))), gd);
+      // Division by G (a power of two) is the product with 1/G, exactly.
+      const double mnum = __dsub_rn(z1, __dmul_rn(s, static_cast<double>(c1)));
+      const double m = kRound1 ? __ddiv_rn(mnum, gd) : __dmul_rn(mnum, 1.0 / G);
       const double scale = __dmul_rn(s, delta);
       const double minv = __dadd_rn(static_cast<double>(mn), __dmul_rn(m, delta));
       const auto sat = [](double t) { return __double2float_rn(fmin(fmax(t, -65504.0), 65504.0)); };
@@ -508,10 +515,10 @@ __device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx,
 // RangeMode::kSearch, mirroring QuantizeRowInt2 bit for bit: the same 8 candidate ranges, the
 // same integer error sums (exact, so any order), the same first-smallest choice. Returns the
 // chosen parameters and the lane's codes.
-template <int G, bool kLevelBins>
+template <int G, bool kRound1>
 __device__ DevParams SelectRange(float (&y)[32], int tig, float mn, float mx, RangeMode mode,
                                  uint32_t bins, uint32_t (&best)[2]) {
-  if (mode == RangeMode::kUnbiased) return SelectUnbiased<G, kLevelBins>(y, tig, mn, mx, bins, best);
+  if (mode == RangeMode::kUnbiased) return SelectUnbiased<G, kRound1>(y, tig, mn, mx, bins, best);
   const float width = __fsub_rn(mx, mn);
   DevParams best_p = RangeParams(mn, mx);
   uint32_t cand[2];
@@ -551,7 +558,7 @@ __device__ DevParams SelectRange(float (&y)[32], int tig, float mn, float mx, Ra
 // Quantizes this lane's 32 values of a row (group = G channels spread over G/32 lanes) and
 // stores the codes (8 bytes) and, from the first lane of each group, the (scale, min) pair.
 // kSelect: the CTA's mode (uniform) may be search / unbiased; false compiles min-max only.
-template <int G, bool kSelect, bool kLevelBins>
+template <int G, bool kSelect, bool kRound1>
 __device__ void QuantizeStore(float (&y)[32], int tig, uint8_t* codes_row, uint8_t* params_row,
                               RangeMode mode, uint32_t bins) {
   float mn = y[0], mx = y[0];
@@ -577,7 +584,7 @@ __device__ void QuantizeStore(float (&y)[32], int tig, uint8_t* codes_row, uint8
       packed[i / 16] |= static_cast<uint32_t>(c) << (2 * (i % 16));
     }
   } else {
-    q = SelectRange<G, kLevelBins>(y, tig, mn, mx, mode, bins, packed);
+    q = SelectRange<G, kRound1>(y, tig, mn, mx, mode, bins, packed);
   }
   *reinterpret_cast<uint2*>(codes_row + 8 * tig) = make_uint2(packed[0], packed[1]);
   const int lanes_per_group = G / 32;
@@ -599,8 +606,8 @@ __device__ void QuantizeStore(float (&y)[32], int tig, uint8_t* codes_row, uint8
 constexpr int kStageBytes = 16 * 256;  // one warp's 16 rows of bf16
 template <bool kSelect, bool kRotate>
 constexpr int kStagesOf = kRotate ? 2 : 3;
-__host__ __device__ constexpr int BinBytes(bool select, bool level_bins) {
-  return select ? kThreads / 32 * (level_bins ? kLevels : kBands) * 32 * 4 : 0;
+__host__ __device__ constexpr int BinBytes(bool select, int warps, bool round1) {
+  return select ? warps * (round1 ? kBands : kBins) * 32 * 4 : 0;
 }
 
 // kSelect (some head uses search / unbiased) and kRotate (rot_fragments set) are template
@@ -608,11 +615,12 @@ __host__ __device__ constexpr int BinBytes(bool select, bool level_bins) {
 // are capped at 168 registers (3 CTAs per SM), measured faster than 2 CTAs of 255. kStaged:
 // staged loads (above); false is the round-1 kernel (direct loads, a register prefetch of the
 // next tile in the min-max kernels, none in the selecting ones), kept for side-by-side benches.
-// Unrotated staged selecting kernels use one bin per level (kLevelBins).
-template <int G, bool kSelect, bool kRotate, bool kStaged>
-__global__ void __launch_bounds__(kThreads, kSelect ? 3 : (kStaged && !kRotate ? 4 : 2))
+template <int G, bool kSelect, bool kRotate, bool kStaged, bool kRound1 = false>
+__global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1),
+                                  kSelect ? (kRotate && !kRound1 ? 2 : 3) : (kStaged && !kRotate ? 4 : 2))
     QuantizeWriteKernel(const QuantizeWriteParams p, int per_cta) {
-  constexpr bool kLevelBins = kStaged && !kRotate;
+  constexpr int kWarps = WarpsOf(kSelect, kRotate, kRound1), kThreads = 32 * kWarps;
+  constexpr int kTileTokens = 16 * kWarps;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
   const int head = blockIdx.y;
@@ -641,10 +649,10 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : (kStaged && !kRotate ?
   // Unbiased range selection: private bins per lane after the fragments ([bin][lane]).
   uint32_t bins = 0;  // shared-memory address of this lane's bin 0
   if constexpr (kSelect) {
-    uint32_t* b = reinterpret_cast<uint32_t*>(smem + frag_bytes) + warp * kBinWords<kLevelBins> + lane;
+    uint32_t* b = reinterpret_cast<uint32_t*>(smem + frag_bytes) + warp * kBinsOf<kRound1> * 32 + lane;
 #pragma unroll
-    for (int l = 0; l < (kLevelBins ? kLevels : kBands); ++l) b[l << 5] = 0u;
-    bins = static_cast<uint32_t>(__cvta_generic_to_shared(b));
+    for (int l = 0; l < kBinsOf<kRound1>; ++l) b[l << 5] = 0u;
+    bins = static_cast<uint32_t>(__cvta_generic_to_shared(b)) - (kRound1 ? 0u : 7u * 128u);  // bin -7
   }
   const float clip = p.clips != nullptr ? p.clips[mat] : 1.0f;
   const QuantilePos qpos = QuantilePosition(clip);
@@ -751,20 +759,20 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : (kStaged && !kRotate ?
       uint8_t* codes_row = int2 ? page + seg2 + size_t(slot) * 32 : scratch;
       uint8_t* params_row = int2 ? page + seg2 + codes_bytes + size_t(slot) * (128 / G) * 4 : scratch;
       if (int2) {
-        QuantizeStore<G, kSelect, kLevelBins>(y[r], tig, codes_row, params_row, mode, bins);
+        QuantizeStore<G, kSelect, kRound1>(y[r], tig, codes_row, params_row, mode, bins);
       } else {
         // Keep the quad's shuffles convergent: lanes with nothing to write still take part.
         float dummy[32];
 #pragma unroll
         for (int i = 0; i < 32; ++i) dummy[i] = 0.f;
-        QuantizeStore<G, kSelect, kLevelBins>(dummy, tig, scratch, scratch, mode, bins);
+        QuantizeStore<G, kSelect, kRound1>(dummy, tig, scratch, scratch, mode, bins);
       }
     }
   };
 
   if constexpr (kStaged) {
     constexpr int S = kStagesOf<kSelect, kRotate>;
-    uint8_t* ring = smem + frag_bytes + BinBytes(kSelect, kLevelBins) + warp * S * kStageBytes;
+    uint8_t* ring = smem + frag_bytes + BinBytes(kSelect, kWarps, kRound1) + warp * S * kStageBytes;
     const int tile_begin = blockIdx.x * per_cta;
     const int n = min(per_cta, tiles - tile_begin);
     // Copier lane: rows 2i + (lane >> 4), chunk lane & 15 (swizzled once per lane).
@@ -854,7 +862,7 @@ __global__ void __launch_bounds__(kThreads, kSelect ? 3 : (kStaged && !kRotate ?
 }
 
 // Resident CTAs of `kernel` on the current device (SMs x CTAs per SM), cached.
-cudaError_t CachedSlots(const void* kernel, int smem, int* slots) {
+cudaError_t CachedSlots(const void* kernel, int threads, int smem, int* slots) {
   struct Entry {
     const void* kernel;
     int smem, device, slots;
@@ -874,7 +882,7 @@ cudaError_t CachedSlots(const void* kernel, int smem, int* slots) {
   int sms = 0, per_sm = 0;
   e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return e;
-  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
   if (e != cudaSuccess) return e;
   *slots = sms * per_sm;
   cache.push_back({kernel, smem, device, *slots});
@@ -911,20 +919,21 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   if (p.src_token_stride % 8 != 0 || p.src_head_stride % 8 != 0 || p.src_layer_stride % 8 != 0) {
     return absl::InvalidArgumentError("quantize-on-write: source strides must be 16-byte multiples");
   }
-  const int tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
   const bool g128 = p.group_size == 128;
   // Per-head modes live in device memory (unknown here): any table takes the selecting kernel,
   // which handles min-max heads at run time too.
   const bool select = p.range_modes != nullptr || p.range_mode != RangeMode::kMinMax;
   const bool rot = p.rot_fragments != nullptr;
-  const bool staged = p.load_path == QuantizeWriteParams::LoadPath::kStaged ||
-                      (p.load_path == QuantizeWriteParams::LoadPath::kAuto && !select);
+  using LoadPath = QuantizeWriteParams::LoadPath;
+  const bool staged = p.load_path == LoadPath::kStaged || (p.load_path == LoadPath::kAuto && !select);
+  const bool round1 = p.load_path == LoadPath::kRound1 && select;  // min-max kernels: unchanged
   const int frag_bytes = !rot ? 0 : p.precise_rotation ? kFragSmem : kFragSmem / 2;
   // Shared memory: fragments, bins (selecting kernels), then the staged kernels' load rings.
   const int stages = !staged ? 0 : rot ? kStagesOf<true, true> : kStagesOf<true, false>;
-  const int smem = frag_bytes + (select ? BinBytes(true, staged && !rot) : 0) +
-                   kThreads / 32 * stages * kStageBytes;
-  auto launch = [&](auto kernel) -> absl::Status {
+  auto launch = [&](auto kernel, int warps) -> absl::Status {
+    const int tile_tokens = 16 * warps, tiles = (p.num_tokens + tile_tokens - 1) / tile_tokens;
+    const int smem = frag_bytes + BinBytes(select, warps, round1) + warps * stages * kStageBytes;
+    const int items = static_cast<int>(p.num_kv_heads * 2 * p.layer_count);
     cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return CudaStatus(e, "quantize-on-write smem attribute");
     int per_cta;
@@ -932,21 +941,38 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
       // One balanced wave: the fewest tiles per CTA such that all CTAs fit on the device at
       // once (cached per kernel, shared-memory size and device).
       int slots = 0;
-      e = CachedSlots(reinterpret_cast<const void*>(kernel), smem, &slots);
+      e = CachedSlots(reinterpret_cast<const void*>(kernel), 32 * warps, smem, &slots);
       if (e != cudaSuccess) return CudaStatus(e, "quantize-on-write occupancy");
       if (slots <= 0) return absl::InternalError("quantize-on-write: kernel does not fit an SM");
-      const int items = static_cast<int>(p.num_kv_heads * 2 * p.layer_count);
       const int x = std::max(1, slots / items);
       per_cta = (tiles + x - 1) / x;
+    } else if (select && !round1) {
+      // Direct selecting kernels: tiles per CTA (up to 8, at least 2 when rotated, to amortize
+      // the fragment load) minimizing the modelled makespan, waves x tiles per CTA (CTAs take
+      // equal time), the larger count on ties (fewer fragment loads).
+      int slots = 0;
+      e = CachedSlots(reinterpret_cast<const void*>(kernel), 32 * warps, smem, &slots);
+      if (e != cudaSuccess) return CudaStatus(e, "quantize-on-write occupancy");
+      if (slots <= 0) return absl::InternalError("quantize-on-write: kernel does not fit an SM");
+      long best = -1;
+      per_cta = rot ? 2 : 1;
+      for (int pc = per_cta; pc <= 8; ++pc) {
+        const long ctas = static_cast<long>((tiles + pc - 1) / pc) * items;
+        const long span = (ctas + slots - 1) / slots * pc;
+        if (best < 0 || span <= best) {
+          best = span;
+          per_cta = pc;
+        }
+      }
     } else {
-      // 64-token tiles per CTA: rotated CTAs amortize the fragment load over several tiles; the
-      // rotated selecting kernel (3 CTAs/SM) takes 4 (measured side by side on an H200, default
-      // codec write: 4 tiles 301.6 us, 8 tiles 313.9 us, 16 tiles 412.4 us -- a shorter last
-      // wave). The kernel strides over tiles by the grid's width.
+      // Round 1: rotated CTAs amortize the fragment load over several tiles; the rotated
+      // selecting kernel takes 4 (measured side by side on an H200, default codec write: 4 tiles
+      // 301.6 us, 8 tiles 313.9 us, 16 tiles 412.4 us -- a shorter last wave). The kernel
+      // strides over tiles by the grid's width.
       per_cta = rot ? (select ? 4 : 8) : 2;
     }
     dim3 grid((tiles + per_cta - 1) / per_cta, p.num_kv_heads, 2 * p.layer_count);
-    kernel<<<grid, kThreads, smem, stream>>>(p, per_cta);
+    kernel<<<grid, 32 * warps, smem, stream>>>(p, per_cta);
     return absl::OkStatus();
   };
   // Template arguments: group, select, rotate, staged.
@@ -955,9 +981,15 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
     constexpr int kG = decltype(g)::value;
     constexpr bool kSel = decltype(sel)::value, kRot = decltype(rt)::value;
     if (staged) {
-      st = launch(QuantizeWriteKernel<kG, kSel, kRot, true>);
+      st = launch(QuantizeWriteKernel<kG, kSel, kRot, true>, WarpsOf(kSel, kRot, false));
+    } else if constexpr (kSel) {
+      if (round1) {
+        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, true>, WarpsOf(kSel, kRot, true));
+      } else {
+        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false>, WarpsOf(kSel, kRot, false));
+      }
     } else {
-      st = launch(QuantizeWriteKernel<kG, kSel, kRot, false>);
+      st = launch(QuantizeWriteKernel<kG, kSel, kRot, false>, WarpsOf(kSel, kRot, false));
     }
   };
   using T = std::true_type;

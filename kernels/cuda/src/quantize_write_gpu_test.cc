@@ -8,8 +8,8 @@
 //     elements to differ, every dequantized INT2 element within one quantization step of the
 //     reference, and fp16 parameters within 4 ulps;
 //   * the flush of a BF16 page into an INT2 page, reading the page's own segments;
-//   * every case runs both load paths (LoadPath::kStaged and kDirect, the round-1 kernel; kAuto
-//     picks one of them per kernel): the staged kernel's written rows must equal the round-1
+//   * every case runs every load path (LoadPath::kRound1, the round-1 kernel, checked against the
+//     reference as above; kDirect, kStaged and kAuto): their written rows must equal the round-1
 //     kernel's byte for byte, into pages poisoned first (so every row is written).
 #include <cmath>
 #include <cstdlib>
@@ -213,12 +213,14 @@ void RunWrite(const WriteCase& c) {
   // Both load paths (staged, the default, and the round-1 direct loads) write every byte, and
   // write the same bytes (the same arithmetic in the same order), rotated or not.
   std::vector<std::vector<uint8_t>> round1(n_pages);
-  for (bool staged : {false, true}) {
-  SCOPED_TRACE(staged ? "staged loads" : "round-1 loads");
+  using LoadPath = QuantizeWriteParams::LoadPath;
+  for (LoadPath path : {LoadPath::kRound1, LoadPath::kDirect, LoadPath::kStaged, LoadPath::kAuto}) {
+  const bool staged = path != LoadPath::kRound1;  // compared with the round-1 kernel's bytes
+  SCOPED_TRACE("load path " + std::to_string(static_cast<int>(path)));
   for (uint32_t i = 0; i < n_pages; ++i) {
     ASSERT_EQ(cudaMemset(dpages[i].get(), staged ? 0x5a : 0, sizes[i]), cudaSuccess);
   }
-  gp.load_path = staged ? QuantizeWriteParams::LoadPath::kStaged : QuantizeWriteParams::LoadPath::kDirect;
+  gp.load_path = path;
   ASSERT_TRUE(LaunchQuantizeWrite(gp, nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -247,7 +249,7 @@ void RunWrite(const WriteCase& c) {
               }
               for (auto [off, len] : spans) {
                 ASSERT_EQ(0, std::memcmp(got->data() + off, round1[i].data() + off, len))
-                    << "staged and round-1 kernels differ: page " << i << " token " << t << " layer " << l
+                    << "this load path and the round-1 kernel differ: page " << i << " token " << t << " layer " << l
                     << " kv " << kv << " head " << h;
               }
             }

@@ -74,11 +74,12 @@ struct QuantizeWriteParams {
   // errors of 1.0e-3 to 6.9e-3 against its 1e-3 bound (random inputs with outlier channels).
   bool precise_rotation = true;
   // How rows reach the kernel: kStaged streams them through a cp.async ring in shared memory
-  // (one balanced wave of CTAs); kDirect is the round-1 kernel (direct loads). Both write the
-  // same bytes. kAuto: staged for the min-max / bf16 kernels (measured faster), direct for the
-  // selecting kernels (compute-bound: staged measured 1.5-3% slower, and with R hi+lo the ring
-  // costs the third CTA per SM).
-  enum class LoadPath : uint8_t { kAuto, kStaged, kDirect };
+  // (one balanced wave of CTAs); kDirect loads them straight into registers. kAuto: staged for
+  // the min-max / bf16 kernels (measured faster), direct for the selecting kernels (compute-
+  // bound: staged measured 1.5-3% slower, and with R hi+lo the ring costs CTAs per SM). kRound1
+  // is round 1's kernel as it was (direct loads; selecting kernels with 4-warp CTAs, 19 band
+  // bins, 4 tiles per CTA), kept for side-by-side benches. All write the same bytes.
+  enum class LoadPath : uint8_t { kAuto, kStaged, kDirect, kRound1 };
   LoadPath load_path = LoadPath::kAuto;
   // Range selection of INT2 groups (see the top of this file): per (layer, K|V, head) modes
   // [layer_count][2][num_kv_heads] as RangeMode bytes (RotationSet::range_mode order, like
