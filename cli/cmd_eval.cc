@@ -119,6 +119,9 @@ int RunEval(int argc, char** argv) {
       .Option("group", "128", "INT2 quantization group size (32, 64 or 128)")
       .Option("threads", "0", "worker threads (0 = all cores)")
       .Option("device", "cpu", "where attention runs: cpu (the reference) or cuda (GPU kernels)")
+      .Option("decode-variant", "",
+              "with --device cuda: decode kernel variant (baseline, packed_heads, "
+              "packed_split_acc, packed_int8; empty = the kernels' default)")
       .Option("shard", "0/1", "K/N: only windows i with i % N == K (combine by windows_evaluated)")
       .Flag("json", "print {\"rows\": [{codec, bpb, gap, recall_bpb, recall_gap}, ...]}");
   if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail(s, 2);
@@ -196,8 +199,14 @@ int RunEval(int argc, char** argv) {
                c.model_id.c_str(), o.windows, o.window_bytes, o.recall_span ? o.windows : 0,
                o.recall_span, codecs.size(), S, R, G, device.c_str(), shard, shards);
   engine::BackendFactory backends;
+  const std::string variant = args.str("decode-variant");
+  if (!variant.empty() && device != "cuda") {
+    return Fail(absl::InvalidArgumentError("--decode-variant needs --device cuda"), 2);
+  }
   if (device == "cuda") {
-    backends = [](const engine::KvCodec& k) { return engine::MakeCudaAttention(k); };
+    backends = [variant](const engine::KvCodec& k) {
+      return engine::MakeCudaAttention(k, {variant});
+    };
   }
   engine::ProgressBar bar("eval");
   auto rows = engine::EvaluateCodecs(**model, std::string(text->begin(), text->end()), codecs, o,

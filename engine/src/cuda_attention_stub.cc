@@ -5,7 +5,7 @@ namespace oscarkv::engine {
 
 bool CudaAttentionCompiled() { return false; }
 
-absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttention(KvCodec) {
+absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttention(KvCodec, const CudaAttentionOptions&) {
   return absl::UnimplementedError(
       "this oscarkv was built without CUDA (no nvcc at configure time); use --device cpu");
 }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "oscarkv/engine/attention.h"
@@ -27,8 +28,16 @@ namespace oscarkv::engine {
 // True when this binary was built with the CUDA kernels.
 bool CudaAttentionCompiled();
 
+struct CudaAttentionOptions {
+  // Decode-attention kernel variant by name (cuda::DecodeVariantName: "baseline",
+  // "packed_heads", "packed_split_acc", "packed_int8"); empty = the kernels' default, what a
+  // serving engine gets. Lets the harness measure each variant's accuracy on real activations.
+  std::string decode_variant;
+};
+
 // FailedPrecondition without a usable device, Unimplemented in a build without CUDA,
-// InvalidArgument for a codec the kernels do not support.
-absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttention(KvCodec codec);
+// InvalidArgument for a codec the kernels do not support or an unknown decode variant.
+absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttention(
+    KvCodec codec, const CudaAttentionOptions& options = {});
 
 }  // namespace oscarkv::engine
