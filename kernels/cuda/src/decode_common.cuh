@@ -255,7 +255,10 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
   // counter for the next launch; no other CTA of the pair touches it after its own arrival).
   __threadfence();
   __syncthreads();
-  __shared__ int is_last;
+  // The flag lives in the (now idle) dynamic shared memory: a static __shared__ variable would
+  // shift the dynamic area -- the K/V stages -- off its alignment (measured: BF16 pages 15%
+  // slower, the INT2 kernel 3%).
+  int& is_last = *reinterpret_cast<int*>(mlsm + kWarps * 8 * 2);
   if (t == 0) {
     const int pair = it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head;
     const int n = p.item_indptr[pair + 1] - p.item_indptr[pair];
