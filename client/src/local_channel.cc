@@ -1,9 +1,7 @@
 #include "local_channel.h"
 
 #include <errno.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -16,6 +14,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "oscarkv/util/sched_slice.h"
 #include "oscarkv/v1/oscarkv.pb.h"
 
 namespace oscarkv::client {
@@ -134,26 +133,10 @@ absl::Status Prefixed(const absl::Status& s, const char* what) {
   return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
 }
 
-// The reader thread asks for a short scheduler time slice (Linux >= 6.12, EEVDF; no privilege
-// needed, nice unchanged; older kernels ignore it): it runs microseconds per answer, and a
-// short slice lets it run ahead of CPU-bound threads sharing the cores (the daemon's epoll
-// threads do the same, oscarkvd --local-slice-us).
-void RequestShortSlice() {
-  struct {
-    uint32_t size, policy;
-    uint64_t flags;
-    int32_t nice;
-    uint32_t priority;
-    uint64_t runtime, deadline, period;
-    uint32_t util_min, util_max;
-  } attr{};
-  attr.size = sizeof(attr);
-  errno = 0;
-  const int nice = ::getpriority(PRIO_PROCESS, 0);
-  attr.nice = errno == 0 ? nice : 0;
-  attr.runtime = kReaderSliceUs * 1000;
-  (void)::syscall(SYS_sched_setattr, 0, &attr, 0);  // best effort
-}
+// The reader thread asks for a short scheduler time slice (oscarkv/util/sched_slice.h): it runs
+// microseconds per answer, and a short slice lets it run ahead of CPU-bound threads sharing the
+// cores (the daemon's epoll threads do the same, oscarkvd --local-slice-us).
+void RequestShortSlice() { (void)RequestSchedulerSlice(kReaderSliceUs); }  // best effort
 
 }  // namespace
 

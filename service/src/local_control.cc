@@ -1,12 +1,10 @@
 #include "local_control.h"
 
 #include <errno.h>
-#include <sys/resource.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -18,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "oscarkv/service/log.h"
+#include "oscarkv/util/sched_slice.h"
 #include "oscarkv/v1/local_control.h"
 
 namespace oscarkv::service {
@@ -49,28 +48,6 @@ struct LocalControlServer::Worker {
 };
 
 namespace {
-
-// Asks the scheduler for a short time slice for the calling thread (Linux >= 6.12, EEVDF: a
-// SCHED_OTHER thread may set sched_runtime, no privilege needed; same nice). A thread that runs
-// for microseconds per wake-up then gets an earlier deadline and runs ahead of CPU-bound work
-// on the same cores instead of waiting behind its slice. Older kernels ignore it.
-bool RequestSlice(uint32_t slice_us) {
-  struct {
-    uint32_t size, policy;
-    uint64_t flags;
-    int32_t nice;
-    uint32_t priority;
-    uint64_t runtime, deadline, period;
-    uint32_t util_min, util_max;
-  } attr{};
-  attr.size = sizeof(attr);
-  attr.policy = 0;  // SCHED_OTHER
-  errno = 0;
-  const int nice = ::getpriority(PRIO_PROCESS, 0);  // this thread's
-  attr.nice = errno == 0 ? nice : 0;
-  attr.runtime = uint64_t{slice_us} * 1000;
-  return ::syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
-}
 
 constexpr int kFramesPerWakeup = 64;  // per connection and event, so one client cannot starve
 constexpr void* kListenTag = nullptr;
@@ -205,7 +182,7 @@ void LocalControlServer::Stop() {
 }
 
 void LocalControlServer::Run(Worker* w) {
-  if (slice_us_ > 0 && !RequestSlice(slice_us_)) {
+  if (slice_us_ > 0 && !RequestSchedulerSlice(slice_us_)) {
     LogEvent(LogLevel::kDebug, "local_socket_slice_refused",
              {{"slice_us", absl::StrCat(slice_us_)}, {"error", std::strerror(errno)}});
   }
