@@ -113,9 +113,11 @@ int RunServiceDemo(const Workload& w, const CodecProfile& cp, const RotationSet&
   if (!c.ok()) return ServiceFail("connecting", c.status());
   auto codec = (*c)->RegisterCodec(cp);
   if (!codec.ok()) return ServiceFail("registering the codec", codec.status());
-  std::printf("client connected (data path: %s); codec %s registered (Hadamard rotations, "
-              "64/256 BF16 windows)\n",
-              client::DataPathName((*c)->server().data_path), codec->id.Hex().c_str());
+  std::printf("client connected (data path: %s, lookups: %s); codec %s registered (Hadamard "
+              "rotations, 64/256 BF16 windows)\n",
+              client::DataPathName((*c)->server().data_path),
+              (*c)->server().lookup_path == client::LookupPath::kLocal ? "local socket" : "gRPC",
+              codec->id.Hex().c_str());
 
   // Request A: token ids -> block keys -> one page per full block.
   const uint32_t n = w.view.seq_tokens;
