@@ -84,6 +84,7 @@ void oscarkv_connect_options_init(oscarkv_connect_options* opts) {
   opts->data_path = OSCARKV_PATH_AUTO;
   opts->verify_checksums = 1;
   opts->rpc_timeout_ms = 10000;
+  opts->lookup_path = OSCARKV_LOOKUP_AUTO;
 }
 
 int oscarkv_connect(const oscarkv_connect_options* opts, oscarkv_client** out) {
@@ -99,6 +100,12 @@ int oscarkv_connect(const oscarkv_connect_options* opts, oscarkv_client** out) {
       case OSCARKV_PATH_SHM: o.data_path = oscarkv::client::DataPath::kSharedMemory; break;
       case OSCARKV_PATH_GRPC: o.data_path = oscarkv::client::DataPath::kGrpc; break;
       default: return Fail(OSCARKV_E_INVALID_ARGUMENT, "data_path must be OSCARKV_PATH_*");
+    }
+    switch (opts->lookup_path) {
+      case OSCARKV_LOOKUP_AUTO: o.lookup_path = oscarkv::client::LookupPath::kAuto; break;
+      case OSCARKV_LOOKUP_LOCAL: o.lookup_path = oscarkv::client::LookupPath::kLocal; break;
+      case OSCARKV_LOOKUP_GRPC: o.lookup_path = oscarkv::client::LookupPath::kGrpc; break;
+      default: return Fail(OSCARKV_E_INVALID_ARGUMENT, "lookup_path must be OSCARKV_LOOKUP_*");
     }
     o.verify_checksums = opts->verify_checksums != 0;
     if (opts->rpc_timeout_ms > 0) o.rpc_timeout_ms = opts->rpc_timeout_ms;
@@ -116,6 +123,11 @@ void oscarkv_close(oscarkv_client* client) { delete client; }
 int oscarkv_uses_shm(const oscarkv_client* client) {
   return client != nullptr &&
          client->client->server().data_path == oscarkv::client::DataPath::kSharedMemory;
+}
+
+int oscarkv_uses_local_lookups(const oscarkv_client* client) {
+  return client != nullptr &&
+         client->client->server().lookup_path == oscarkv::client::LookupPath::kLocal;
 }
 
 int oscarkv_register_codec(oscarkv_client* client, const oscarkv_codec_profile* profile,

@@ -70,6 +70,12 @@ static int daemon_free_checks(void) {
   CHECK(strstr(oscarkv_last_error(), "127.0.0.1:1") != NULL);
   opts.data_path = 7;
   CHECK(oscarkv_connect(&opts, &c) == OSCARKV_E_INVALID_ARGUMENT);
+  CHECK(strstr(oscarkv_last_error(), "data_path") != NULL);
+  opts.data_path = OSCARKV_PATH_AUTO;
+  opts.lookup_path = 9;
+  CHECK(oscarkv_connect(&opts, &c) == OSCARKV_E_INVALID_ARGUMENT);
+  CHECK(strstr(oscarkv_last_error(), "lookup_path") != NULL);
+  CHECK(oscarkv_uses_local_lookups(NULL) == 0);
   oscarkv_close(NULL);
   return 0;
 }
@@ -109,6 +115,27 @@ static int with_daemon(const char* addr) {
   CHECK(oscarkv_stats_get(c, &st) == OSCARKV_OK);
   CHECK(st.pool_bytes > 0);
   CHECK(st.lookups >= 1);
+  /* The default (auto) client on this host looks up over the daemon's local socket. */
+  CHECK(oscarkv_uses_local_lookups(c) == 1);
+  oscarkv_close(c);
+
+  /* Forced gRPC lookups give the same answer. */
+  c = NULL;
+  opts.lookup_path = OSCARKV_LOOKUP_GRPC;
+  CHECK(oscarkv_connect(&opts, &c) == OSCARKV_OK);
+  if (c == NULL) return 1;
+  CHECK(oscarkv_uses_local_lookups(c) == 0);
+  CHECK(oscarkv_register_builtin_codec(c, "refmodel", &codec) == OSCARKV_OK);
+  matched = 99;
+  CHECK(oscarkv_lookup(c, &codec, keys, 4, &matched) == OSCARKV_OK);
+  CHECK(matched == 0);
+  oscarkv_close(c);
+
+  c = NULL;
+  opts.lookup_path = OSCARKV_LOOKUP_LOCAL;
+  CHECK(oscarkv_connect(&opts, &c) == OSCARKV_OK);
+  if (c == NULL) return 1;
+  CHECK(oscarkv_uses_local_lookups(c) == 1);
   oscarkv_close(c);
   return 0;
 }

@@ -43,6 +43,9 @@ enum {
 
 enum { OSCARKV_PAGE_INT2 = 1, OSCARKV_PAGE_BF16 = 2 };
 enum { OSCARKV_PATH_AUTO = 0, OSCARKV_PATH_SHM = 1, OSCARKV_PATH_GRPC = 2 };
+/* Where lookups and releases go: AUTO = the daemon's local control socket when it is on this
+ * host (else gRPC), LOCAL = that socket or fail oscarkv_connect, GRPC = always gRPC. */
+enum { OSCARKV_LOOKUP_AUTO = 0, OSCARKV_LOOKUP_LOCAL = 1, OSCARKV_LOOKUP_GRPC = 2 };
 
 typedef struct oscarkv_client oscarkv_client;
 
@@ -52,6 +55,7 @@ typedef struct {
   int data_path;            /* OSCARKV_PATH_* */
   int verify_checksums;     /* nonzero: verify every loaded page's checksum */
   int64_t rpc_timeout_ms;   /* <= 0: 10000 */
+  int lookup_path;          /* OSCARKV_LOOKUP_* */
 } oscarkv_connect_options;
 
 /* Fills `opts` with the defaults above (verify_checksums = 1). */
@@ -98,6 +102,8 @@ int oscarkv_connect(const oscarkv_connect_options* opts, oscarkv_client** out);
 void oscarkv_close(oscarkv_client* client); /* NULL is fine */
 /* 1 when this client uses the shared-memory data path, 0 when gRPC streaming. */
 int oscarkv_uses_shm(const oscarkv_client* client);
+/* 1 when this client's lookups and releases use the daemon's local socket, 0 when gRPC. */
+int oscarkv_uses_local_lookups(const oscarkv_client* client);
 
 int oscarkv_register_codec(oscarkv_client* client, const oscarkv_codec_profile* profile,
                            oscarkv_codec* out);
