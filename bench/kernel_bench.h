@@ -31,6 +31,10 @@ struct KernelBenchOptions {
   // Extend attention: `extend_new` new tokens over a B=1 OSCAR prefix of `extend_prefix`
   // tokens (0 new tokens: skip).
   int extend_prefix = 32768, extend_new = 512;
+  // INT2 configurations: the whole list is timed `rounds` times in turn (A B C .. A B C ..), and
+  // each reports the median of its rounds, so drift during the call hits every configuration
+  // alike.
+  int rounds = 1;
 };
 
 // One INT2 kernel configuration measured on the same pages.
@@ -38,6 +42,7 @@ struct VariantTime {
   std::string name;
   bool approximate = false;  // looser tolerance than the default (e.g. single fp16 query)
   double us = 0;
+  std::vector<double> round_us;  // each round's median (KernelBenchOptions::rounds)
   // Output cross-check against the baseline variant on the same inputs (max |a-b|/(1+|b|)).
   double check_error = 0;
   bool check_ok = true;

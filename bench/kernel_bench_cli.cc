@@ -23,6 +23,9 @@ int KernelBenchMain(int argc, char** argv) {
               "decode plan CTA targets, comma list; the first is reported (0 = default; s5 = the "
               "default target on the session-5 planner, not as the first)")
       .Option("extend", "32768x512", "extend attention bench: PREFIXxNEW tokens (B=1; '' to skip)")
+      .Option("rounds", "1",
+              "time the INT2 configurations this many times in turn (A B .. A B ..) and report "
+              "each one's median over its rounds")
       .Option("csv", "", "write the CSV here")
       .Option("plot", "", "write an SVG plot here")
       .Flag("fast-query", "single fp16 query part for INT2 scores (default: hi+lo)")
@@ -52,13 +55,15 @@ int KernelBenchMain(int argc, char** argv) {
   auto samples = args.integer("samples");
   auto layers = args.integer("layers");
   auto qt = args.integer("quant-tokens");
-  if (!samples.ok() || !layers.ok() || !qt.ok()) {
+  auto rounds = args.integer("rounds");
+  if (!samples.ok() || !layers.ok() || !qt.ok() || !rounds.ok() || *rounds < 1) {
     std::fprintf(stderr, "bad numeric option\n");
     return 2;
   }
   o.samples = static_cast<int>(*samples);
   o.layers = static_cast<int>(*layers);
   o.quant_tokens = static_cast<int>(*qt);
+  o.rounds = static_cast<int>(*rounds);
   o.sdpa_command = args.str("sdpa");
   o.target_ctas.clear();
   for (absl::string_view t : absl::StrSplit(args.str("target-ctas"), ',', absl::SkipEmpty())) {

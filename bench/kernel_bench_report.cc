@@ -171,7 +171,8 @@ std::string FormatJson(const KernelBenchReport& r) {
       variants.push_back({{"name", v.name}, {"us", v.us}, {"approximate", v.approximate},
                           {"check_ok", v.check_ok}, {"check_error_vs_baseline", v.check_error},
                           {"vs_sdpa", Ratio(d.sdpa_us, v.us)},
-                          {"bw_fraction", Ratio(Gbps(d.int2_bytes, v.us), r.copy_gbps)}});
+                          {"bw_fraction", Ratio(Gbps(d.int2_bytes, v.us), r.copy_gbps)},
+                          {"round_us", v.round_us}});
     }
     j["decode"].push_back({{"B", d.batch}, {"L", d.length}, {"sdpa_us", d.sdpa_us},
                            {"bf16_pages_us", d.bf16_us}, {"bf16_pages_merge_kernel_us", d.bf16_merge_kernel_us},

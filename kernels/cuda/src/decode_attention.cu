@@ -215,6 +215,7 @@ const char* DecodeVariantName(DecodeVariant v) {
     case DecodeVariant::kPackedHeads: return "packed_heads";
     case DecodeVariant::kPackedSplitAcc: return "packed_split_acc";
     case DecodeVariant::kPackedInt8: return "packed_int8";
+    case DecodeVariant::kPackedInt8Values: return "packed_int8_values";
   }
   return "unknown";
 }

@@ -6,7 +6,10 @@
 // Tolerances (why): the INT2 score product uses fp16 query parts (hi+lo ≈ fp32) and fp16
 // weights W = p·scale (2^-11 relative per weight); the BF16 path splits q and p into bf16
 // hi+lo. The packed_int8 variant quantizes each rotated query head to a 14-bit fixed point
-// (|error| <= max|q| / 16256 per channel). Against the double-precision reference that leaves
+// (|error| <= max|q| / 16256 per channel); packed_int8_values also rounds the weights W =
+// p·scale to 16-bit integers in per-warp units (2^-16..2^-15 of the largest weight so far, see
+// decode_attention.h), and prints how often its units changed ("[ stats ] " lines). Against
+// the double-precision reference that leaves
 // ~1e-4 relative error; we require |out - ref| <= 2e-3 * (1 + |ref|) and |lse - ref| <= 2e-3
 // for every variant, and print each variant's measured maximum ("[ error ]" lines).
 #include <cmath>
@@ -97,6 +100,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     int target;
     bool merge_kernel;
     int rotation = 0;  // 1: in every CTA, 2: the rotation kernel, 0: PagedDecoder's choice
+    bool linear_w_rows = false;
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
@@ -105,12 +109,18 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
   // And with the queries rotated in every CTA and by the rotation kernel, with either merge.
   for (int rot : {1, 2})
     for (bool mk : {false, true}) runs.push_back({DecodeParams{}.variant, 7, mk, rot});
+  // The fp16 value product's W exchange in the old row order (DecodeParams::linear_w_rows).
+  for (int target : {0, 7}) runs.push_back({DecodeVariant::kPackedInt8, target, false, 0, true});
+  // kPackedInt8Values' weight units: how often the accumulators had to be shifted.
+  auto stats = DeviceBuffer::Create(3 * sizeof(uint32_t));
+  ASSERT_TRUE(stats.ok()) << stats.status();
   for (const Run& run : runs) {
     const DecodeVariant variant = run.variant;
     const int target = run.target;
     SCOPED_TRACE(std::string("variant ") + DecodeVariantName(variant) + " target_ctas " +
                  std::to_string(target) + (run.merge_kernel ? " merge kernel" : "") +
-                 (run.rotation == 1 ? " cta rotation" : run.rotation == 2 ? " rotation kernel" : ""));
+                 (run.rotation == 1 ? " cta rotation" : run.rotation == 2 ? " rotation kernel" : "") +
+                 (run.linear_w_rows ? " linear w rows" : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target);
     ASSERT_TRUE(dec.ok()) << dec.status();
     DecodeParams p = dec->Params();
@@ -127,6 +137,9 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     p.unrotate_output = c.unrotate;
     p.precise_query = c.precise;
     p.variant = variant;
+    p.linear_w_rows = run.linear_w_rows;
+    p.int8_value_stats = stats->as<uint32_t>();
+    ASSERT_EQ(cudaMemset(p.int8_value_stats, 0, 3 * sizeof(uint32_t)), cudaSuccess);
     p.out = d_out->as<float>();
     p.lse = d_lse->as<float>();
     ASSERT_EQ(cudaMemset(p.out, 0xff, B * Hq * d * 4), cudaSuccess);  // NaN poison
@@ -151,9 +164,17 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
       }
     }
     // The measured error of each variant (bench/results/NOTES.md quotes the maxima).
-    std::printf("[ error ] %s target_ctas %d%s%s: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g)\n",
+    std::printf("[ error ] %s target_ctas %d%s%s%s: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g)\n",
                 DecodeVariantName(variant), target, p.fused_merge ? "" : " merge kernel",
-                p.rotate_in_cta ? "" : " rotation kernel", max_scaled, double(tol));
+                p.rotate_in_cta ? "" : " rotation kernel", run.linear_w_rows ? " linear w rows" : "",
+                max_scaled, double(tol));
+    auto st = stats->ToHost<uint32_t>();
+    ASSERT_TRUE(st.ok());
+    if (variant == DecodeVariant::kPackedInt8Values && Hq / H <= 4) {
+      std::printf("[ stats ] packed_int8_values target_ctas %d: %u warp slices, %u warp items set "
+                  "weight units, %u accumulator shifts\n",
+                  target, (*st)[2], (*st)[0], (*st)[1]);
+    }
     for (size_t i = 0; i < lse->size(); ++i) {
       const float r = ref->lse[i], g = (*lse)[i];
       if (std::isinf(r)) {

@@ -82,6 +82,15 @@ __device__ __forceinline__ void MmaU8S8(int (&d)[4], uint32_t a0, uint32_t a1, u
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ uint32_t And(uint32_t w, uint32_t mask) { return w & mask; }
+// D = A(16x32 u8, row) * B(32x8 u8, col) + D, int32 accumulate (exact).
+__device__ __forceinline__ void MmaU8U8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 
 // kI8 (DecodeVariant::kPackedInt8), the int8 score product. Lane (gid, tig) of an m-tile holds
 // code words x = word v of rows gid and gid+8 (bytes KWordByte(tig, v)..+3) and x >> 4. One
@@ -93,9 +102,28 @@ __device__ __forceinline__ uint32_t And(uint32_t w, uint32_t mask) { return w & 
 // (value = 256·high + low).
 constexpr float kI8QMax = 8128.f;  // |Q| <= 8128: 4·Q splits into int8 high/low parts
 
-// kPack (DecodeVariant::kPackedHeads, GQA <= 4), kSplit (kPackedSplitAcc) and kI8
-// (kPackedInt8, implies kPack): see decode_attention.h.
-template <int G, bool kPack, bool kSplit, bool kI8>
+// kV8 (DecodeVariant::kPackedInt8Values, implies kI8), the value product on int8 tensor cores.
+// Per 64-token slice: 2 k-steps of 32 tokens x 8 m-tiles of 16 channels. Lane (gid, tig) takes
+// the token quads q(sl) = 16·(tig >> 1) + 4·(tig & 1) + ((sl + tig) & 3) + {0, 8, 32, 40} for
+// slots sl = 0..3 (slot 2·ks + b is the A/B register pair b of k-step ks; byte i of a register
+// is token q(sl) + {0, 8, 32, 40}[i]), so each code load instruction hits 32 distinct banks.
+// Its code word (G = 128: channels 16·gid..+15; G = 64: 8·gid..+7 of each group) of the 4
+// tokens of a slot is byte-transposed (8 PRMT per 4 words) into R[b] = byte b of the 4 tokens;
+// m-tile mt's rows gid / gid+8 are bit position j = 2·(mt & 1) + r of byte b = mt >> 1:
+// R[b] & (3 << 2j) in every byte is code·4^j (u8), one LOP3 per 4 codes. The B operand is
+// W = p·scale·c as a 16-bit integer (c: the head's weight units, see kPackedInt8Values),
+// column n < 4 its high byte for head n, column n >= 4 its low byte for head n - 4. The
+// softmax owner of token 16·mt + gid + 8r (mt = 2j + (tig >> 1)) packs its 4 tokens' bytes of
+// one column into one word (byte i = token (j, r) = (i >> 1, i & 1): exactly a quad above) and
+// stores it; the W rows are 16 words per column, pairs of rows in 32-word blocks with the
+// halves swapped by ((c ^ (c >> 1)) & 1) so the stores and the 128-bit reads are conflict-free.
+constexpr int kV8RefBits = 15;       // new weight units: the largest weight becomes <= 2^15
+constexpr float kV8Magic = 8388608.f;  // 2^23: fma(w, s, 2^23)'s low 16 bits hold round(w·s)
+
+// kPack (DecodeVariant::kPackedHeads, GQA <= 4), kSplit (kPackedSplitAcc), kI8
+// (kPackedInt8, implies kPack) and kV8 (kPackedInt8Values, implies kI8): see
+// decode_attention.h.
+template <int G, bool kPack, bool kSplit, bool kI8, bool kV8>
 __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& it, uint8_t* smem,
                          SliceTable tab) {
   using Lay = Int2Layout<G>;
@@ -298,14 +326,40 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
   }
   __syncthreads();  // the query area becomes the W exchange
-  if (kPack) {
+  // fp16 value product: the W row of query head h in its group (DecodeParams::linear_w_rows).
+  auto wrow = [&](int h) { return p.linear_w_rows ? h : ((h & 1) << 2) | (h >> 1); };
+  if (kPack && !kV8) {
     // Rows of query heads 4..7 are never written in packed mode: zero them once (the value
     // product reads them as padding columns).
     for (int i = lane; i < NG * 4 * kWStride; i += 32) {
       const int g = i / (4 * kWStride), rem = i % (4 * kWStride);
-      wx[(g * 8 + 4) * kWStride + rem] = __float2half_rn(0.f);
+      wx[(g * 8 + wrow(4 + rem / kWStride)) * kWStride + rem % kWStride] = __float2half_rn(0.f);
     }
     __syncwarp();
+  }
+  // kV8: the value accumulators (int32, per head in units 1/c), the weight units c per head
+  // (+inf until the first weights set them), the code-word offsets of the 4 slots, the
+  // transpose selectors, and the W word offsets this lane stores (per head e) and loads.
+  int vacc[8][4];
+  float cref[2] = {INFINITY, INFINITY};
+  int voff[4] = {0, 0, 0, 0};
+  uint32_t vsel0 = 0, vsel1 = 0;
+  int wst[2] = {0, 0}, wld = 0;
+  if constexpr (kV8) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) vacc[i][c] = 0;
+    const int tb = 16 * (tig >> 1) + 4 * (tig & 1);
+#pragma unroll
+    for (int sl = 0; sl < 4; ++sl)
+      voff[sl] = (tb + ((sl + tig) & 3)) * 32 + (G == 128 ? 4 * gid : 4 * (gid >> 1));
+    vsel0 = (G == 128 || (gid & 1) == 0) ? 0x5140u : 0x7362u;
+    vsel1 = G == 128 ? 0x7362u : vsel0;
+    const int tr = 2 * (tig >> 1) + (gid >> 2), pos = 4 * tr + (((gid & 3) - tr) & 3);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) wst[e] = 32 * (tig & 1) + 16 * (e ^ (tig & 1)) + pos;
+    wld = 32 * (gid >> 1) + 16 * ((gid ^ (gid >> 1)) & 1) + 4 * tig;
   }
 
   int stage_c = 0;                         // stage of the slice computed next
@@ -522,7 +576,17 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float f;
-        Rescale(st, e, cm[e], &f);
+        if constexpr (kV8) {
+          // The int32 value accumulators keep their units: c = 2^(m - R) follows the max.
+          const float m_new = fmaxf(st.m[e], cm[e]);
+          const float m_use = m_new == -INFINITY ? 0.f : m_new;
+          f = Ex2(st.m[e] - m_use);
+          cref[e] *= Ex2(m_use - st.m[e]);
+          st.m[e] = m_new;
+          st.l[e] *= f;
+        } else {
+          Rescale(st, e, cm[e], &f);
+        }
 #pragma unroll
         for (int g = 0; g < NG; ++g) {
           pm[e][g] *= f;
@@ -534,75 +598,228 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     float mu[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) mu[e] = st.m[e] == -INFINITY ? 0.f : st.m[e];
-    // W columns are stored in the value product's token order (see below), so each lane's
-    // B operand is one 32-bit load and its code loads hit 32 distinct banks.
-    const int wcol0 = gid < 4 ? 2 * gid : 2 * gid - 7;
-    const int head0 = kPack ? 2 * (tig & 1) : 2 * tig;
+    if constexpr (kV8) {
+      // Weights of this lane's tokens (j, r) -> byte i = 2j + r, as 2^23 + round(p·scale·c).
+      uint32_t y[NG][2][4];
+      float prv[4][2];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int mt = kPack ? 2 * j + (tig >> 1) : j;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int t = mt * 16 + gid + 8 * r;
-        const int wc = mt * 16 + wcol0 + 8 * r;
-        float pr[2];
+      for (int i = 0; i < 4; ++i) {
+        const int t = (2 * (i >> 1) + (tig >> 1)) * 16 + gid + 8 * (i & 1);
+        float pc[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          pr[e] = Ex2(ps[j][2 * r + e] - mu[e]);
-          st.l[e] += pr[e];
+          prv[i][e] = Ex2(ps[i >> 1][2 * (i & 1) + e] - mu[e]);
+          st.l[e] += prv[i][e];
+          pc[e] = prv[i][e] * cref[e];
         }
 #pragma unroll
         for (int g = 0; g < NG; ++g) {
           const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(vp + (t * NG + g) * 4));
-          const __half2 w2 = __floats2half2_rn(pr[0] * sm.x, pr[1] * sm.x);
-          pm[0][g] = fmaf(pr[0], sm.y, pm[0][g]);
-          pm[1][g] = fmaf(pr[1], sm.y, pm[1][g]);
-          wx[(g * 8 + head0) * kWStride + wc] = __low2half(w2);
-          wx[(g * 8 + head0 + 1) * kWStride + wc] = __high2half(w2);
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            pm[e][g] = fmaf(prv[i][e], sm.y, pm[e][g]);
+            y[g][e][i] = __float_as_uint(fmaf(pc[e], sm.x, kV8Magic));
+          }
         }
       }
-    }
-    __syncwarp();
-    // Values: O^T[channel][head] += V^T (codes, 16 channels x 16 tokens per tile) · W.
+      uint32_t bits = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // k-slots 2·tig, 2·tig+1, 2·tig+8, 2·tig+9 of this 16-token step are tokens tig, tig+4,
-      // tig+8, tig+12 (W columns were written in this order).
-      const int ta = 16 * j + tig, tb = ta + 8;
-      const int wcb = 16 * j + 2 * tig;
-      uint32_t wa0, wa1, wb0, wb1;
-      if (G == 128) {
-        wa0 = *reinterpret_cast<const uint32_t*>(vc + ta * 32 + 4 * gid);
-        wa1 = *reinterpret_cast<const uint32_t*>(vc + (ta + 4) * 32 + 4 * gid);
-        wb0 = *reinterpret_cast<const uint32_t*>(vc + tb * 32 + 4 * gid);
-        wb1 = *reinterpret_cast<const uint32_t*>(vc + (tb + 4) * 32 + 4 * gid);
-      } else {
-        auto ld = [&](int t) {
-          const uint32_t lo = *reinterpret_cast<const uint16_t*>(vc + t * 32 + 2 * gid);
-          const uint32_t hi = *reinterpret_cast<const uint16_t*>(vc + t * 32 + 16 + 2 * gid);
-          return lo | (hi << 16);
-        };
-        wa0 = ld(ta);
-        wa1 = ld(ta + 4);
-        wb0 = ld(tb);
-        wb1 = ld(tb + 4);
+      for (int g = 0; g < NG; ++g)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) bits |= y[g][e][i];
+      // A weight past 65535 (or the units not set yet: c = inf): new units for that head, the
+      // accumulators shifted to them (once per warp item, then when a weight grows past 2x the
+      // one that set the units).
+      if (__any_sync(0xffffffffu, (bits & 0x00FF0000u) != 0)) {
+        bool set = false, shifted = false;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float M = 0.f;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int t = (2 * (i >> 1) + (tig >> 1)) * 16 + gid + 8 * (i & 1);
+#pragma unroll
+            for (int g = 0; g < NG; ++g)
+              M = fmaxf(M, prv[i][e] * __half2float(*reinterpret_cast<const __half*>(vp + (t * NG + g) * 4)));
+          }
+          M = WarpMaxOverGid(M);
+          M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 2));  // the head's other tokens
+          const float need = M * cref[e];
+          int d = 0;
+          if (M > 0.f && !(need <= 65535.f)) {
+            d = 64;
+            if (!isinf(cref[e])) {
+              d = ((__float_as_int(need) >> 23) & 0xff) - 127 + 1 - kV8RefBits;
+              shifted = true;
+            } else {
+              set = true;
+            }
+            if (d >= 64) {
+              d = 64;
+              cref[e] = static_cast<float>(1 << kV8RefBits) / M;
+            } else {
+              cref[e] *= __int_as_float((127 - d) << 23);
+            }
+          }
+          // total = 256·high + low (lanes tig, tig ^ 2): floor(total / 2^d), the high part's
+          // remainder carried into the low part.
+#pragma unroll
+          for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const uint32_t a = static_cast<uint32_t>(vacc[mt][2 * r + e]);
+              const uint32_t x = __shfl_xor_sync(0xffffffffu, a, 2);
+              if (d > 0) {
+                uint32_t v;
+                if (tig < 2) {
+                  v = d >= 32 ? 0u : a >> d;
+                } else {
+                  const uint64_t rem = d >= 32 ? x : (x & ((1u << d) - 1u));
+                  v = d >= 64 ? 0u : static_cast<uint32_t>((uint64_t{a} + (rem << 8)) >> d);
+                }
+                vacc[mt][2 * r + e] = static_cast<int>(v);
+              }
+            }
+          const float cu = M > 0.f ? cref[e] : 0.f;
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int t = (2 * (i >> 1) + (tig >> 1)) * 16 + gid + 8 * (i & 1);
+#pragma unroll
+            for (int g = 0; g < NG; ++g) {
+              const float sc = __half2float(*reinterpret_cast<const __half*>(vp + (t * NG + g) * 4));
+              y[g][e][i] = __float_as_uint(fmaf(prv[i][e] * cu, sc, kV8Magic));
+            }
+          }
+        }
+        if (p.int8_value_stats != nullptr) {
+          set = __any_sync(0xffffffffu, set);
+          shifted = __any_sync(0xffffffffu, shifted);
+          if (lane == 0 && set) atomicAdd(p.int8_value_stats, 1u);
+          if (lane == 0 && shifted) atomicAdd(p.int8_value_stats + 1, 1u);
+        }
+      }
+      uint32_t* wx32 = reinterpret_cast<uint32_t*>(wx);
+#pragma unroll
+      for (int g = 0; g < NG; ++g)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint32_t x01 = __byte_perm(y[g][e][0], y[g][e][1], 0x5410);
+          const uint32_t x23 = __byte_perm(y[g][e][2], y[g][e][3], 0x5410);
+          wx32[g * 128 + wst[e]] = __byte_perm(x01, x23, 0x7531);       // high bytes
+          wx32[g * 128 + wst[e] + 64] = __byte_perm(x01, x23, 0x6420);  // low bytes
+        }
+      __syncwarp();
+      uint32_t wb[NG][4];
+#pragma unroll
+      for (int g = 0; g < NG; ++g) {
+        const uint4 x = *reinterpret_cast<const uint4*>(wx32 + g * 128 + wld);
+        wb[g][0] = x.x;
+        wb[g][1] = x.y;
+        wb[g][2] = x.z;
+        wb[g][3] = x.w;
       }
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const uint32_t sel = half ? 0x7632u : 0x5410u;
-        uint32_t ra[8], rb[8];
-        UnpackCodesM(__byte_perm(wa0, wa1, sel), magic, ra);
-        UnpackCodesM(__byte_perm(wb0, wb1, sel), magic, rb);
-        const int g = (G == 64) ? half : 0;
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + wcb);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + gid) * kWStride + wcb + 8);
+      for (int ks = 0; ks < 2; ++ks) {
+        uint32_t R[2][4];  // [register b of the k-step][byte b of the lane's code word]
 #pragma unroll
-        for (int ii = 0; ii < 4; ++ii) {
-          const int i = half * 4 + ii;
-          MmaF16(st.o[i], ra[2 * ii], ra[2 * ii + 1], rb[2 * ii], rb[2 * ii + 1], b0, b1);
+        for (int rb = 0; rb < 2; ++rb) {
+          const uint8_t* base = vc + voff[2 * ks + rb];
+          uint32_t A[4], B[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int off = ((i & 1) * 8 + (i >> 1) * 32) * 32;  // tokens +8, +32
+            A[i] = *reinterpret_cast<const uint32_t*>(base + off);
+            B[i] = G == 128 ? A[i] : *reinterpret_cast<const uint32_t*>(base + off + 16);
+          }
+          const uint32_t t0 = __byte_perm(A[0], A[1], vsel0), t1 = __byte_perm(B[0], B[1], vsel1);
+          const uint32_t t2 = __byte_perm(A[2], A[3], vsel0), t3 = __byte_perm(B[2], B[3], vsel1);
+          R[rb][0] = __byte_perm(t0, t2, 0x5410);
+          R[rb][1] = __byte_perm(t0, t2, 0x7632);
+          R[rb][2] = __byte_perm(t1, t3, 0x5410);
+          R[rb][3] = __byte_perm(t1, t3, 0x7632);
         }
-        // 1024·Σ W: the same product with every code 0 (exactly what the offsets added).
-        if (G == 64 || half == 0) MmaF16(sw[g], magic, magic, magic, magic, b0, b1);
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt) {
+          const int b = mt >> 1, g = G == 64 ? mt >> 2 : 0;
+          const uint32_t m0 = 0x03030303u << (4 * (mt & 1)), m1 = m0 << 2;
+          MmaU8U8(vacc[mt], And(R[0][b], m0), And(R[0][b], m1), And(R[1][b], m0),
+                  And(R[1][b], m1), wb[g][2 * ks], wb[g][2 * ks + 1]);
+        }
+      }
+    } else {
+      // W columns are stored in the value product's token order (see below), so each lane's
+      // B operand is one 32-bit load and its code loads hit 32 distinct banks.
+      const int wcol0 = gid < 4 ? 2 * gid : 2 * gid - 7;
+      const int head0 = kPack ? 2 * (tig & 1) : 2 * tig;
+      const int wr0 = wrow(head0), wr1 = wrow(head0 + 1), wrl = wrow(gid);
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const int mt = kPack ? 2 * j + (tig >> 1) : j;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int t = mt * 16 + gid + 8 * r;
+          const int wc = mt * 16 + wcol0 + 8 * r;
+          float pr[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            pr[e] = Ex2(ps[j][2 * r + e] - mu[e]);
+            st.l[e] += pr[e];
+          }
+#pragma unroll
+          for (int g = 0; g < NG; ++g) {
+            const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(vp + (t * NG + g) * 4));
+            const __half2 w2 = __floats2half2_rn(pr[0] * sm.x, pr[1] * sm.x);
+            pm[0][g] = fmaf(pr[0], sm.y, pm[0][g]);
+            pm[1][g] = fmaf(pr[1], sm.y, pm[1][g]);
+            wx[(g * 8 + wr0) * kWStride + wc] = __low2half(w2);
+            wx[(g * 8 + wr1) * kWStride + wc] = __high2half(w2);
+          }
+        }
+      }
+      __syncwarp();
+      // Values: O^T[channel][head] += V^T (codes, 16 channels x 16 tokens per tile) · W.
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // k-slots 2·tig, 2·tig+1, 2·tig+8, 2·tig+9 of this 16-token step are tokens tig, tig+4,
+        // tig+8, tig+12 (W columns were written in this order).
+        const int ta = 16 * j + tig, tb = ta + 8;
+        const int wcb = 16 * j + 2 * tig;
+        uint32_t wa0, wa1, wb0, wb1;
+        if (G == 128) {
+          wa0 = *reinterpret_cast<const uint32_t*>(vc + ta * 32 + 4 * gid);
+          wa1 = *reinterpret_cast<const uint32_t*>(vc + (ta + 4) * 32 + 4 * gid);
+          wb0 = *reinterpret_cast<const uint32_t*>(vc + tb * 32 + 4 * gid);
+          wb1 = *reinterpret_cast<const uint32_t*>(vc + (tb + 4) * 32 + 4 * gid);
+        } else {
+          auto ld = [&](int t) {
+            const uint32_t lo = *reinterpret_cast<const uint16_t*>(vc + t * 32 + 2 * gid);
+            const uint32_t hi = *reinterpret_cast<const uint16_t*>(vc + t * 32 + 16 + 2 * gid);
+            return lo | (hi << 16);
+          };
+          wa0 = ld(ta);
+          wa1 = ld(ta + 4);
+          wb0 = ld(tb);
+          wb1 = ld(tb + 4);
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const uint32_t sel = half ? 0x7632u : 0x5410u;
+          uint32_t ra[8], rb[8];
+          UnpackCodesM(__byte_perm(wa0, wa1, sel), magic, ra);
+          UnpackCodesM(__byte_perm(wb0, wb1, sel), magic, rb);
+          const int g = (G == 64) ? half : 0;
+          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + wrl) * kWStride + wcb);
+          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(wx + (g * 8 + wrl) * kWStride + wcb + 8);
+#pragma unroll
+          for (int ii = 0; ii < 4; ++ii) {
+            const int i = half * 4 + ii;
+            MmaF16(st.o[i], ra[2 * ii], ra[2 * ii + 1], rb[2 * ii], rb[2 * ii + 1], b0, b1);
+          }
+          // 1024·Σ W: the same product with every code 0 (exactly what the offsets added).
+          if (G == 64 || half == 0) MmaF16(sw[g], magic, magic, magic, magic, b0, b1);
+        }
       }
     }
     __syncwarp();
@@ -621,29 +838,55 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
     if (kPack) st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], 2);
   }
+  if constexpr (kV8) {
+    // Σ W·code = (256·high + low) / c, each row times 4^-j; lanes tig and tig ^ 2 hold the
+    // high and low parts of the same heads.
+    if (p.int8_value_stats != nullptr && lane == 0) atomicAdd(p.int8_value_stats + 2, static_cast<uint32_t>(mine));
+    float unit[2];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int half = i >> 2, ii = i & 3;
-    const int g = (G == 64) ? half : 0;
+    for (int e = 0; e < 2; ++e) unit[e] = (tig < 2 ? 256.f : 1.f) / cref[e];  // c = inf: no weights
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int cidx = 2 * ii + r;
-      const float inv = 1.0f / static_cast<float>(1 << CodeShift(cidx));
+    for (int mt = 0; mt < 8; ++mt) {
+      const int g = (G == 64) ? mt >> 2 : 0;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& o = st.o[i][2 * r + e];
-        o = (o - sw[g][e]) * inv + pm[e][g];
+      for (int r = 0; r < 2; ++r) {
+        const float inv = 1.0f / static_cast<float>(1 << (2 * (2 * (mt & 1) + r)));
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float v = static_cast<float>(vacc[mt][2 * r + e]) * (unit[e] * inv);
+          v += __shfl_xor_sync(0xffffffffu, v, 2);
+          st.o[mt][2 * r + e] = v + pm[e][g];
+        }
       }
     }
+    FinishItem(p, item, it, st, smem, [&](int i, int r) {
+      return G == 128 ? 16 * gid + 2 * i + r : 64 * (i >> 2) + 8 * gid + 2 * (i & 3) + r;
+    });
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int half = i >> 2, ii = i & 3;
+      const int g = (G == 64) ? half : 0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int cidx = 2 * ii + r;
+        const float inv = 1.0f / static_cast<float>(1 << CodeShift(cidx));
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& o = st.o[i][2 * r + e];
+          o = (o - sw[g][e]) * inv + pm[e][g];
+        }
+      }
+    }
+    FinishItem(p, item, it, st, smem, [&](int i, int r) {
+      const int half = i >> 2, cidx = 2 * (i & 3) + r;
+      return G == 128 ? 16 * gid + 8 * half + cidx : 64 * half + 8 * gid + cidx;
+    });
   }
-  FinishItem(p, item, it, st, smem, [&](int i, int r) {
-    const int half = i >> 2, cidx = 2 * (i & 3) + r;
-    return G == 128 ? 16 * gid + 8 * half + cidx : 64 * half + 8 * gid + cidx;
-  });
 }
 
 // One CTA per work item; blockIdx.x indexes the plan's order (its first num_int2_items entries).
-template <int G, bool kPack, bool kSplit, bool kI8>
+template <int G, bool kPack, bool kSplit, bool kI8, bool kV8>
 __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   // The BF16 kernel (launched next, programmatic serialization) does not depend on this one:
@@ -663,15 +906,15 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
   if (it.kind == static_cast<int32_t>(PageKind::kBf16)) {
     Bf16Item<2>(p, item, it, smem, tab);
   } else {
-    Int2Item<G, kPack, kSplit, kI8>(p, item, it, smem, tab);
+    Int2Item<G, kPack, kSplit, kI8, kV8>(p, item, it, smem, tab);
   }
 }
 
 // Raises an INT2 kernel's dynamic shared-memory limit on its first launch (one static per
 // instantiation: the kernel is a template argument, not a value of the shared pointer type).
-template <int G, bool kPack, bool kSplit, bool kI8 = false>
+template <int G, bool kPack, bool kSplit, bool kI8 = false, bool kV8 = false>
 void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
-  static const bool once = SetSmem(DecodeInt2Kernel<G, kPack, kSplit, kI8>, SmemBytes<true>());
+  static const bool once = SetSmem(DecodeInt2Kernel<G, kPack, kSplit, kI8, kV8>, SmemBytes<true>());
   (void)once;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
@@ -685,7 +928,7 @@ void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = p.rotate_in_cta ? 0 : 1;
-  cudaLaunchKernelEx(&cfg, DecodeInt2Kernel<G, kPack, kSplit, kI8>, p);
+  cudaLaunchKernelEx(&cfg, DecodeInt2Kernel<G, kPack, kSplit, kI8, kV8>, p);
 }
 
 }  // namespace
@@ -693,10 +936,13 @@ void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
 void LaunchDecodeInt2Kernels(const DecodeParams& p, int n2, cudaStream_t stream) {
   const bool pack = p.variant != DecodeVariant::kBaseline && p.shape.gqa() <= 4;
   const bool split = p.variant == DecodeVariant::kPackedSplitAcc;
-  const bool i8 = p.variant == DecodeVariant::kPackedInt8;
+  const bool v8 = p.variant == DecodeVariant::kPackedInt8Values;
+  const bool i8 = p.variant == DecodeVariant::kPackedInt8 || v8;
   if (p.shape.group_size == 128) {
     if (!pack) {
       LaunchInt2<128, false, false>(p, n2, stream);
+    } else if (v8) {
+      LaunchInt2<128, true, false, true, true>(p, n2, stream);
     } else if (i8) {
       LaunchInt2<128, true, false, true>(p, n2, stream);
     } else {
@@ -705,18 +951,22 @@ void LaunchDecodeInt2Kernels(const DecodeParams& p, int n2, cudaStream_t stream)
   } else if (!pack) {  // G = 64 already has two accumulator chains per m-tile (one per group)
     LaunchInt2<64, false, false>(p, n2, stream);
   } else {
-    i8 ? LaunchInt2<64, true, false, true>(p, n2, stream) : LaunchInt2<64, true, false>(p, n2, stream);
+    if (v8) {
+      LaunchInt2<64, true, false, true, true>(p, n2, stream);
+    } else {
+      i8 ? LaunchInt2<64, true, false, true>(p, n2, stream) : LaunchInt2<64, true, false>(p, n2, stream);
+    }
   }
 }
 
 int DecodeKernelOccupancy(int group_size) {
   int blocks = 0;
   if (group_size == 128) {
-    cudaFuncSetAttribute(DecodeInt2Kernel<128, false, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<128, false, false, false>, kThreads, SmemBytes<true>());
+    cudaFuncSetAttribute(DecodeInt2Kernel<128, false, false, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<128, false, false, false, false>, kThreads, SmemBytes<true>());
   } else {
-    cudaFuncSetAttribute(DecodeInt2Kernel<64, false, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<64, false, false, false>, kThreads, SmemBytes<true>());
+    cudaFuncSetAttribute(DecodeInt2Kernel<64, false, false, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, SmemBytes<true>());
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, DecodeInt2Kernel<64, false, false, false, false>, kThreads, SmemBytes<true>());
   }
   return blocks;
 }

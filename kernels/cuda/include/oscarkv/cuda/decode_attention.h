@@ -131,9 +131,23 @@ enum class DecodeVariant : int32_t {
   // (decode_attention_gpu_test.cc); the value product is unchanged. precise_query is ignored.
   // GQA > 4 falls back to kBaseline.
   kPackedInt8 = 3,
+  // kPackedInt8 with the value product on int8 tensor cores as well (mma m16n8k32 u8 x u8 ->
+  // s32): a 4x4 byte transpose (PRMT) of 4 token rows puts 4 tokens of 4 channels in a
+  // register, one LOP3 per bit position keeps one channel's codes in place (u8 code·4^j, the
+  // 4^j a per-output-row factor), 4 codes per LOP3 and no fp16 offset (per slice and warp: 64
+  // LOP3 + 32 PRMT + 16 IMMA instead of 128 LOP3 + 32 PRMT/SHF + 36 HMMA). The weights
+  // W = p·scale are 16-bit integers (high and low bytes in the padding columns, as the query)
+  // in units fixed per warp and head while the running max moves: the first slice sets them so
+  // its largest W is 2^15; a later W past 65535 shifts the int32 accumulators right by the
+  // power of 2 that brings it back to <= 2^15. So each weight is rounded to 2^-16..2^-15 of the
+  // largest one so far (fp16 W: 2^-12 of itself): flat attention is as accurate as fp16 W,
+  // very peaked attention over thousands of tokens less so (the many small weights' rounding
+  // adds up; bench/results/NOTES.md session 9). Needs V scales >= 0 (every FORMAT.md range
+  // mode writes them so). GQA > 4 falls back to kBaseline.
+  kPackedInt8Values = 4,
 };
-inline constexpr int kNumDecodeVariants = 4;
-// "baseline", "packed_heads", "packed_split_acc", "packed_int8".
+inline constexpr int kNumDecodeVariants = 5;
+// "baseline", "packed_heads", "packed_split_acc", "packed_int8", "packed_int8_values".
 const char* DecodeVariantName(DecodeVariant v);
 
 // Device-side page table (all pointers are device pointers).
@@ -187,6 +201,15 @@ struct DecodeParams {
   // chooses it for plans of more than one wave. The BF16 kernel (BF16-heavy plans) always
   // rotates in its CTAs.
   bool rotate_in_cta = true;
+  // The W exchange of the fp16 value product (every variant but kPackedInt8Values) with query
+  // head h in row h of its group, as before session 9. false (default): head h in row
+  // ((h & 1) << 2) | (h >> 1), rows 72 halves apart, so the W stores and the B-fragment loads
+  // hit 32 distinct banks. Same results; kept for side-by-side benchmarks.
+  bool linear_w_rows = false;
+  // Optional diagnostics of kPackedInt8Values (nullptr: none), three counters added to
+  // atomically: [0] warp items whose weight units were set, [1] accumulator shifts (a weight
+  // past the 16-bit range), [2] warp slices computed.
+  uint32_t* int8_value_stats = nullptr;
   float* out = nullptr;  // [num_seqs][num_q_heads][head_dim]
   float* lse = nullptr;  // [num_seqs][num_q_heads] (may be nullptr)
 };
