@@ -169,7 +169,7 @@ std::string FormatJson(const KernelBenchReport& r) {
     nlohmann::json variants = nlohmann::json::array();
     for (const auto& v : d.int2_variants) {
       variants.push_back({{"name", v.name}, {"us", v.us}, {"approximate", v.approximate},
-                          {"check_ok", v.check_ok}, {"check_error_vs_baseline", v.check_error},
+                          {"check_ok", v.check_ok}, {"check_error_vs_cpu_seq0", v.check_error},
                           {"vs_sdpa", Ratio(d.sdpa_us, v.us)},
                           {"bw_fraction", Ratio(Gbps(d.int2_bytes, v.us), r.copy_gbps)},
                           {"round_us", v.round_us}});

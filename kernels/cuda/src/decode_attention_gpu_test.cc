@@ -40,6 +40,11 @@ struct Case {
   bool unrotate = false;
   enum Mode { kPlanned, kAllInt2, kAllBf16 } mode = kPlanned;
   bool precise = true;
+  float q_scale = 2.0f;  // query std (smaller: flatter attention)
+  // Every variant on a plan of 4 CTAs (items of ~100 slices, ~25 per warp, as at B=32 x 32K);
+  // only packed_int8_values is held to the tolerance, the others' errors are printed (their
+  // fp16 value product drifts with the item length, see below).
+  bool long_items = false;
   uint32_t seed = 1;
   std::string Name() const {
     std::string s = "B" + std::to_string(lengths.size()) + " gqa" + std::to_string(gqa) + " G" +
@@ -55,7 +60,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
                              const std::vector<std::vector<uint8_t>>& pages,
                              const std::vector<uint8_t>& kinds, const std::vector<uint16_t>& counts,
                              const HostPagedKV& host, const std::vector<float>& q, uint32_t layer,
-                             uint32_t Hq, bool unrotate, bool precise) {
+                             uint32_t Hq, bool unrotate, bool precise, bool long_items = false) {
   const uint32_t d = prof.head_dim, H = prof.num_kv_heads;
   const size_t B = host.seq_page_indptr.size() - 1;
   struct {
@@ -105,12 +110,17 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
     for (int target : {0, 7}) runs.push_back({static_cast<DecodeVariant>(vi), target, false});
+  if (long_items) {
+    runs.clear();
+    for (int vi = 0; vi < kNumDecodeVariants; ++vi) runs.push_back({static_cast<DecodeVariant>(vi), 4, false});
+  }
   for (int target : {0, 7}) runs.push_back({DecodeParams{}.variant, target, true});
   // And with the queries rotated in every CTA and by the rotation kernel, with either merge.
   for (int rot : {1, 2})
     for (bool mk : {false, true}) runs.push_back({DecodeParams{}.variant, 7, mk, rot});
   // The fp16 value product's W exchange in the old row order (DecodeParams::linear_w_rows).
-  for (int target : {0, 7}) runs.push_back({DecodeVariant::kPackedInt8, target, false, 0, true});
+  if (!long_items)
+    for (int target : {0, 7}) runs.push_back({DecodeVariant::kPackedInt8, target, false, 0, true});
   // kPackedInt8Values' weight units: how often the accumulators had to be shifted.
   auto stats = DeviceBuffer::Create(3 * sizeof(uint32_t));
   ASSERT_TRUE(stats.ok()) << stats.status();
@@ -150,12 +160,13 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     auto lse = d_lse->ToHost<float>();
     ASSERT_TRUE(out.ok() && lse.ok());
     const float tol = c.precise ? 2e-3f : 1e-2f;
+    const bool checked = !long_items || variant == DecodeVariant::kPackedInt8Values;
     int bad = 0;
     double max_err = 0, max_scaled = 0;
     for (size_t i = 0; i < out->size(); ++i) {
       const float r = ref->out[i], g = (*out)[i];
       const double err = std::fabs(double(g) - r);
-      if (!(err <= tol * (1 + std::fabs(r)))) {
+      if (checked && !(err <= tol * (1 + std::fabs(r)))) {
         if (++bad < 5) ADD_FAILURE() << "out[" << i << "] gpu " << g << " ref " << r;
       }
       if (std::isfinite(err)) {
@@ -164,10 +175,10 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
       }
     }
     // The measured error of each variant (bench/results/NOTES.md quotes the maxima).
-    std::printf("[ error ] %s target_ctas %d%s%s%s: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g)\n",
+    std::printf("[ error ] %s target_ctas %d%s%s%s: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g%s)\n",
                 DecodeVariantName(variant), target, p.fused_merge ? "" : " merge kernel",
                 p.rotate_in_cta ? "" : " rotation kernel", run.linear_w_rows ? " linear w rows" : "",
-                max_scaled, double(tol));
+                max_scaled, double(tol), checked ? "" : ", not checked: long items");
     auto st = stats->ToHost<uint32_t>();
     ASSERT_TRUE(st.ok());
     if (variant == DecodeVariant::kPackedInt8Values && Hq / H <= 4) {
@@ -179,7 +190,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
       const float r = ref->lse[i], g = (*lse)[i];
       if (std::isinf(r)) {
         EXPECT_TRUE(std::isinf(g) && g < 0) << "lse[" << i << "] " << g;
-      } else if (!(std::fabs(g - r) <= tol)) {
+      } else if (checked && !(std::fabs(g - r) <= tol)) {
         if (++bad < 10) ADD_FAILURE() << "lse[" << i << "] gpu " << g << " ref " << r;
       }
     }
@@ -237,9 +248,10 @@ void RunCase(const Case& c) {
   for (const auto& pg : pages) host.pages.emplace_back(pg);
   const size_t B = c.lengths.size();
   std::vector<float> q(B * Hq * d);
-  for (auto& v : q) v = nd(rng) * 2.0f;
+  for (auto& v : q) v = nd(rng) * c.q_scale;
 
-  CompareGpuWithReference(prof, rot, pages, kinds, counts, host, q, layer, Hq, c.unrotate, c.precise);
+  CompareGpuWithReference(prof, rot, pages, kinds, counts, host, q, layer, Hq, c.unrotate, c.precise,
+                          c.long_items);
 }
 
 TEST(DecodeAttentionGpu, MixedPagesGqa4) {
@@ -306,6 +318,24 @@ TEST(DecodeAttentionGpu, UnrotatedOutputAndBatch) {
   std::mt19937 rng(9);
   for (int i = 0; i < 9; ++i) c.lengths.push_back(1 + rng() % 1500);
   RunCase(c);
+}
+
+// Long items (~25 slices per warp, as the bench's B=32 x 32K plan), flat and peaked attention:
+// the fp16 value product (1024 + 2^k·code operands, the 1024·Σ W offset removed at the end)
+// loses accuracy as its fp32 accumulators grow over an item (measured: ~2e-4 for short items,
+// 1.7e-3 at target 7 in MixedPagesGqa4, ~9e-3 at B=32 x 32K in the bench); the integer value
+// product of packed_int8_values does not, and is held to the tolerance here.
+TEST(DecodeAttentionGpu, LongItemsIntegerValueProduct) {
+  SKIP_WITHOUT_GPU();
+  for (float qs : {0.3f, 2.0f}) {
+    Case c;
+    c.lengths = {12000};
+    c.mode = Case::kAllInt2;
+    c.q_scale = qs;
+    c.long_items = true;
+    c.seed = 21;
+    RunCase(c);
+  }
 }
 
 TEST(DecodeAttentionGpu, SingleFp16QueryWithinLooserTolerance) {

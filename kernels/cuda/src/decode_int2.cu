@@ -82,6 +82,12 @@ __device__ __forceinline__ void MmaU8S8(int (&d)[4], uint32_t a0, uint32_t a1, u
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ uint32_t And(uint32_t w, uint32_t mask) { return w & mask; }
+// x through an opaque move: the compiler keeps a lane constant in its register instead of
+// recomputing it inside the main loop (it did, ~45 instructions per slice for kV8's offsets).
+__device__ __forceinline__ int Opaque(int x) {
+  asm volatile("mov.b32 %0, %0;" : "+r"(x));
+  return x;
+}
 // D = A(16x32 u8, row) * B(32x8 u8, col) + D, int32 accumulate (exact).
 __device__ __forceinline__ void MmaU8U8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -111,12 +117,13 @@ constexpr float kI8QMax = 8128.f;  // |Q| <= 8128: 4·Q splits into int8 high/lo
 // tokens of a slot is byte-transposed (8 PRMT per 4 words) into R[b] = byte b of the 4 tokens;
 // m-tile mt's rows gid / gid+8 are bit position j = 2·(mt & 1) + r of byte b = mt >> 1:
 // R[b] & (3 << 2j) in every byte is code·4^j (u8), one LOP3 per 4 codes. The B operand is
-// W = p·scale·c as a 16-bit integer (c: the head's weight units, see kPackedInt8Values),
-// column n < 4 its high byte for head n, column n >= 4 its low byte for head n - 4. The
-// softmax owner of token 16·mt + gid + 8r (mt = 2j + (tig >> 1)) packs its 4 tokens' bytes of
-// one column into one word (byte i = token (j, r) = (i >> 1, i & 1): exactly a quad above) and
-// stores it; the W rows are 16 words per column, pairs of rows in 32-word blocks with the
-// halves swapped by ((c ^ (c >> 1)) & 1) so the stores and the 128-bit reads are conflict-free.
+// W = p·scale·c as a 16-bit integer (c: the head's weight units, see kPackedInt8Values):
+// column 2h its high byte for head h, column 2h + 1 its low byte, so lane tig accumulates
+// both parts of head tig (an accumulator shift needs no other lane). The softmax owner of
+// token 16·mt + gid + 8r (mt = 2j + (tig >> 1)) packs its 4 tokens' bytes of one column into
+// one word (byte i = token (j, r) = (i >> 1, i & 1): exactly a quad above) and stores it; the
+// W rows are 16 words per column, pairs of rows in 32-word blocks with the halves swapped by
+// ((c ^ (c >> 1) ^ (c >> 2)) & 1) so the stores and the 128-bit reads are conflict-free.
 constexpr int kV8RefBits = 15;       // new weight units: the largest weight becomes <= 2^15
 constexpr float kV8Magic = 8388608.f;  // 2^23: fma(w, s, 2^23)'s low 16 bits hold round(w·s)
 
@@ -337,14 +344,17 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
     __syncwarp();
   }
-  // kV8: the value accumulators (int32, per head in units 1/c), the weight units c per head
-  // (+inf until the first weights set them), the code-word offsets of the 4 slots, the
-  // transpose selectors, and the W word offsets this lane stores (per head e) and loads.
+  // kV8: the value accumulators (int32; [mt][0/1]: high / low part of head tig, row gid;
+  // [mt][2/3]: row gid + 8; in units 1/c of that head), the weight units c of this lane's
+  // softmax heads (+inf until the first weights set them), the code-word offsets of the 4
+  // slots, the transpose selectors, and the W word offsets this lane stores (high and low
+  // part, per head e) and loads.
   int vacc[8][4];
   float cref[2] = {INFINITY, INFINITY};
   int voff[4] = {0, 0, 0, 0};
   uint32_t vsel0 = 0, vsel1 = 0;
-  int wst[2] = {0, 0}, wld = 0;
+  int wsth[2] = {0, 0}, wstl[2] = {0, 0}, wld = 0;
+  const int vsrc = (lane & ~3) | (tig >> 1);  // a lane whose softmax heads include head tig
   if constexpr (kV8) {
 #pragma unroll
     for (int i = 0; i < 8; ++i)
@@ -353,13 +363,16 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     const int tb = 16 * (tig >> 1) + 4 * (tig & 1);
 #pragma unroll
     for (int sl = 0; sl < 4; ++sl)
-      voff[sl] = (tb + ((sl + tig) & 3)) * 32 + (G == 128 ? 4 * gid : 4 * (gid >> 1));
-    vsel0 = (G == 128 || (gid & 1) == 0) ? 0x5140u : 0x7362u;
+      voff[sl] = Opaque((tb + ((sl + tig) & 3)) * 32 + (G == 128 ? 4 * gid : 4 * (gid >> 1)));
+    vsel0 = G == 128 ? 0x5140u : static_cast<uint32_t>(Opaque((gid & 1) == 0 ? 0x5140 : 0x7362));
     vsel1 = G == 128 ? 0x7362u : vsel0;
     const int tr = 2 * (tig >> 1) + (gid >> 2), pos = 4 * tr + (((gid & 3) - tr) & 3);
 #pragma unroll
-    for (int e = 0; e < 2; ++e) wst[e] = 32 * (tig & 1) + 16 * (e ^ (tig & 1)) + pos;
-    wld = 32 * (gid >> 1) + 16 * ((gid ^ (gid >> 1)) & 1) + 4 * tig;
+    for (int e = 0; e < 2; ++e) {
+      wsth[e] = Opaque(32 * (2 * (tig & 1) + e) + 16 * (e ^ (tig & 1)) + pos);
+      wstl[e] = Opaque(32 * (2 * (tig & 1) + e) + 16 * (1 ^ e ^ (tig & 1)) + pos);
+    }
+    wld = Opaque(32 * (gid >> 1) + 16 * ((gid ^ (gid >> 1) ^ (gid >> 2)) & 1) + 4 * tig);
   }
 
   int stage_c = 0;                         // stage of the slice computed next
@@ -634,6 +647,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       // one that set the units).
       if (__any_sync(0xffffffffu, (bits & 0x00FF0000u) != 0)) {
         bool set = false, shifted = false;
+        int d[2] = {0, 0};
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float M = 0.f;
@@ -647,41 +661,21 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
           M = WarpMaxOverGid(M);
           M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 2));  // the head's other tokens
           const float need = M * cref[e];
-          int d = 0;
           if (M > 0.f && !(need <= 65535.f)) {
-            d = 64;
+            d[e] = 64;
             if (!isinf(cref[e])) {
-              d = ((__float_as_int(need) >> 23) & 0xff) - 127 + 1 - kV8RefBits;
+              d[e] = ((__float_as_int(need) >> 23) & 0xff) - 127 + 1 - kV8RefBits;
               shifted = true;
             } else {
               set = true;
             }
-            if (d >= 64) {
-              d = 64;
+            if (d[e] >= 64) {
+              d[e] = 64;
               cref[e] = static_cast<float>(1 << kV8RefBits) / M;
             } else {
-              cref[e] *= __int_as_float((127 - d) << 23);
+              cref[e] *= __int_as_float((127 - d[e]) << 23);
             }
           }
-          // total = 256·high + low (lanes tig, tig ^ 2): floor(total / 2^d), the high part's
-          // remainder carried into the low part.
-#pragma unroll
-          for (int mt = 0; mt < 8; ++mt)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const uint32_t a = static_cast<uint32_t>(vacc[mt][2 * r + e]);
-              const uint32_t x = __shfl_xor_sync(0xffffffffu, a, 2);
-              if (d > 0) {
-                uint32_t v;
-                if (tig < 2) {
-                  v = d >= 32 ? 0u : a >> d;
-                } else {
-                  const uint64_t rem = d >= 32 ? x : (x & ((1u << d) - 1u));
-                  v = d >= 64 ? 0u : static_cast<uint32_t>((uint64_t{a} + (rem << 8)) >> d);
-                }
-                vacc[mt][2 * r + e] = static_cast<int>(v);
-              }
-            }
           const float cu = M > 0.f ? cref[e] : 0.f;
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
@@ -691,6 +685,24 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
               const float sc = __half2float(*reinterpret_cast<const __half*>(vp + (t * NG + g) * 4));
               y[g][e][i] = __float_as_uint(fmaf(prv[i][e] * cu, sc, kV8Magic));
             }
+          }
+        }
+        // Accumulators of head tig to the new units: floor((256·high + low) / 2^d), as a
+        // canonical pair again (low < 256). A head's first units find them zero.
+        if (__any_sync(0xffffffffu, shifted)) {
+          const int d0 = __shfl_sync(0xffffffffu, d[0], vsrc), d1 = __shfl_sync(0xffffffffu, d[1], vsrc);
+          const int dh = (tig & 1) ? d1 : d0;
+          if (dh > 0) {
+#pragma unroll
+            for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                uint64_t v = (static_cast<uint64_t>(static_cast<uint32_t>(vacc[mt][2 * r])) << 8) +
+                             static_cast<uint32_t>(vacc[mt][2 * r + 1]);
+                v = dh >= 64 ? 0 : v >> dh;
+                vacc[mt][2 * r] = static_cast<int>(v >> 8);
+                vacc[mt][2 * r + 1] = static_cast<int>(v & 0xffu);
+              }
           }
         }
         if (p.int8_value_stats != nullptr) {
@@ -707,8 +719,8 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
         for (int e = 0; e < 2; ++e) {
           const uint32_t x01 = __byte_perm(y[g][e][0], y[g][e][1], 0x5410);
           const uint32_t x23 = __byte_perm(y[g][e][2], y[g][e][3], 0x5410);
-          wx32[g * 128 + wst[e]] = __byte_perm(x01, x23, 0x7531);       // high bytes
-          wx32[g * 128 + wst[e] + 64] = __byte_perm(x01, x23, 0x6420);  // low bytes
+          wx32[g * 128 + wsth[e]] = __byte_perm(x01, x23, 0x7531);  // high bytes
+          wx32[g * 128 + wstl[e]] = __byte_perm(x01, x23, 0x6420);  // low bytes
         }
       __syncwarp();
       uint32_t wb[NG][4];
@@ -839,23 +851,24 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     if (kPack) st.l[e] += __shfl_xor_sync(0xffffffffu, st.l[e], 2);
   }
   if constexpr (kV8) {
-    // Σ W·code = (256·high + low) / c, each row times 4^-j; lanes tig and tig ^ 2 hold the
-    // high and low parts of the same heads.
+    // Σ W·code of head tig = (256·high + low) / c, each row times 4^-j; then lanes tig 0, 1
+    // take heads 2·tig + e from lanes 2·tig + e (FinishItem's layout; lanes tig 2, 3 end up
+    // with heads >= 4, which it ignores at GQA <= 4).
     if (p.int8_value_stats != nullptr && lane == 0) atomicAdd(p.int8_value_stats + 2, static_cast<uint32_t>(mine));
-    float unit[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) unit[e] = (tig < 2 ? 256.f : 1.f) / cref[e];  // c = inf: no weights
+    const float c0 = __shfl_sync(0xffffffffu, cref[0], vsrc), c1 = __shfl_sync(0xffffffffu, cref[1], vsrc);
+    const float unit = 1.f / ((tig & 1) ? c1 : c0);  // c = inf: no weights
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
       const int g = (G == 64) ? mt >> 2 : 0;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const float inv = 1.0f / static_cast<float>(1 << (2 * (2 * (mt & 1) + r)));
+        const float v = fmaf(static_cast<float>(vacc[mt][2 * r]), 256.f, static_cast<float>(vacc[mt][2 * r + 1])) *
+                        (unit * inv);
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float v = static_cast<float>(vacc[mt][2 * r + e]) * (unit[e] * inv);
-          v += __shfl_xor_sync(0xffffffffu, v, 2);
-          st.o[mt][2 * r + e] = v + pm[e][g];
+          const float x = __shfl_sync(0xffffffffu, v, (lane & ~3) | ((2 * tig + e) & 3));
+          st.o[mt][2 * r + e] = x + pm[e][g];
         }
       }
     }
