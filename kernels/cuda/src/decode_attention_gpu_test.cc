@@ -110,17 +110,17 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
     for (int target : {0, 7}) runs.push_back({static_cast<DecodeVariant>(vi), target, false});
-  if (long_items) {
-    runs.clear();
-    for (int vi = 0; vi < kNumDecodeVariants; ++vi) runs.push_back({static_cast<DecodeVariant>(vi), 4, false});
-  }
+
   for (int target : {0, 7}) runs.push_back({DecodeParams{}.variant, target, true});
   // And with the queries rotated in every CTA and by the rotation kernel, with either merge.
   for (int rot : {1, 2})
     for (bool mk : {false, true}) runs.push_back({DecodeParams{}.variant, 7, mk, rot});
   // The fp16 value product's W exchange in the old row order (DecodeParams::linear_w_rows).
-  if (!long_items)
-    for (int target : {0, 7}) runs.push_back({DecodeVariant::kPackedInt8, target, false, 0, true});
+  for (int target : {0, 7}) runs.push_back({DecodeVariant::kPackedInt8, target, false, 0, true});
+  if (long_items) {
+    runs.clear();
+    for (int vi = 0; vi < kNumDecodeVariants; ++vi) runs.push_back({static_cast<DecodeVariant>(vi), 4, false});
+  }
   // kPackedInt8Values' weight units: how often the accumulators had to be shifted.
   auto stats = DeviceBuffer::Create(3 * sizeof(uint32_t));
   ASSERT_TRUE(stats.ok()) << stats.status();

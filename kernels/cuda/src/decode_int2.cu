@@ -88,6 +88,13 @@ __device__ __forceinline__ int Opaque(int x) {
   asm volatile("mov.b32 %0, %0;" : "+r"(x));
   return x;
 }
+// Four 8x8 b16 matrices, transposed: lanes 8m..8m+7 give matrix m's row addresses; register m
+// of lane (gid, tig) = rows 2·tig (low half) and 2·tig + 1 (high half) of column gid.
+__device__ __forceinline__ void LdMatrixX4T(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 // D = A(16x32 u8, row) * B(32x8 u8, col) + D, int32 accumulate (exact).
 __device__ __forceinline__ void MmaU8U8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -112,10 +119,14 @@ constexpr float kI8QMax = 8128.f;  // |Q| <= 8128: 4·Q splits into int8 high/lo
 // Per 64-token slice: 2 k-steps of 32 tokens x 8 m-tiles of 16 channels. Lane (gid, tig) takes
 // the token quads q(sl) = 16·(tig >> 1) + 4·(tig & 1) + ((sl + tig) & 3) + {0, 8, 32, 40} for
 // slots sl = 0..3 (slot 2·ks + b is the A/B register pair b of k-step ks; byte i of a register
-// is token q(sl) + {0, 8, 32, 40}[i]), so each code load instruction hits 32 distinct banks.
-// Its code word (G = 128: channels 16·gid..+15; G = 64: 8·gid..+7 of each group) of the 4
-// tokens of a slot is byte-transposed (8 PRMT per 4 words) into R[b] = byte b of the 4 tokens;
-// m-tile mt's rows gid / gid+8 are bit position j = 2·(mt & 1) + r of byte b = mt >> 1:
+// is token q(sl) + {0, 8, 32, 40}[i]); q(sl) mod 4 differs between the lanes tig, so with the
+// V codes' 16-byte halves swapped by token bit 3 in shared memory (see issue) every matrix of
+// an ldmatrix hits 8 distinct bank groups.
+// One ldmatrix.x4.trans per slot gives the lane, for the 4 tokens, bytes 2·gid and 2·gid + 1 of
+// both 16-byte halves of the code rows (channels 64·h + 8·gid .. +7); one PRMT per byte
+// gathers the 4 tokens: R[b] = byte b of (2·gid, 2·gid + 1, 16 + 2·gid, 17 + 2·gid).
+// m-tile mt's rows gid / gid+8 are bit position j = 2·(mt & 1) + r of byte b = mt >> 1
+// (channel 64·(mt >> 2) + 8·gid + 2·(mt & 3) + r, so m-tiles 0..3 are group 0 at G = 64):
 // R[b] & (3 << 2j) in every byte is code·4^j (u8), one LOP3 per 4 codes. The B operand is
 // W = p·scale·c as a 16-bit integer (c: the head's weight units, see kPackedInt8Values):
 // column 2h its high byte for head h, column 2h + 1 its low byte, so lane tig accumulates
@@ -170,6 +181,9 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   const int mine = n > warp ? (n - warp + kWarps - 1) / kWarps : 0;  // slices of this warp
   const size_t v_minus_k = seg_v - seg_k;
   const uint32_t ring_addr = SmemAddr(ring) + lane * 16;
+  // kV8: V code chunk c (token c >> 1, half c & 1) lands at chunk c ^ ((c >> 4) & 1), so the
+  // value product's ldmatrix rows (tokens q, q + 8 of 4 quads) hit 8 distinct bank groups.
+  const uint32_t ring_addr_v = kV8 ? SmemAddr(ring) + 16 * (lane ^ ((lane >> 4) & 1)) : ring_addr;
   // Copies slice k of this warp into stage `stage`: the K codes (2 KiB contiguous), K params,
   // V codes, V params. Chunks past the valid tokens are zero-filled (src-size 0) and not read.
   // (Bulk/TMA copies issued by one lane, with an mbarrier per stage, measured 7-11% slower here:
@@ -181,12 +195,13 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     const uint8_t* ck = pk + tok0 * 32 + lane * 16;
     const uint8_t* cv = ck + v_minus_k;
     const uint32_t d = ring_addr + stage * kInt2Slot;
+    const uint32_t dv = ring_addr_v + stage * kInt2Slot;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int bytes = ((lane >> 1) + 16 * i) < valid ? 16 : 0;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + 512 * i),
                    "l"(ck + 512 * i), "r"(bytes));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + Lay::kHalf + 512 * i),
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dv + Lay::kHalf + 512 * i),
                    "l"(cv + 512 * i), "r"(bytes));
     }
     if (lane < 16 * NG) {  // params: 4·NG bytes per token, 16/(4·NG) tokens per chunk
@@ -352,7 +367,6 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   int vacc[8][4];
   float cref[2] = {INFINITY, INFINITY};
   int voff[4] = {0, 0, 0, 0};
-  uint32_t vsel0 = 0, vsel1 = 0;
   int wsth[2] = {0, 0}, wstl[2] = {0, 0}, wld = 0;
   const int vsrc = (lane & ~3) | (tig >> 1);  // a lane whose softmax heads include head tig
   if constexpr (kV8) {
@@ -360,12 +374,14 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     for (int i = 0; i < 8; ++i)
 #pragma unroll
       for (int c = 0; c < 4; ++c) vacc[i][c] = 0;
-    const int tb = 16 * (tig >> 1) + 4 * (tig & 1);
+    // This lane's ldmatrix row: matrix m = lane >> 3 (half m >> 1; tokens +32 if m is odd),
+    // row rr = lane & 7 (quad of lane tig' = rr >> 1 in the mma, token +8 if rr is odd).
+    const int m = lane >> 3, rr = lane & 7, tq = rr >> 1;
 #pragma unroll
-    for (int sl = 0; sl < 4; ++sl)
-      voff[sl] = Opaque((tb + ((sl + tig) & 3)) * 32 + (G == 128 ? 4 * gid : 4 * (gid >> 1)));
-    vsel0 = G == 128 ? 0x5140u : static_cast<uint32_t>(Opaque((gid & 1) == 0 ? 0x5140 : 0x7362));
-    vsel1 = G == 128 ? 0x7362u : vsel0;
+    for (int sl = 0; sl < 4; ++sl) {
+      const int tok = 16 * (tq >> 1) + 4 * (tq & 1) + ((sl + tq) & 3) + 8 * (rr & 1) + 32 * (m & 1);
+      voff[sl] = Opaque(tok * 32 + 16 * ((m >> 1) ^ ((tok >> 3) & 1)));
+    }
     const int tr = 2 * (tig >> 1) + (gid >> 2), pos = 4 * tr + (((gid & 3) - tr) & 3);
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
@@ -734,23 +750,15 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       }
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks) {
-        uint32_t R[2][4];  // [register b of the k-step][byte b of the lane's code word]
+        uint32_t R[2][4];  // [register b of the k-step][byte b]
 #pragma unroll
         for (int rb = 0; rb < 2; ++rb) {
-          const uint8_t* base = vc + voff[2 * ks + rb];
-          uint32_t A[4], B[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int off = ((i & 1) * 8 + (i >> 1) * 32) * 32;  // tokens +8, +32
-            A[i] = *reinterpret_cast<const uint32_t*>(base + off);
-            B[i] = G == 128 ? A[i] : *reinterpret_cast<const uint32_t*>(base + off + 16);
-          }
-          const uint32_t t0 = __byte_perm(A[0], A[1], vsel0), t1 = __byte_perm(B[0], B[1], vsel1);
-          const uint32_t t2 = __byte_perm(A[2], A[3], vsel0), t3 = __byte_perm(B[2], B[3], vsel1);
-          R[rb][0] = __byte_perm(t0, t2, 0x5410);
-          R[rb][1] = __byte_perm(t0, t2, 0x7632);
-          R[rb][2] = __byte_perm(t1, t3, 0x5410);
-          R[rb][3] = __byte_perm(t1, t3, 0x7632);
+          uint32_t x[4];
+          LdMatrixX4T(SmemAddr(vc) + voff[2 * ks + rb], x);
+          R[rb][0] = __byte_perm(x[0], x[1], 0x6420);
+          R[rb][1] = __byte_perm(x[0], x[1], 0x7531);
+          R[rb][2] = __byte_perm(x[2], x[3], 0x6420);
+          R[rb][3] = __byte_perm(x[2], x[3], 0x7531);
         }
 #pragma unroll
         for (int mt = 0; mt < 8; ++mt) {
@@ -872,9 +880,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
         }
       }
     }
-    FinishItem(p, item, it, st, smem, [&](int i, int r) {
-      return G == 128 ? 16 * gid + 2 * i + r : 64 * (i >> 2) + 8 * gid + 2 * (i & 3) + r;
-    });
+    FinishItem(p, item, it, st, smem, [&](int i, int r) { return 64 * (i >> 2) + 8 * gid + 2 * (i & 3) + r; });
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {

@@ -105,8 +105,14 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
                                       int target_ctas = 0, bool session5_slots = false);
 
 // INT2 kernel variants, selectable per launch so one benchmark run measures all of them and the
-// GPU tests check each against the CPU reference. All compute the same function to the stated
-// tolerance; bench/results/NOTES.md has each one's prediction and measurement.
+// GPU tests check each against the CPU reference. All compute the same function;
+// bench/results/NOTES.md has each one's prediction and measurement. Accuracy: every variant but
+// kPackedInt8Values computes the value product on fp16 operands 1024 + 2^k·code and removes
+// 1024·Σ W at the end, and that difference of large fp32 accumulators loses precision as an
+// item grows: max |out - ref| / (1 + |ref|) ~2e-4 for items of a few slices per warp, 6-8e-3
+// at ~25 slices per warp (B=32 x 32K, B=8 x 32K plans), beyond the 2e-3 tolerance
+// (DecodeAttentionGpu.LongItemsIntegerValueProduct, bench --rounds check); kPackedInt8Values
+// stays at 1e-6..3e-5 there.
 enum class DecodeVariant : int32_t {
   // Each lane runs the online softmax and the W = p·scale products for query heads 2·tig and
   // 2·tig+1 of every 16-token tile (8 mma columns; at GQA <= 4 half of them are padding).
@@ -180,9 +186,9 @@ struct DecodeParams {
   // Splits each query into an fp16 high and low part for the INT2 score product (~fp32
   // accuracy); false uses one fp16 part (fewer tensor-core ops, ~1e-3 relative score error).
   bool precise_query = true;
-  // INT2 kernel variant (see above); packed_int8 is the fastest within the default tolerance
-  // (H200, bench/results/NOTES.md).
-  DecodeVariant variant = DecodeVariant::kPackedInt8;
+  // INT2 kernel variant (see above); packed_int8_values is the fastest and the only one whose
+  // error does not grow with the item length (H200, bench/results/NOTES.md session 9).
+  DecodeVariant variant = DecodeVariant::kPackedInt8Values;
   // Workspace for the partial results (DecodeWorkspaceBytes bytes, 256-byte aligned).
   void* workspace = nullptr;
   // The last CTA to finish an item of a (sequence, KV head) merges that pair's partials itself
