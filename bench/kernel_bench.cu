@@ -554,7 +554,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         if (target < 0) {
           // The session-5 default as a whole: that planner, the merge kernel, the queries
           // rotated in every CTA.
-          auto t5 = TimeDecode(o, pb, d.batch, rot_k, cuda::DecodeParams{}.variant, o.precise_query,
+          auto t5 = TimeDecode(o, pb, d.batch, rot_k, cuda::DecodeVariant::kPackedInt8, o.precise_query,
                                nullptr, true, 1);
           if (!t5.ok()) return t5.status();
           d.int2_by_target.push_back({-2, *t5});

@@ -121,7 +121,7 @@ int RunEval(int argc, char** argv) {
       .Option("device", "cpu", "where attention runs: cpu (the reference) or cuda (GPU kernels)")
       .Option("decode-variant", "",
               "with --device cuda: decode kernel variant (baseline, packed_heads, "
-              "packed_split_acc, packed_int8; empty = the kernels' default)")
+              "packed_split_acc, packed_int8, packed_int8_values; empty = the kernels' default)")
       .Option("shard", "0/1", "K/N: only windows i with i % N == K (combine by windows_evaluated)")
       .Flag("json", "print {\"rows\": [{codec, bpb, gap, recall_bpb, recall_gap}, ...]}");
   if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail(s, 2);

@@ -30,8 +30,9 @@ bool CudaAttentionCompiled();
 
 struct CudaAttentionOptions {
   // Decode-attention kernel variant by name (cuda::DecodeVariantName: "baseline",
-  // "packed_heads", "packed_split_acc", "packed_int8"); empty = the kernels' default, what a
-  // serving engine gets. Lets the harness measure each variant's accuracy on real activations.
+  // "packed_heads", "packed_split_acc", "packed_int8", "packed_int8_values"); empty = the
+  // kernels' default (packed_int8_values), what a serving engine gets. Lets the harness measure
+  // each variant's accuracy on real activations.
   std::string decode_variant;
 };
 
