@@ -637,28 +637,25 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       // ran --, no quantile clip (`--clip none`), range mode unbiased) with the kernel's
       // defaults; the JSON's quant_bw_fraction is that row. Rows naming a load path force it
       // (kAuto: staged for min-max and bf16 kernels, direct for selecting kernels); "round-1
-      // kernel" rows are round 1's kernels as they were, side by side.
+      // kernel" / "round-2 kernel" rows are those rounds' kernels as they were, side by side
+      // (the default-codec rows twice, alternating, against in-call drift).
       const RangeMode kUb = RangeMode::kUnbiased, kMm = RangeMode::kMinMax;
       if (kind == PageKind::kInt2) {
         variants = {{"int2 default codec: rotate+unbiased (no clip)", true, false, true, kUb},
                     {"int2 default codec, round-2 kernel", true, false, true, kUb, LP::kRound2},
-                    {"int2 default codec, paired rows", true, false, true, kUb, LP::kPaired},
-                    {"int2 default codec, 8-warp CTAs", true, false, true, kUb, LP::kDirect8},
+                    {"int2 default codec, rows loaded one tile ahead", true, false, true, kUb, LP::kLoadAhead},
                     {"int2 default codec (run 2)", true, false, true, kUb},
                     {"int2 default codec, round-2 kernel (run 2)", true, false, true, kUb, LP::kRound2},
-                    {"int2 default codec, paired rows (run 2)", true, false, true, kUb, LP::kPaired},
-                    {"int2 default codec, 8-warp CTAs (run 2)", true, false, true, kUb, LP::kDirect8},
+                    {"int2 default codec, rows loaded one tile ahead (run 2)", true, false, true, kUb, LP::kLoadAhead},
                     {"int2 default codec, round-1 kernel", true, false, true, kUb, LP::kRound1},
                     {"int2 default codec, staged loads", true, false, true, kUb, LP::kStaged},
                     {"int2 default codec, R fp16 only", true, false, false, kUb},
                     {"int2 default codec, R fp16 only, round-2 kernel", true, false, false, kUb, LP::kRound2},
-                    {"int2 default codec, R fp16 only, paired rows", true, false, false, kUb, LP::kPaired},
                     {"int2 default codec, R fp16 only, round-1 kernel", true, false, false, kUb, LP::kRound1},
                     {"int2 default codec, R fp16 only, staged loads", true, false, false, kUb, LP::kStaged},
                     {"int2 prerotated+unbiased (flush / R_V absorbed)", false, false, true, kUb},
                     {"int2 prerotated+unbiased, round-2 kernel", false, false, true, kUb, LP::kRound2},
-                    {"int2 prerotated+unbiased, paired rows", false, false, true, kUb, LP::kPaired},
-                    {"int2 prerotated+unbiased, 8-warp CTAs", false, false, true, kUb, LP::kDirect8},
+                    {"int2 prerotated+unbiased, rows loaded when reached", false, false, true, kUb, LP::kLoadAtTile},
                     {"int2 prerotated+unbiased, round-1 kernel", false, false, true, kUb, LP::kRound1},
                     {"int2 prerotated+unbiased, staged loads", false, false, true, kUb, LP::kStaged},
                     {"int2 rotate+clip+unbiased (OSCAR clips)", true, true, true, kUb},

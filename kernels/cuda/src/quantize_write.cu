@@ -687,204 +687,6 @@ __device__ DevParams SelectUnbiasedSwar(const float (&y)[32], int tig, float mn,
   return UnpackParams(best_w);
 }
 
-// LoadPath::kPaired: SelectUnbiasedSwar and QuantizeStore for both rows of the lane (gid and
-// gid + 8) at once. The two rows' positions go through the one bin set in turn (each row's bins
-// are read and cleared before the next row's atomics), then the two rows' reductions, fp64
-// refits, minima and codes run side by side, so that their latency chains overlap. Lanes whose
-// row is not an INT2 row quantize zeros into no memory (`int2` false), like QuantizeStore's
-// dummy rows. Same arithmetic as SelectUnbiasedSwar: the same bytes.
-template <int G>
-__device__ void QuantizeStoreUnbiasedPair(float (&y)[2][32], const bool (&int2)[2], int tig,
-                                          uint8_t* const (&codes_row)[2],
-                                          uint8_t* const (&params_row)[2], uint32_t bins) {
-  constexpr int L = G / 32, kOwn = 8 / L;
-  const int sub = tig & (L - 1);
-  float mn[2], mx[2], w[2], k[2], b[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    if (!int2[r]) {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) y[r][i] = 0.f;
-    }
-    mn[r] = y[r][0];
-    mx[r] = y[r][0];
-#pragma unroll
-    for (int i = 1; i < 32; ++i) {
-      mn[r] = fminf(mn[r], y[r][i]);
-      mx[r] = fmaxf(mx[r], y[r][i]);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    mn[r] = fminf(fmaxf(GroupMin<G>(mn[r]), -65504.0f), 65504.0f);
-    mx[r] = fminf(fmaxf(GroupMax<G>(mx[r]), -65504.0f), 65504.0f);
-    w[r] = __fsub_rn(mx[r], mn[r]);
-    k[r] = w[r] > 0.f ? __frcp_rn(w[r]) : 0.f;
-    b[r] = -__fmul_rn(mn[r], k[r]);
-  }
-  const uint32_t base = bins - (kMagic << 7);
-  uint32_t lw[2][8], lo[2][8], hi[2][8], p24[2], tot[2];
-  unsigned long long sq[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    unsigned long long s2[4] = {0ull, 0ull, 0ull, 0ull};
-#pragma unroll
-    for (int q = 0; q < 8; ++q) {
-      uint32_t lc[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float u = __saturatef(__fmaf_rn(y[r][4 * q + e], k[r], b[r]));
-        const uint32_t vb = __float_as_uint(__fmaf_rd(u, 98304.0f, 8388608.0f));
-        const uint32_t lm = __float_as_uint(__fmaf_rd(u, 48.0f, 8388608.0f));
-        lc[e] = min(max(lm, kMagic + 7u), kMagic + 40u);
-        SharedRedAdd(base + (lc[e] << 7), vb);
-        s2[e] += static_cast<unsigned long long>(vb) * vb;
-      }
-      lw[r][q] = PackLevelBytes(lc[0], lc[1], lc[2], lc[3]);
-    }
-    sq[r] = (s2[0] + s2[1]) + (s2[2] + s2[3]);
-    __syncwarp();
-    uint32_t run = 0;
-#pragma unroll
-    for (int bin = kBins - 1; bin >= 0; --bin) {
-      const uint32_t at = bins + ((bin + 7) << 7);
-      run += SharedLoad(at);
-      SharedStoreZero(at);
-      if (bin >= 26) hi[r][33 - bin] = run;
-      if (bin == 17) p24[r] = run;
-      if (bin >= 1 && bin <= 8) lo[r][bin - 1] = run;
-      if (bin == 0) tot[r] = run;
-    }
-  }
-  uint32_t lo_own[2][kOwn], hi_own[2][kOwn];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    p24[r] += __shfl_xor_sync(0xffffffffu, p24[r], 1);
-    tot[r] += __shfl_xor_sync(0xffffffffu, tot[r], 1);
-    sq[r] += __shfl_xor_sync(0xffffffffu, sq[r], 1);
-    if (L == 4) {
-      p24[r] += __shfl_xor_sync(0xffffffffu, p24[r], 2);
-      tot[r] += __shfl_xor_sync(0xffffffffu, tot[r], 2);
-      sq[r] += __shfl_xor_sync(0xffffffffu, sq[r], 2);
-    }
-    uint32_t lo1[4], hi1[4];
-    const bool b0 = tig & 1;
-#pragma unroll
-    for (int pr = 0; pr < 4; ++pr) {
-      const uint32_t sl = b0 ? lo[r][2 * pr] : lo[r][2 * pr + 1], kl = b0 ? lo[r][2 * pr + 1] : lo[r][2 * pr];
-      const uint32_t sh = b0 ? hi[r][2 * pr] : hi[r][2 * pr + 1], kh = b0 ? hi[r][2 * pr + 1] : hi[r][2 * pr];
-      lo1[pr] = kl + __shfl_xor_sync(0xffffffffu, sl, 1);
-      hi1[pr] = kh + __shfl_xor_sync(0xffffffffu, sh, 1);
-    }
-    if constexpr (L == 4) {
-      const bool b1 = tig & 2;
-#pragma unroll
-      for (int pr = 0; pr < 2; ++pr) {
-        const uint32_t sl = b1 ? lo1[2 * pr] : lo1[2 * pr + 1], kl = b1 ? lo1[2 * pr + 1] : lo1[2 * pr];
-        const uint32_t sh = b1 ? hi1[2 * pr] : hi1[2 * pr + 1], kh = b1 ? hi1[2 * pr + 1] : hi1[2 * pr];
-        lo_own[r][pr] = kl + __shfl_xor_sync(0xffffffffu, sl, 2);
-        hi_own[r][pr] = kh + __shfl_xor_sync(0xffffffffu, sh, 2);
-      }
-    } else {
-#pragma unroll
-      for (int pr = 0; pr < kOwn; ++pr) {
-        lo_own[r][pr] = lo1[pr];
-        hi_own[r][pr] = hi1[pr];
-      }
-    }
-  }
-  double best_err[2];
-  int best_i[2];
-  uint32_t best_w[2];
-  constexpr unsigned long long kM = kMagic;
-  const double gd = static_cast<double>(G);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const long long V1 = tot[r] & 0xffffffu;
-    const long long V2 = static_cast<long long>(sq[r] - 2ull * kM * static_cast<unsigned long long>(V1) -
-                                                static_cast<unsigned long long>(G) * kM * kM);
-    const long long num = G * V2 - V1 * V1;
-    const double delta = __ddiv_rn(static_cast<double>(w[r]), 98304.0);
-    const double z1 = __dadd_rn(static_cast<double>(V1), gd / 2.0);
-    const double z2 = __dadd_rn(__dadd_rn(static_cast<double>(V2), static_cast<double>(V1)), gd / 4.0);
-    const long long n2 = DecodeCount(p24[r]), y2 = p24[r] & 0xffffffu;
-#pragma unroll
-    for (int c = 0; c < kOwn; ++c) {
-      const int i = sub + L * c;
-      const long long n1 = DecodeCount(lo_own[r][c]), n3 = DecodeCount(hi_own[r][c]);
-      const long long c1 = n1 + n2 + n3, c2 = n1 + 3 * n2 + 5 * n3;
-      const long long y1 = (lo_own[r][c] & 0xffffffu) + y2 + (hi_own[r][c] & 0xffffffu);
-      DevParams q;
-      const long long det = G * y1 - c1 * V1;
-      if (det > 0 && num > 0) {
-        const double s = __ddiv_rn(static_cast<double>(num), static_cast<double>(det));
-        const double mnum = __dsub_rn(z1, __dmul_rn(s, static_cast<double>(c1)));
-        const double m = __dmul_rn(mnum, 1.0 / G);
-        const double scale = __dmul_rn(s, delta);
-        const double minv = __dadd_rn(static_cast<double>(mn[r]), __dmul_rn(m, delta));
-        const auto sat = [](double t) { return __double2float_rn(fmin(fmax(t, -65504.0), 65504.0)); };
-        q = {__half_as_ushort(__float2half_rn(sat(scale))), __half_as_ushort(__float2half_rn(sat(minv)))};
-      } else {
-        q = CandidateParams(i, mn[r], mx[r], w[r]);
-      }
-      const double pm = __dsub_rn(static_cast<double>(H2F(q.min16)), static_cast<double>(mn[r]));
-      const double qs = H2F(q.scale16), dc1 = static_cast<double>(c1), dc2 = static_cast<double>(c2);
-      const double zy = __dadd_rn(static_cast<double>(y1), dc1 / 2.0);
-      double err = __dmul_rn(__dmul_rn(gd, pm), pm);
-      err = __dadd_rn(err, __dmul_rn(__dmul_rn(__dmul_rn(2.0, pm), qs), dc1));
-      err = __dadd_rn(err, __dmul_rn(__dmul_rn(qs, qs), dc2));
-      err = __dsub_rn(err, __dmul_rn(__dmul_rn(__dmul_rn(2.0, pm), delta), z1));
-      err = __dsub_rn(err, __dmul_rn(__dmul_rn(__dmul_rn(2.0, qs), delta), zy));
-      err = __dadd_rn(err, __dmul_rn(__dmul_rn(delta, delta), z2));
-      if (isnan(err)) err = __longlong_as_double(0x7ff0000000000000ll);  // +inf
-      if (c == 0 || err < best_err[r]) {
-        best_err[r] = err;
-        best_i[r] = i;
-        best_w[r] = PackParams(q);
-      }
-    }
-  }
-#pragma unroll
-  for (int off = 1; off < L; off *= 2) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const double oe = __shfl_xor_sync(0xffffffffu, best_err[r], off);
-      const int oi = __shfl_xor_sync(0xffffffffu, best_i[r], off);
-      const uint32_t ow = __shfl_xor_sync(0xffffffffu, best_w[r], off);
-      if (oe < best_err[r] || (oe == best_err[r] && oi < best_i[r])) {
-        best_err[r] = oe;
-        best_i[r] = oi;
-        best_w[r] = ow;
-      }
-    }
-  }
-  constexpr uint32_t kHi = 0x80808080u;
-  constexpr uint32_t kMulA = (1u << 25) | (1u << 19) | (1u << 13) | (1u << 7), kMulB = kMulA << 1;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const uint32_t k1 = static_cast<uint32_t>(120 - best_i[r]) * 0x01010101u;
-    const uint32_t k2 = 104u * 0x01010101u;
-    const uint32_t k3 = static_cast<uint32_t>(88 + best_i[r]) * 0x01010101u;
-    uint32_t packed[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t byte[4];
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const uint32_t W = lw[r][4 * h + m];
-        const uint32_t s1 = W + k1, s2w = W + k2, s3 = W + k3;
-        const uint32_t bit0 = (s1 ^ s2w ^ s3) & kHi, bit1 = s2w & kHi;
-        byte[m] = __umulhi(bit0, kMulA) + __umulhi(bit1, kMulB);
-      }
-      packed[h] = __byte_perm(__byte_perm(byte[0], byte[1], 0x0040), __byte_perm(byte[2], byte[3], 0x0040), 0x5410);
-    }
-    if (int2[r]) {
-      *reinterpret_cast<uint2*>(codes_row[r] + 8 * tig) = make_uint2(packed[0], packed[1]);
-      if (sub == 0) *reinterpret_cast<uint32_t*>(params_row[r] + 4 * (tig / L)) = best_w[r];
-    }
-  }
-}
-
 // RangeMode::kSearch, mirroring QuantizeRowInt2 bit for bit: the same 8 candidate ranges, the
 // same integer error sums (exact, so any order), the same first-smallest choice. Returns the
 // chosen parameters and the lane's codes.
@@ -991,15 +793,14 @@ __host__ __device__ constexpr int BinBytes(bool select, int warps, bool round1) 
 // are capped at 168 registers (3 CTAs per SM), measured faster than 2 CTAs of 255. kStaged:
 // staged loads (above); false is the round-1 kernel (direct loads, a register prefetch of the
 // next tile in the min-max kernels, none in the selecting ones), kept for side-by-side benches.
-// kWarpsX > 0 (LoadPath::kDirect8): CTAs of kWarpsX warps, 2 per SM.
+// kAhead (direct round-3 selecting kernels): the next tile's rows are loaded one tile ahead
+// (between this tile's two rows) instead of when the tile is reached; see the loop below.
 template <int G, bool kSelect, bool kRotate, bool kStaged, bool kRound1 = false, bool kRound2 = false,
-          int kWarpsX = 0, bool kPaired = false>
-__global__ void __launch_bounds__(32 * (kWarpsX > 0 ? kWarpsX : WarpsOf(kSelect, kRotate, kRound1)),
-                                  kWarpsX > 0 ? 2
-                                  : kSelect ? (kRotate && !kRound1 ? 2 : 3)
-                                            : (kStaged && !kRotate ? 4 : 2))
+          bool kAhead = false>
+__global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1),
+                                  kSelect ? (kRotate && !kRound1 ? 2 : 3) : (kStaged && !kRotate ? 4 : 2))
     QuantizeWriteKernel(const QuantizeWriteParams p, int per_cta) {
-  constexpr int kWarps = kWarpsX > 0 ? kWarpsX : WarpsOf(kSelect, kRotate, kRound1), kThreads = 32 * kWarps;
+  constexpr int kWarps = WarpsOf(kSelect, kRotate, kRound1), kThreads = 32 * kWarps;
   constexpr int kTileTokens = 16 * kWarps;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
@@ -1045,10 +846,36 @@ __global__ void __launch_bounds__(32 * (kWarpsX > 0 ? kWarpsX : WarpsOf(kSelect,
   const int codes_bytes = static_cast<int>(g2.codes_bytes());
   const int tiles = (p.num_tokens + kTileTokens - 1) / kTileTokens;
 
+  // Destinations of the lane's two rows of a tile (page-table entry and slot).
+  struct TileDst {
+    int pid[2], slot[2];
+  };
+  auto load_dst = [&](int tile, TileDst& d) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int tk = tile * kTileTokens + warp * 16 + gid + 8 * r;
+      const bool valid = tile < tiles && tk < p.num_tokens;
+      d.pid[r] = valid ? p.dst_page[tk] : 0;
+      d.slot[r] = valid ? p.dst_slot[tk] : 0;
+    }
+  };
   // Rotates (or converts) the lane's rows of one tile and writes them to their page slots.
-  auto body = [&](int tile, const uint32_t (&xw)[2][16]) {
+  // `dst`: the rows' destinations, loaded ahead (then the page kinds and pointers are loaded
+  // before the rotation, which hides their latency), or nullptr to load them per row after it.
+  // `mid` runs between the two rows (the prefetching loop loads the next tile there).
+  auto body = [&](int tile, const uint32_t (&xw)[2][16], const TileDst* dst, auto&& mid) {
     const int t0 = tile * kTileTokens + warp * 16;
     int tok[2] = {t0 + gid, t0 + gid + 8};
+    uint8_t kind_pre[2] = {0, 0};
+    uint8_t* page_pre[2] = {nullptr, nullptr};
+    if (dst != nullptr) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const bool valid = tok[r] < p.num_tokens;
+        kind_pre[r] = valid ? p.page_kinds[dst->pid[r]] : 0;
+        page_pre[r] = valid ? p.page_ptrs[dst->pid[r]] : nullptr;
+      }
+    }
     float y[2][32];
     if constexpr (rotate) {
       uint32_t a[2][16];  // fp16x2 of the same words
@@ -1104,56 +931,16 @@ __global__ void __launch_bounds__(32 * (kWarpsX > 0 ? kWarpsX : WarpsOf(kSelect,
           y[r][2 * q + 1] = f.y;
         }
     }
-    if constexpr (kPaired && kSelect) {
-      if (mode == RangeMode::kUnbiased) {
-        bool int2[2];
-        uint8_t* codes_row[2];
-        uint8_t* params_row[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const bool valid = tok[r] < p.num_tokens;
-          const int tc = valid ? tok[r] : 0;
-          const int pid = valid ? p.dst_page[tc] : 0;
-          const int slot = valid ? p.dst_slot[tc] : 0;
-          int2[r] = valid && p.page_kinds[pid] == static_cast<uint8_t>(PageKind::kInt2);
-          uint8_t* page = valid ? p.page_ptrs[pid] : nullptr;
-          if (valid && !int2[r]) {
-            uint32_t packed[16];
-#pragma unroll
-            for (int q = 0; q < 16; ++q) {
-              const __nv_bfloat162 b = __floats2bfloat162_rn(y[r][2 * q], y[r][2 * q + 1]);
-              packed[q] = *reinterpret_cast<const uint32_t*>(&b);
-            }
-            uint4* dst = reinterpret_cast<uint4*>(page + segb + size_t(slot) * 256 + 64 * tig);
-#pragma unroll
-            for (int q = 0; q < 4; ++q)
-              dst[q] = make_uint4(packed[4 * q], packed[4 * q + 1], packed[4 * q + 2], packed[4 * q + 3]);
-          }
-          if (clip < 1.0f && __any_sync(0xffffffffu, int2[r])) {
-            const float t = QuadAbsQuantile(y[r], qpos);
-#pragma unroll
-            for (int i = 0; i < 32; ++i) {
-              const float v = y[r][i];
-              y[r][i] = v < -t ? -t : (t < v ? t : v);
-            }
-          }
-          codes_row[r] = int2[r] ? page + seg2 + size_t(slot) * 32 : nullptr;
-          params_row[r] = int2[r] ? page + seg2 + codes_bytes + size_t(slot) * (128 / G) * 4 : nullptr;
-        }
-        if (__any_sync(0xffffffffu, int2[0] || int2[1])) {
-          QuantizeStoreUnbiasedPair<G>(y, int2, tig, codes_row, params_row, bins);
-        }
-        return;
-      }
-    }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
+      if (r == 1) mid();
       const bool valid = tok[r] < p.num_tokens;
       const int tc = valid ? tok[r] : 0;
-      const int pid = valid ? p.dst_page[tc] : 0;
-      const int slot = valid ? p.dst_slot[tc] : 0;
-      const bool int2 = valid && p.page_kinds[pid] == static_cast<uint8_t>(PageKind::kInt2);
-      uint8_t* page = valid ? p.page_ptrs[pid] : nullptr;
+      const int pid = dst != nullptr ? dst->pid[r] : valid ? p.dst_page[tc] : 0;
+      const int slot = dst != nullptr ? dst->slot[r] : valid ? p.dst_slot[tc] : 0;
+      const bool int2 = valid && (dst != nullptr ? kind_pre[r] : p.page_kinds[pid]) ==
+                                     static_cast<uint8_t>(PageKind::kInt2);
+      uint8_t* page = dst != nullptr ? page_pre[r] : valid ? p.page_ptrs[pid] : nullptr;
       if (valid && !int2) {
         uint32_t packed[16];
 #pragma unroll
@@ -1236,7 +1023,7 @@ __global__ void __launch_bounds__(32 * (kWarpsX > 0 ? kWarpsX : WarpsOf(kSelect,
       __syncwarp();  // every lane has read the stage before it is refilled
       issue(k + S - 1, stage == 0 ? S - 1 : stage - 1);
       stage = stage == S - 1 ? 0 : stage + 1;
-      body(tile_begin + k, xw);
+      body(tile_begin + k, xw, nullptr, [] {});
     }
     CpAsyncWait<0>();
   } else {
@@ -1262,6 +1049,44 @@ __global__ void __launch_bounds__(32 * (kWarpsX > 0 ? kWarpsX : WarpsOf(kSelect,
         }
       }
     };
+    if constexpr (kSelect && !kRound1 && !kRound2) {
+      // Round 3: the next tile's destinations are loaded between this tile's two rows, its page
+      // kinds and pointers before the rotation (the ncu profile of round 2's loop had ~11% of
+      // its stall samples on those two dependent loads, issued per row after the rotation).
+      // kAhead also loads the next tile's rows there (the first row's registers are free by
+      // then); without it each tile's rows are loaded when it is reached. Measured on an H200
+      // (default write / flush): ahead 234.6 / 119.3 us, at the tile 222.9 / 123.0 us -- with
+      // the rotation the 32 extra live registers spill (168-register cap) -- so kAuto loads
+      // ahead only in the unrotated kernels.
+      TileDst d;
+      load_dst(blockIdx.x, d);
+      if constexpr (!kAhead) {
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+          TileDst dn;
+          uint32_t xs[2][16];
+          load(tile, xs);
+          body(tile, xs, &d, [&] { load_dst(tile + gridDim.x, dn); });
+          d = dn;
+        }
+      } else {
+        uint32_t xs[2][16];
+        load(blockIdx.x, xs);
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+          TileDst dn;
+          uint32_t xn[2][16];
+          body(tile, xs, &d, [&] {
+            load(tile + gridDim.x, xn);
+            load_dst(tile + gridDim.x, dn);
+          });
+          d = dn;
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int q = 0; q < 16; ++q) xs[r][q] = xn[r][q];
+        }
+      }
+      return;
+    }
     uint32_t xw[2][16];
     load(blockIdx.x, xw);
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -1274,7 +1099,7 @@ __global__ void __launch_bounds__(32 * (kWarpsX > 0 ? kWarpsX : WarpsOf(kSelect,
       } else {
         load(tile + gridDim.x, xn);
       }
-      body(tile, xw);
+      body(tile, xw, nullptr, [] {});
 #pragma unroll
       for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -1350,8 +1175,8 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   const bool staged = p.load_path == LoadPath::kStaged || (p.load_path == LoadPath::kAuto && !select);
   const bool round1 = p.load_path == LoadPath::kRound1 && select;  // min-max kernels: unchanged
   const bool round2 = p.load_path == LoadPath::kRound2 && select;
-  const bool wide8 = p.load_path == LoadPath::kDirect8 && select;
-  const bool paired = p.load_path == LoadPath::kPaired && select;
+  // Round 3's selecting kernels: load one tile ahead unrotated, at the tile rotated (kAuto).
+  const bool ahead = p.load_path == LoadPath::kLoadAhead || (p.load_path != LoadPath::kLoadAtTile && !rot);
   const int frag_bytes = !rot ? 0 : p.precise_rotation ? kFragSmem : kFragSmem / 2;
   // Shared memory: fragments, bins (selecting kernels), then the staged kernels' load rings.
   const int stages = !staged ? 0 : rot ? kStagesOf<true, true> : kStagesOf<true, false>;
@@ -1412,10 +1237,8 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
         st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, true>, WarpsOf(kSel, kRot, true));
       } else if (round2) {
         st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, true>, WarpsOf(kSel, kRot, false));
-      } else if (wide8) {
-        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, false, 8>, 8);
-      } else if (paired) {
-        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, false, 0, true>, WarpsOf(kSel, kRot, false));
+      } else if (ahead) {
+        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, false, true>, WarpsOf(kSel, kRot, false));
       } else {
         st = launch(QuantizeWriteKernel<kG, kSel, kRot, false>, WarpsOf(kSel, kRot, false));
       }

@@ -78,13 +78,12 @@ struct QuantizeWriteParams {
   // the min-max / bf16 kernels (measured faster), direct for the selecting kernels (compute-
   // bound: staged measured 1.5-3% slower, and with R hi+lo the ring costs CTAs per SM). kRound1
   // is round 1's kernel as it was (direct loads; selecting kernels with 4-warp CTAs, 19 band
-  // bins, 4 tiles per CTA), kRound2 round 2's unbiased selection (direct loads, positions kept
-  // per element, three compares per code; kDirect/kAuto now run round 3's, see
-  // quantize_write.cu), both kept for side-by-side benches. kDirect8: direct loads, selecting
-  // kernels in 8-warp CTAs (2 per SM, 128 registers) instead of 6 (rotated) or 4 (unrotated).
-  // kPaired: direct loads, the unbiased selection of a lane's two rows side by side. All
-  // write the same bytes.
-  enum class LoadPath : uint8_t { kAuto, kStaged, kDirect, kRound1, kRound2, kDirect8, kPaired };
+  // bins, 4 tiles per CTA), kRound2 round 2's selecting kernel as it was (direct loads, positions
+  // kept per element, three compares per code), both kept for side-by-side benches. The direct
+  // selecting kernels (kAuto, kDirect) run round 3's selection (quantize_write.cu) and load each
+  // tile's rows one tile ahead when unrotated, when the tile is reached when rotated (measured
+  // faster each way); kLoadAhead / kLoadAtTile force either. All write the same bytes.
+  enum class LoadPath : uint8_t { kAuto, kStaged, kDirect, kRound1, kRound2, kLoadAhead, kLoadAtTile };
   LoadPath load_path = LoadPath::kAuto;
   // Range selection of INT2 groups (see the top of this file): per (layer, K|V, head) modes
   // [layer_count][2][num_kv_heads] as RangeMode bytes (RotationSet::range_mode order, like
