@@ -329,7 +329,9 @@ __device__ __forceinline__ DevParams UnpackParams(uint32_t w) {
   return {static_cast<uint16_t>(w & 0xffffu), static_cast<uint16_t>(w >> 16)};
 }
 
-// RangeMode::kUnbiased ("unbiased v2", docs/FORMAT.md §1.3.1), bit for bit with QuantizeRowInt2.
+// RangeMode::kUnbiased ("unbiased v2", docs/FORMAT.md §1.3.1), bit for bit with QuantizeRowInt2,
+// as rounds 1 and 2 computed it (kept for LoadPath::kRound1 / kRound2; the other paths run
+// SelectUnbiasedSwar below, the same sums with fewer instructions per element).
 // The group's G/32 lanes each hold one 32-channel chunk. Per element: one level position
 // v = floor(98304·sat(fma(x, 1/w, −mn/w))) (an FFMA.SAT and an FFMA rounding down onto 2^23,
 // whose bits hold v), one shared-memory atomic add of (1 << 24) + v into the lane's private bin
@@ -515,7 +517,7 @@ __device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx,
 // Round 3's unbiased selection (the default): the same sums and the same fp64 refit as
 // SelectUnbiased, with fewer instructions per element --
 //   * the level comes from its own FFMA rounding down onto 2^23 (floor(48u) = floor(v / 2048)
-//     exactly, checked for every float u in [0, 1]), so the bin address is one LEA of the
+//     exactly, checked for every float u in [0, 1]), so the bin address is one IMAD of the
 //     clamped level (magic bits included, folded into the base);
 //   * the bins accumulate the positions' bits vb = 2^23's bits + v as they are: a bin holds
 //     n·0x4B000000 + Σv (mod 2^32) and, as 0x4B is odd, n = 99·(x >> 24) mod 256 (99 = 0x4B^-1
@@ -793,10 +795,11 @@ __host__ __device__ constexpr int BinBytes(bool select, int warps, bool round1) 
 // are capped at 168 registers (3 CTAs per SM), measured faster than 2 CTAs of 255. kStaged:
 // staged loads (above); false is the round-1 kernel (direct loads, a register prefetch of the
 // next tile in the min-max kernels, none in the selecting ones), kept for side-by-side benches.
-// kAhead (direct round-3 selecting kernels): the next tile's rows are loaded one tile ahead
-// (between this tile's two rows) instead of when the tile is reached; see the loop below.
+// kAhead (direct round-3 selecting kernels): 1 loads the next tile's rows one tile ahead
+// (between this tile's two rows), 2 prefetches them into L1 there, 0 neither: each tile's rows
+// are loaded when it is reached; see the loop below.
 template <int G, bool kSelect, bool kRotate, bool kStaged, bool kRound1 = false, bool kRound2 = false,
-          bool kAhead = false>
+          int kAhead = 0>
 __global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1),
                                   kSelect ? (kRotate && !kRound1 ? 2 : 3) : (kStaged && !kRotate ? 4 : 2))
     QuantizeWriteKernel(const QuantizeWriteParams p, int per_cta) {
@@ -1053,19 +1056,33 @@ __global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1),
       // Round 3: the next tile's destinations are loaded between this tile's two rows, its page
       // kinds and pointers before the rotation (the ncu profile of round 2's loop had ~11% of
       // its stall samples on those two dependent loads, issued per row after the rotation).
-      // kAhead also loads the next tile's rows there (the first row's registers are free by
-      // then); without it each tile's rows are loaded when it is reached. Measured on an H200
-      // (default write / flush): ahead 234.6 / 119.3 us, at the tile 222.9 / 123.0 us -- with
-      // the rotation the 32 extra live registers spill (168-register cap) -- so kAuto loads
-      // ahead only in the unrotated kernels.
+      // kAhead == 1 also loads the next tile's rows there (the first row's registers are free
+      // by then), kAhead == 2 prefetches them into L1 there (no registers), kAhead == 0 loads
+      // each tile's rows when it is reached. Measured on an H200 (default write / flush, us):
+      // 1: 234.6-237.1 / 119.3-120.2, 2: 220.7-222.7 / -, 0: 222.5-225.9 / 123.0-124.4 -- with
+      // the rotation the 32 extra live registers of 1 spill (168-register cap), and a load
+      // pinned (volatile asm) after the second row's positions measured 239.5 -- so kAuto
+      // takes 2 rotated, 1 unrotated.
       TileDst d;
       load_dst(blockIdx.x, d);
-      if constexpr (!kAhead) {
+      if constexpr (kAhead != 1) {
         for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
           TileDst dn;
           uint32_t xs[2][16];
           load(tile, xs);
-          body(tile, xs, &d, [&] { load_dst(tile + gridDim.x, dn); });
+          body(tile, xs, &d, [&] {
+            load_dst(tile + gridDim.x, dn);
+            if constexpr (kAhead == 2) {  // the lane's own 2 x 64 bytes of the next tile
+              const int tn = tile + gridDim.x;
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const int tk = tn * kTileTokens + warp * 16 + gid + 8 * r;
+                if (tn < tiles && tk < p.num_tokens) {
+                  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(base + int64_t(tk) * p.src_token_stride + 32 * tig));
+                }
+              }
+            }
+          });
           d = dn;
         }
       } else {
@@ -1175,8 +1192,13 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   const bool staged = p.load_path == LoadPath::kStaged || (p.load_path == LoadPath::kAuto && !select);
   const bool round1 = p.load_path == LoadPath::kRound1 && select;  // min-max kernels: unchanged
   const bool round2 = p.load_path == LoadPath::kRound2 && select;
-  // Round 3's selecting kernels: load one tile ahead unrotated, at the tile rotated (kAuto).
-  const bool ahead = p.load_path == LoadPath::kLoadAhead || (p.load_path != LoadPath::kLoadAtTile && !rot);
+  // Round 3's selecting kernels (kAhead above): kAuto / kDirect take the rows one tile ahead
+  // unrotated, an L1 prefetch one tile ahead rotated.
+  const int ahead = p.load_path == LoadPath::kLoadAhead    ? 1
+                    : p.load_path == LoadPath::kLoadAtTile ? 0
+                    : p.load_path == LoadPath::kPrefetchL1 ? 2
+                    : rot                                  ? 2
+                                                           : 1;
   const int frag_bytes = !rot ? 0 : p.precise_rotation ? kFragSmem : kFragSmem / 2;
   // Shared memory: fragments, bins (selecting kernels), then the staged kernels' load rings.
   const int stages = !staged ? 0 : rot ? kStagesOf<true, true> : kStagesOf<true, false>;
@@ -1237,8 +1259,10 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
         st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, true>, WarpsOf(kSel, kRot, true));
       } else if (round2) {
         st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, true>, WarpsOf(kSel, kRot, false));
-      } else if (ahead) {
-        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, false, true>, WarpsOf(kSel, kRot, false));
+      } else if (ahead == 1) {
+        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, false, 1>, WarpsOf(kSel, kRot, false));
+      } else if (ahead == 2) {
+        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, false, 2>, WarpsOf(kSel, kRot, false));
       } else {
         st = launch(QuantizeWriteKernel<kG, kSel, kRot, false>, WarpsOf(kSel, kRot, false));
       }

@@ -9,9 +9,8 @@
 //     reference, and fp16 parameters within 4 ulps;
 //   * the flush of a BF16 page into an INT2 page, reading the page's own segments;
 //   * every case runs every load path (LoadPath::kRound1, the round-1 kernel, checked against the
-//     reference as above; kDirect, kStaged, kAuto, kRound2, kLoadAhead and kLoadAtTile): their written
-//     rows must equal the round-1 kernel's byte for byte, into pages poisoned first (so every row
-//     is written).
+//     reference as above; every other LoadPath): their written rows must equal the round-1
+//     kernel's byte for byte, into pages poisoned first (so every row is written).
 #include <cmath>
 #include <cstdlib>
 #include <algorithm>
@@ -216,7 +215,8 @@ void RunWrite(const WriteCase& c) {
   std::vector<std::vector<uint8_t>> round1(n_pages);
   using LoadPath = QuantizeWriteParams::LoadPath;
   for (LoadPath path : {LoadPath::kRound1, LoadPath::kDirect, LoadPath::kStaged, LoadPath::kAuto,
-                        LoadPath::kRound2, LoadPath::kLoadAhead, LoadPath::kLoadAtTile}) {
+                        LoadPath::kRound2, LoadPath::kLoadAhead, LoadPath::kLoadAtTile,
+                        LoadPath::kPrefetchL1}) {
   const bool staged = path != LoadPath::kRound1;  // compared with the round-1 kernel's bytes
   SCOPED_TRACE("load path " + std::to_string(static_cast<int>(path)));
   for (uint32_t i = 0; i < n_pages; ++i) {

@@ -80,10 +80,11 @@ struct QuantizeWriteParams {
   // is round 1's kernel as it was (direct loads; selecting kernels with 4-warp CTAs, 19 band
   // bins, 4 tiles per CTA), kRound2 round 2's selecting kernel as it was (direct loads, positions
   // kept per element, three compares per code), both kept for side-by-side benches. The direct
-  // selecting kernels (kAuto, kDirect) run round 3's selection (quantize_write.cu) and load each
-  // tile's rows one tile ahead when unrotated, when the tile is reached when rotated (measured
-  // faster each way); kLoadAhead / kLoadAtTile force either. All write the same bytes.
-  enum class LoadPath : uint8_t { kAuto, kStaged, kDirect, kRound1, kRound2, kLoadAhead, kLoadAtTile };
+  // selecting kernels (kAuto, kDirect) run round 3's selection (quantize_write.cu) and load the
+  // next tile's rows one tile ahead into registers when unrotated, prefetch them into L1 one tile
+  // ahead when rotated (measured faster each way); kLoadAhead / kPrefetchL1 force either,
+  // kLoadAtTile does neither (each tile loaded when reached). All write the same bytes.
+  enum class LoadPath : uint8_t { kAuto, kStaged, kDirect, kRound1, kRound2, kLoadAhead, kLoadAtTile, kPrefetchL1 };
   LoadPath load_path = LoadPath::kAuto;
   // Range selection of INT2 groups (see the top of this file): per (layer, K|V, head) modes
   // [layer_count][2][num_kv_heads] as RangeMode bytes (RotationSet::range_mode order, like
