@@ -223,7 +223,9 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
                                   bool precise_query = true,
                                   std::vector<float>* out_host = nullptr,
                                   bool merge_kernel = false, int rotation = 0,
-                                  bool linear_w_rows = false) {
+                                  bool linear_w_rows = false, uint32_t debug_flags = 0,
+                                  std::FILE* timeline = nullptr, const std::string& timeline_label = "",
+                                  const std::string& options = "") {
   auto q = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
   auto out = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
   auto lse = DeviceBuffer::Create(size_t(B) * kQHeads * 4);
@@ -245,6 +247,10 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     // rotation 1: every CTA rotates its queries; 2: the rotation kernel; 0: PagedDecoder's choice.
     if (rotation != 0) p.rotate_in_cta = rotation == 1;
     p.linear_w_rows = linear_w_rows;
+    p.debug_flags = debug_flags;
+    // --ab option sets.
+    if (options.find("shared_rotation") != std::string::npos) p.share_rotation = true;
+    if (options.find("early_copies") != std::string::npos) p.copies_after_queries = false;
     p.out = out->as<float>();
     p.lse = lse->as<float>();
     params.push_back(p);
@@ -252,6 +258,27 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
   int c = 0;
   auto us = TimeMedianUs([&] { return cuda::LaunchDecodeAttention(params[c++ % params.size()], nullptr); },
                          o.samples);
+  if (us.ok() && timeline != nullptr) {
+    // One launch with timestamps, between untimed back-to-back launches (as in the timing).
+    const int ctas = pb.decoder->plan().num_int2_items;
+    auto tl = DeviceBuffer::Create(size_t(std::max(ctas, 1)) * cuda::kDecodeTimelineWords * 8);
+    if (!tl.ok()) return tl.status();
+    BENCH_RETURN_IF_ERROR(CudaOk(cudaMemset(tl->get(), 0, tl->bytes()), "timeline"));
+    for (int i = 0; i < 24; ++i) {
+      cuda::DecodeParams p = params[c++ % params.size()];
+      if (i == 20) p.debug_timeline = tl->as<uint64_t>();
+      BENCH_RETURN_IF_ERROR(cuda::LaunchDecodeAttention(p, nullptr));
+    }
+    BENCH_RETURN_IF_ERROR(CudaOk(cudaDeviceSynchronize(), "timeline run"));
+    auto h = tl->ToHost<uint64_t>();
+    if (!h.ok()) return h.status();
+    for (int cta = 0; cta < ctas; ++cta) {
+      std::fprintf(timeline, "%s,%d,%.2f,%d", timeline_label.c_str(), B, *us, cta);
+      for (int w = 0; w < cuda::kDecodeTimelineWords; ++w)
+        std::fprintf(timeline, ",%llu", static_cast<unsigned long long>((*h)[size_t(cta) * cuda::kDecodeTimelineWords + w]));
+      std::fprintf(timeline, "\n");
+    }
+  }
   if (!us.ok() || out_host == nullptr) return us;
   // One more launch on poisoned output, for the caller's cross-check of variants.
   BENCH_RETURN_IF_ERROR(CudaOk(cudaMemset(out->get(), 0xff, out->bytes()), "poison"));
@@ -400,6 +427,14 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
   BENCH_RETURN_IF_ERROR(cuda::PrepareRotationFragments(mats->as<float>(), 2 * kKvHeads, frags->get(), nullptr));
   const float* rot_k = mats->as<float>();  // layer 0, K matrices are the first 8
 
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> timeline(nullptr, &std::fclose);
+  if (!o.timeline_csv.empty()) {
+    timeline.reset(std::fopen(o.timeline_csv.c_str(), "w"));
+    if (timeline == nullptr) return absl::InvalidArgumentError("cannot write --timeline file");
+    std::fprintf(timeline.get(), "config,batch,us,cta");
+    for (int w = 0; w < cuda::kDecodeTimelineWords; ++w) std::fprintf(timeline.get(), ",w%d", w);
+    std::fprintf(timeline.get(), "\n");
+  }
   for (DecodeRow& d : r.decode) {
     for (bool all_bf16 : {true, false}) {
       if (all_bf16 && !o.bf16_pages) continue;
@@ -421,6 +456,10 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
           bool merge_kernel = false;
           int rotation = 0;  // TimeDecode's
           bool linear_w_rows = false;
+          uint32_t debug_flags = 0;
+          bool no_rotation = false;        // diagnostics: rot_k = nullptr
+          const char* timeline = nullptr;  // diagnostics: label of a timeline record
+          std::string options;             // a --ab option set: never the reported figure
         };
         std::vector<Config> configs;
         if (o.all_variants) {
@@ -436,6 +475,15 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
           configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, true, 1});
           // packed_int8 with the W exchange rows of session 8 and before (DecodeParams::linear_w_rows).
           configs.push_back({cuda::DecodeVariant::kPackedInt8, o.precise_query, false, 0, true});
+          const cuda::DecodeVariant dv = cuda::DecodeParams{}.variant;
+          for (const std::string& ab : o.ab_configs)
+            configs.push_back({dv, o.precise_query, false, 0, false, 0, false, nullptr, ab});
+          if (o.diagnostics) {
+            configs.push_back({dv, o.precise_query, false, 0, false, 0, false, "default"});
+            configs.push_back({dv, o.precise_query, false, 2, false, 0, false, "rotation_kernel"});
+            configs.push_back({dv, o.precise_query, false, 0, false, cuda::kDecodeDebugNoMerge, false, "no_merge"});
+            configs.push_back({dv, o.precise_query, false, 0, false, 0, true, "no_rotation"});
+          }
         } else {
           configs.push_back({cuda::DecodeVariant::kBaseline, o.precise_query});
         }
@@ -451,8 +499,14 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         for (int round = 0; round < std::max(o.rounds, 1); ++round) {
           for (size_t ci = 0; ci < configs.size(); ++ci) {
             const Config& cfg = configs[ci];
-            auto t = TimeDecode(o, pb, d.batch, rot_k, cfg.v, cfg.precise, round == 0 ? &outs[ci] : nullptr,
-                                cfg.merge_kernel, cfg.rotation, cfg.linear_w_rows);
+            // Timeline records (diagnostics) in the first round only.
+            const std::string label = cfg.timeline != nullptr && round == 0
+                                          ? absl::StrCat(cfg.timeline, "/", d.batch, "x", d.length)
+                                          : "";
+            auto t = TimeDecode(o, pb, d.batch, cfg.no_rotation ? nullptr : rot_k, cfg.v, cfg.precise,
+                                round == 0 ? &outs[ci] : nullptr, cfg.merge_kernel, cfg.rotation,
+                                cfg.linear_w_rows, cfg.debug_flags,
+                                label.empty() ? nullptr : timeline.get(), label, cfg.options);
             if (!t.ok()) return t.status();
             round_us[ci].push_back(*t);
           }
@@ -467,7 +521,11 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
                     (cfg.merge_kernel ? "+merge_kernel" : "") + (cfg.rotation == 1   ? "+cta_rotation"
                      : cfg.rotation == 2 ? "+rotation_kernel"
                                          : "") +
-                    (cfg.linear_w_rows ? "+linear_w_rows" : "");
+                    (cfg.linear_w_rows ? "+linear_w_rows" : "") +
+                    (cfg.debug_flags & cuda::kDecodeDebugNoMerge ? "+DIAG_no_merge" : "") +
+                    (cfg.no_rotation ? "+DIAG_no_rotation" : "") +
+                    (cfg.timeline != nullptr ? "+timeline" : "") +
+                    (cfg.options.empty() ? "" : "+" + cfg.options);
           vt.approximate = !cfg.precise && o.precise_query;
           vt.us = rs.size() % 2 ? rs[rs.size() / 2] : 0.5 * (rs[rs.size() / 2 - 1] + rs[rs.size() / 2]);
           vt.round_us = round_us[ci];
@@ -500,7 +558,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
           }
           std::fprintf(stderr, "[bench]   INT2 %-40s %9.1f us  max diff vs CPU (seq 0) %.2e, vs baseline %.2e%s%s\n",
                        vt.name.c_str(), vt.us, ref_rel, max_rel, vt.check_ok ? "" : "  MISMATCH", rounds.c_str());
-          if (vt.check_ok && !vt.approximate && (d.int2_us == 0 || vt.us < d.int2_us)) {
+          if (vt.check_ok && !vt.approximate && cfg.timeline == nullptr && cfg.options.empty() &&
+              (d.int2_us == 0 || vt.us < d.int2_us)) {
             d.int2_us = vt.us;
             d.int2_best = vt.name;
             best_v = cfg.v;
@@ -548,7 +607,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         pb.decoder = std::make_unique<cuda::PagedDecoder>(*std::move(dec));
         // The reported (fastest default-tolerance) variant, re-planned.
         auto t = TimeDecode(o, pb, d.batch, rot_k, best_v, o.precise_query, nullptr, best_merge_kernel,
-                            best_rotation);
+                            best_rotation, false, 0, timeline.get(),
+                            absl::StrCat("target", target, "/", d.batch, "x", d.length));
         if (!t.ok()) return t.status();
         d.int2_by_target.push_back({o.target_ctas[ti], *t});
         if (target < 0) {

@@ -35,6 +35,16 @@ struct KernelBenchOptions {
   // each reports the median of its rounds, so drift during the call hits every configuration
   // alike.
   int rounds = 1;
+  // Diagnostics: also time the default INT2 launch without its fused merge and without the
+  // query rotation (outputs differ: never reported), and write per-CTA phase timestamps of
+  // the default launch (and of the rotation kernel launch and every other plan target) to
+  // `timeline_csv` (cuda::DecodeParams::debug_timeline).
+  bool diagnostics = false;
+  std::string timeline_csv;
+  // The default INT2 launch also with each of these '+'-joined option sets ("shared_rotation":
+  // DecodeParams::share_rotation on, "early_copies": copies_after_queries off), timed in the
+  // rounds like every configuration, never reported as the INT2 figure.
+  std::vector<std::string> ab_configs;
 };
 
 // One INT2 kernel configuration measured on the same pages.

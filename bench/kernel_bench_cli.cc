@@ -26,10 +26,17 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("rounds", "1",
               "time the INT2 configurations this many times in turn (A B .. A B ..) and report "
               "each one's median over its rounds")
+      .Option("timeline", "",
+              "diagnostics: time the INT2 launch without merge / rotation too, and write per-CTA "
+              "phase timestamps to this CSV")
+      .Option("ab", "",
+              "comma list of INT2 launch option sets (shared_rotation, early_copies, joined by +) "
+              "timed beside the default launch (use --rounds to alternate)")
       .Option("csv", "", "write the CSV here")
       .Option("plot", "", "write an SVG plot here")
       .Flag("fast-query", "single fp16 query part for INT2 scores (default: hi+lo)")
       .Flag("json", "print the JSON summary after the table")
+
       .Flag("baseline-only", "measure only the baseline INT2 decode variant")
       .Flag("int2-only", "decode on OSCAR INT2 pages only (no BF16 pages, no quantize bench)");
   if (absl::Status s = args.Parse(argc, argv); !s.ok()) {
@@ -90,6 +97,17 @@ int KernelBenchMain(int argc, char** argv) {
       return 2;
     }
   }
+  for (absl::string_view t : absl::StrSplit(args.str("ab"), ',', absl::SkipEmpty())) {
+    for (absl::string_view f : absl::StrSplit(t, '+')) {
+      if (f != "shared_rotation" && f != "early_copies") {
+        std::fprintf(stderr, "bad --ab entry '%s'\n", std::string(t).c_str());
+        return 2;
+      }
+    }
+    o.ab_configs.emplace_back(t);
+  }
+  o.timeline_csv = args.str("timeline");
+  o.diagnostics = !o.timeline_csv.empty();
   if (args.flag("int2-only")) {
     o.bf16_pages = o.quantize = false;
     o.extend_new = 0;

@@ -107,6 +107,11 @@ __global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
   }
   const float o = L > 0.f ? O / L : 0.f;
   if (t == 0 && p.lse != nullptr) p.lse[sq] = L > 0.f ? (mx + log2f(L)) * kLn2 : -INFINITY;
+  if (t == 0 && j == 0) {  // re-arm share_rotation's ticket of the pair (the decode grids are done)
+    int* tk = RotationTicket(p, seq * p.shape.num_kv_heads + h);
+    tk[0] = 0;
+    tk[1] = 0;
+  }
   if (!p.unrotate_output || p.rot_v == nullptr) {
     p.out[size_t(sq) * 128 + t] = o;
     return;
@@ -187,7 +192,9 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
     // previous kernel on the stream is another launch's (with the fused merge, its decode
     // kernel, whose CTAs may still be merging in the same workspace).
     cfg.numAttrs = n2 > 0 ? 1 : 0;
-    if (absl::Status st = CudaStatus(cudaLaunchKernelEx(&cfg, DecodeBf16Kernel, p), "bf16 decode launch");
+    DecodeParams pb = p;
+    pb.debug_timeline = nullptr;  // the timeline records the INT2 kernel's CTAs only
+    if (absl::Status st = CudaStatus(cudaLaunchKernelEx(&cfg, DecodeBf16Kernel, pb), "bf16 decode launch");
         !st.ok()) {
       return st;
     }

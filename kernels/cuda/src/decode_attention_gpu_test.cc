@@ -106,6 +106,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     bool merge_kernel;
     int rotation = 0;  // 1: in every CTA, 2: the rotation kernel, 0: PagedDecoder's choice
     bool linear_w_rows = false;
+    bool shared_rotation = false;  // DecodeParams::share_rotation on
+    bool early_copies = false;     // DecodeParams::copies_after_queries off
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
@@ -117,6 +119,11 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     for (bool mk : {false, true}) runs.push_back({DecodeParams{}.variant, 7, mk, rot});
   // The fp16 value product's W exchange in the old row order (DecodeParams::linear_w_rows).
   for (int target : {0, 7}) runs.push_back({DecodeVariant::kPackedInt8, target, false, 0, true});
+  // And with the rotation shared by the CTAs of each pair, with either merge and either copy
+  // order, and the first copies issued before the queries.
+  for (bool mk : {false, true}) runs.push_back({DecodeParams{}.variant, 7, mk, 1, false, true});
+  for (bool shared : {false, true}) runs.push_back({DecodeParams{}.variant, 7, false, 1, false, shared, true});
+  runs.push_back({DecodeParams{}.variant, 0, false, 1, false, true});
   if (long_items) {
     runs.clear();
     for (int vi = 0; vi < kNumDecodeVariants; ++vi) runs.push_back({static_cast<DecodeVariant>(vi), 4, false});
@@ -130,12 +137,15 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     SCOPED_TRACE(std::string("variant ") + DecodeVariantName(variant) + " target_ctas " +
                  std::to_string(target) + (run.merge_kernel ? " merge kernel" : "") +
                  (run.rotation == 1 ? " cta rotation" : run.rotation == 2 ? " rotation kernel" : "") +
-                 (run.linear_w_rows ? " linear w rows" : ""));
+                 (run.linear_w_rows ? " linear w rows" : "") +
+                 (run.shared_rotation ? " shared rotation" : "") + (run.early_copies ? " early copies" : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target);
     ASSERT_TRUE(dec.ok()) << dec.status();
     DecodeParams p = dec->Params();
     if (run.merge_kernel) p.fused_merge = false;
     if (run.rotation != 0) p.rotate_in_cta = run.rotation == 1;
+    if (run.shared_rotation) p.share_rotation = true;
+    if (run.early_copies) p.copies_after_queries = false;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();
     p.table.page_token_counts = d_counts->as<uint16_t>();

@@ -43,6 +43,27 @@ constexpr float kLn2 = 0.6931471805599453f;
 // 8 (bits 2,4,6).
 __host__ __device__ constexpr int CodeShift(int r) { return r < 4 ? 2 * r : (r == 4 ? 8 : 2 * (r - 4)); }
 
+// Diagnostics (DecodeParams::debug_timeline): this CTA's record word `slot` = clock64, or
+// %globaltimer for the *_ns slots. The caller picks the one thread that writes.
+__device__ __forceinline__ void MarkClock(const DecodeParams& p, int slot) {
+  if (p.debug_timeline == nullptr) return;
+  uint64_t c;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
+  p.debug_timeline[size_t(blockIdx.x) * kDecodeTimelineWords + slot] = c;
+}
+__device__ __forceinline__ void MarkNs(const DecodeParams& p, int slot) {
+  if (p.debug_timeline == nullptr) return;
+  uint64_t c;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(c)::"memory");
+  p.debug_timeline[size_t(blockIdx.x) * kDecodeTimelineWords + slot] = c;
+}
+__device__ __forceinline__ void MarkMeta(const DecodeParams& p, uint64_t bits) {
+  if (p.debug_timeline == nullptr) return;
+  uint32_t sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  p.debug_timeline[size_t(blockIdx.x) * kDecodeTimelineWords + kTlMeta] |= bits | sm;
+}
+
 struct SliceTable {
   const uint8_t** ptr;  // page base per slice of the item
   int32_t* info;        // (token offset in page) << 16 | valid tokens
@@ -104,79 +125,102 @@ __device__ __forceinline__ float* RotatedQueries(const DecodeParams& p) {
                                   PartialMlBytes(p) + counters);
 }
 
+// Shared memory the fused merge stages partials in: both kernels have at least this much in
+// front of the slice table.
+constexpr int kMergeStageBytes = kInt2StageArea + kWarps * kWarpXchg;
+
+// share_rotation's (ticket, published) int32 pair of (seq, kv head) `pair` (after the rotated
+// queries).
+__device__ __forceinline__ int* RotationTicket(const DecodeParams& p, int pair) {
+  const size_t qrot = (sizeof(float) * size_t(p.table.num_seqs) * p.shape.num_q_heads * 128 + 255) / 256 * 256;
+  return reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(RotatedQueries(p)) + qrot) + 2 * pair;
+}
+// Where the INT2 kernel keeps a CTA's rotation ticket between its entry and CtaQueries: the last
+// word of the W exchange area, idle until the main loop.
+constexpr int kTicketSmemOffset = kInt2StageArea + kWarps * kWarpXchg - 4;
+
 // fused_merge: the last CTA of (seq, kv head) merges the partials of its items for all GQA
-// heads: warp w takes heads w, w+4; lane l channels [4l, 4l+4) of a head. Items are taken 32 at
-// a time (lane i loads item i's (max, sum) once), with an online rescale between chunks, and
-// 16 float4 partial loads in flight (the first 16 of a chunk with the (max, sum) loads), the weights 2^(m_i - M)·l_i broadcast by shuffles. Then
-// the optional R_Vᵀ product (warp w: outputs w, w+4, ... of every head, one R row load for all
-// heads). Partials are read from L2 (ld.global.cg): other CTAs wrote them.
-__device__ void MergePairInCta(const DecodeParams& p, int seq, int h, float* os) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+// heads: warp w takes heads w, w+4; lane l channels [4l, 4l+4) of a head. Items are taken in
+// chunks of up to 32 (lane i loads item i's (max, sum) once): a chunk's partial rows (contiguous
+// in the workspace) are copied into shared memory with cp.async, all in flight together with the
+// (max, sum) loads -- one L2 round trip per chunk (32 items at GQA 4, i.e. one for B=1 x 100K) --,
+// then summed with the weights 2^(m_i - M)·l_i (broadcast by shuffles) and an online rescale
+// between chunks. Then the optional R_Vᵀ product. Partials are read from L2 (.cg): other CTAs
+// wrote them. smem: at least kMergeStageBytes, free (FinishItem's flag in it has been read).
+__device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
   const int gqa = static_cast<int>(p.shape.gqa());
   const float* part_o = static_cast<const float*>(p.workspace);
-  const float* part_ml =
-      reinterpret_cast<const float*>(static_cast<const uint8_t*>(p.workspace) + PartialOBytes(p));
+  const float2* part_ml =
+      reinterpret_cast<const float2*>(static_cast<const uint8_t*>(p.workspace) + PartialOBytes(p));
   const int pair = seq * static_cast<int>(p.shape.num_kv_heads) + h;
   const int i0 = p.item_indptr[pair], i1 = p.item_indptr[pair + 1];
   const int qh0 = seq * static_cast<int>(p.shape.num_q_heads) + h * gqa;
   const bool unrot = p.unrotate_output && p.rot_v != nullptr;
-  for (int j = warp; j < gqa; j += kWarps) {
-    float M = -INFINITY, L = 0.f;
-    float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
-    float4 v[16];
-    // Loads of partials c0 + k .. c0 + k + 15 (zero past n), and their weighted sum.
-    auto load = [&](int c0, int k, int n) {
+  const int chunk = min(32, kMergeStageBytes / (gqa * 128 * 4));
+  float4* stage = reinterpret_cast<float4*>(smem);
+  if (unrot) {  // R_V[h] (64 KiB) into L2 while the partials are merged
+    const uint8_t* r = reinterpret_cast<const uint8_t*>(p.rot_v + size_t(h) * 128 * 128);
+    for (int i = t; i < 512; i += kThreads) asm volatile("prefetch.global.L2 [%0];" ::"l"(r + 128 * i));
+  }
+  float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f};
+  float4 O[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
+  for (int c0 = i0; c0 < i1; c0 += chunk) {
+    const int n = min(chunk, i1 - c0);
+    const float4* src = reinterpret_cast<const float4*>(part_o + size_t(c0) * gqa * 128);
+    for (int i = t; i < n * gqa * 32; i += kThreads) CpAsync16(stage + i, src + i, true);
+    CpAsyncCommit();
+    float2 ml[2];
 #pragma unroll
-      for (int u = 0; u < 16; ++u) {
-        v[u] = k + u < n ? __ldcg(reinterpret_cast<const float4*>(
-                               part_o + (size_t(c0 + k + u) * gqa + j) * 128) + lane)
-                         : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    };
-    auto accumulate = [&](int k, float w) {
+    for (int jj = 0; jj < 2; ++jj) {
+      const int j = warp + kWarps * jj;
+      ml[jj] = j < gqa && lane < n ? __ldcg(part_ml + size_t(c0 + lane) * gqa + j)
+                                   : make_float2(-INFINITY, 0.f);
+    }
+    CpAsyncWait<0>();
+    __syncthreads();
 #pragma unroll
-      for (int u = 0; u < 16; ++u) {
-        const float wu = __shfl_sync(0xffffffffu, w, (k + u) & 31);
-        O.x = fmaf(wu, v[u].x, O.x);
-        O.y = fmaf(wu, v[u].y, O.y);
-        O.z = fmaf(wu, v[u].z, O.z);
-        O.w = fmaf(wu, v[u].w, O.w);
-      }
-    };
-    for (int c0 = i0; c0 < i1; c0 += 32) {
-      const int i = c0 + lane;
-      const int n = min(32, i1 - c0);
-      float2 ml = make_float2(-INFINITY, 0.f);
-      if (i < i1) ml = __ldcg(reinterpret_cast<const float2*>(part_ml) + size_t(i) * gqa + j);
-      // The first 16 partials do not depend on the weights: their loads share the round trip
-      // of the (max, sum) loads.
-      load(c0, 0, n);
-      const float m = ml.y > 0.f ? ml.x : -INFINITY, l = ml.y > 0.f ? ml.y : 0.f;
+    for (int jj = 0; jj < 2; ++jj) {
+      const int j = warp + kWarps * jj;
+      const float m = ml[jj].y > 0.f ? ml[jj].x : -INFINITY, l = ml[jj].y > 0.f ? ml[jj].y : 0.f;
       float cm = m;
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, off));
-      const float mn = fmaxf(M, cm);
-      if (mn == -INFINITY) continue;  // no tokens so far (warp-uniform)
-      const float f = exp2f(M - mn);  // 0 while M is -inf
-      L *= f;
-      O.x *= f;
-      O.y *= f;
-      O.z *= f;
-      O.w *= f;
-      M = mn;
+      const float mn = fmaxf(M[jj], cm);
+      // Heads past gqa, and no tokens so far (both warp-uniform).
+      if (j >= gqa || mn == -INFINITY) continue;
+      const float f = exp2f(M[jj] - mn);  // 0 while M is -inf
+      L[jj] *= f;
+      O[jj].x *= f;
+      O[jj].y *= f;
+      O[jj].z *= f;
+      O[jj].w *= f;
+      M[jj] = mn;
       const float w = l > 0.f ? exp2f(m - mn) * l : 0.f;
-      L += w;
-      accumulate(0, w);
-      for (int k = 16; k < n; k += 16) {
-        load(c0, k, n);
-        accumulate(k, w);
+      L[jj] += w;
+#pragma unroll 4
+      for (int u = 0; u < n; ++u) {
+        const float wu = __shfl_sync(0xffffffffu, w, u);
+        const float4 v = stage[(u * gqa + j) * 32 + lane];
+        O[jj].x = fmaf(wu, v.x, O[jj].x);
+        O[jj].y = fmaf(wu, v.y, O[jj].y);
+        O[jj].z = fmaf(wu, v.z, O[jj].z);
+        O[jj].w = fmaf(wu, v.w, O[jj].w);
       }
     }
+    __syncthreads();  // the next chunk (or the R_Vᵀ product) overwrites the stage
+  }
+  float* os = reinterpret_cast<float*>(smem);  // [gqa][128] merged rows for the R_Vᵀ product
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) L += __shfl_xor_sync(0xffffffffu, L, off);
-    const float inv = L > 0.f ? 1.f / L : 0.f;
-    const float4 o = make_float4(O.x * inv, O.y * inv, O.z * inv, O.w * inv);
-    if (lane == 0 && p.lse != nullptr) p.lse[qh0 + j] = L > 0.f ? (M + log2f(L)) * kLn2 : -INFINITY;
+  for (int jj = 0; jj < 2; ++jj) {
+    const int j = warp + kWarps * jj;
+    if (j >= gqa) continue;
+    float Lj = L[jj];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) Lj += __shfl_xor_sync(0xffffffffu, Lj, off);
+    const float inv = Lj > 0.f ? 1.f / Lj : 0.f;
+    const float4 o = make_float4(O[jj].x * inv, O[jj].y * inv, O[jj].z * inv, O[jj].w * inv);
+    if (lane == 0 && p.lse != nullptr) p.lse[qh0 + j] = Lj > 0.f ? (M[jj] + log2f(Lj)) * kLn2 : -INFINITY;
     if (unrot) {
       reinterpret_cast<float4*>(os + j * 128)[lane] = o;
     } else {
@@ -185,17 +229,54 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, float* os)
   }
   if (!unrot) return;
   __syncthreads();
-  // out[j][i] = Σ_k o[j][k] · R_V[i][k].
+  // out[j][i] = Σ_k o[j][k] · R_V[i][k]: warp w sums k in [32w, 32w+32) for the outputs
+  // i = 4·lane + u (rows of R_V; each quarter's 8 row pieces are loaded at once, from L2: they
+  // were prefetched when the merge started), the four warps' partial sums are added through
+  // shared memory.
   const float* r = p.rot_v + size_t(h) * 128 * 128;
-  for (int i = warp; i < 128; i += kWarps) {
-    const float4 rv = reinterpret_cast<const float4*>(r + size_t(i) * 128)[lane];
-    for (int j = 0; j < gqa; ++j) {
-      const float4 ov = reinterpret_cast<const float4*>(os + j * 128)[lane];
-      float s = ov.x * rv.x + ov.y * rv.y + ov.z * rv.z + ov.w * rv.w;
+  float* part = os + 8 * 128;  // [warp][8][128]
+  float acc[8][4];
 #pragma unroll
-      for (int off = 16; off > 0; off >>= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (lane == 0) p.out[size_t(qh0 + j) * 128 + i] = s;
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc[j][u] = 0.f;
+#pragma unroll 1
+  for (int quarter = 0; quarter < 4; ++quarter) {
+    const int k0 = 32 * warp + 8 * quarter;
+    float4 rv[4][2];  // [row u][k piece m]
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+        rv[u][m] = *reinterpret_cast<const float4*>(r + size_t(4 * lane + u) * 128 + k0 + 4 * m);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (j < gqa) {
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const float4 x = *reinterpret_cast<const float4*>(os + j * 128 + k0 + 4 * m);
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            acc[j][u] = fmaf(x.x, rv[u][m].x, acc[j][u]);
+            acc[j][u] = fmaf(x.y, rv[u][m].y, acc[j][u]);
+            acc[j][u] = fmaf(x.z, rv[u][m].z, acc[j][u]);
+            acc[j][u] = fmaf(x.w, rv[u][m].w, acc[j][u]);
+          }
+        }
+      }
     }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (j < gqa)
+      reinterpret_cast<float4*>(part + (warp * 8 + j) * 128)[lane] =
+          make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+  __syncthreads();
+  for (int j = 0; j < gqa; ++j) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += part[(w * 8 + j) * 128 + t];
+    p.out[size_t(qh0 + j) * 128 + t] = v;
   }
 }
 
@@ -249,11 +330,13 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
       part_ml[(size_t(item) * gqa + qh) * 2 + 1] = L;
     }
   }
+  if (t == 0) MarkClock(p, kTlPartial);
   if (!p.fused_merge) return;
-  // Arrival: every thread's partial writes are made visible device-wide before thread 0 counts
-  // the item; the CTA that brings the count to the pair's item count merges (and re-zeroes the
-  // counter for the next launch; no other CTA of the pair touches it after its own arrival).
-  __threadfence();
+  // Arrival: the barrier orders every thread's partial writes before thread 0's release fence
+  // and count (cumulativity; one fence per CTA instead of one per thread); the CTA that brings
+  // the count to the pair's item count merges (and re-zeroes the counter for the next launch; no
+  // other CTA of the pair touches it after its own arrival), after an acquire fence by thread 0
+  // that the next barrier extends to its other threads.
   __syncthreads();
   // The flag lives in the (now idle) dynamic shared memory: a static __shared__ variable would
   // shift the dynamic area -- the K/V stages -- off its alignment (measured: BF16 pages 15%
@@ -266,15 +349,28 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
     if (n > 1) {
       int* ctr = reinterpret_cast<int*>(static_cast<uint8_t*>(p.workspace) + PartialOBytes(p) +
                                         PartialMlBytes(p)) + pair;
+      __threadfence();
       last = atomicAdd(ctr, 1) == n - 1;
-      if (last) *ctr = 0;
+      if (last) {
+        *ctr = 0;
+        __threadfence();
+      }
+    }
+    // Every CTA of the pair is past its queries: re-arm share_rotation's ticket for the next
+    // launch.
+    if (last) {
+      int* tk = RotationTicket(p, pair);
+      tk[0] = 0;
+      tk[1] = 0;
     }
     is_last = last;
   }
   __syncthreads();
-  if (is_last) {
-    __threadfence();
-    MergePairInCta(p, it.seq, it.kv_head, osm);  // osm is free again (read before the barrier)
+  const bool merge = is_last != 0;
+  if (t == 0 && merge) MarkMeta(p, uint64_t{1} << 32);
+  if (merge && (p.debug_flags & kDecodeDebugNoMerge) == 0) {
+    __syncthreads();  // every thread has read the flag, which lies in the merge's staging area
+    MergePairInCta(p, it.seq, it.kv_head, smem);
   }
 }
 
@@ -299,19 +395,88 @@ __device__ void LoadSliceTable(const DecodeParams& p, const DecodeWorkItem& it, 
   }
 }
 
-// q' = q · R_K[kv head] · softmax_scale · log2(e) for the item's GQA query heads, into shared
-// memory (qs, [gqa][128]). qin ([gqa][128], may be qs) is shared-memory scratch, and warp w's partial sums
-// go to scratch + w * warp_stride ([8][128] floats each, so the regions may lie in stages whose
-// copies have not been issued yet). Warp w
-// takes input rows [32w, 32w+32) and lane l output channels [4l, 4l+4), so all of a thread's R
-// loads are in flight at once (one L2 round trip instead of 128 dependent ones); the four warps'
-// partial sums are added through `scratch`. All threads of the CTA take part.
-__device__ void RotateQueries(const DecodeParams& p, const DecodeWorkItem& it, float* qin,
-                              float* qs, float* scratch, int warp_stride) {
+// The query rows of the item's GQA heads (gqa · 128 floats) start copying into shared memory
+// qin as their own cp.async group (16 B per thread; the caller commits), so their load does not
+// queue behind the first K/V copies. RotateQueries(..., q_staged >= 0) waits for it.
+__device__ __forceinline__ void StageQueries(const DecodeParams& p, const DecodeWorkItem& it, float* qin) {
   const int gqa = static_cast<int>(p.shape.gqa());
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const float* q = p.q + (size_t(it.seq) * p.shape.num_q_heads + size_t(it.kv_head) * gqa) * 128;
-  for (int i = t; i < gqa * 128; i += kThreads) qin[i] = q[i];
+  for (int i = threadIdx.x; i < gqa * 32; i += kThreads) CpAsync16(qin + 4 * i, q + 4 * i, true);
+}
+
+// Waits for StageQueries' copy group, the oldest, with `newer` (0 or 2) groups after it
+// allowed to stay pending.
+__device__ __forceinline__ void WaitStagedQueries(int newer) {
+  if (newer >= 2) {
+    asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+  } else {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  }
+}
+
+// The rotation proper for kHeads >= gqa heads (heads >= gqa are skipped): warp w takes input
+// rows [32w, 32w+32), lane l output channels [4l, 4l+4); the R rows of a batch (16, or 8 for
+// kHeads 8: registers) are loaded at once, the query rows read 4 at a time.
+template <int kHeads>
+__device__ __forceinline__ void RotateRows(const DecodeParams& p, const DecodeWorkItem& it,
+                                           const float* qin, float* scratch, int warp_stride) {
+  constexpr int kRows = kHeads > 4 ? 8 : 16;
+  const int gqa = static_cast<int>(p.shape.gqa());
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float4* r = reinterpret_cast<const float4*>(p.rot_k + size_t(it.kv_head) * 128 * 128 +
+                                                    size_t(32 * warp) * 128) + lane;
+  float4 acc[kHeads];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 1
+  for (int b = 0; b < 32 / kRows; ++b) {
+    float4 rv[kRows];
+#pragma unroll
+    for (int ii = 0; ii < kRows; ++ii) rv[ii] = r[(kRows * b + ii) * 32];
+#pragma unroll
+    for (int j = 0; j < kRows / 4; ++j) {
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        if (h < gqa) {
+          const float4 x =
+              *reinterpret_cast<const float4*>(qin + h * 128 + 32 * warp + kRows * b + 4 * j);
+          const float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const float4 rr = rv[4 * j + u];
+            acc[h].x = fmaf(xs[u], rr.x, acc[h].x);
+            acc[h].y = fmaf(xs[u], rr.y, acc[h].y);
+            acc[h].z = fmaf(xs[u], rr.z, acc[h].z);
+            acc[h].w = fmaf(xs[u], rr.w, acc[h].w);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h)
+    if (h < gqa) reinterpret_cast<float4*>(scratch + warp * warp_stride + h * 128)[lane] = acc[h];
+}
+
+// q' = q · R_K[kv head] · softmax_scale · log2(e) for the item's GQA query heads, into shared
+// memory (qs, [gqa][128]). qin ([gqa][128], may be qs) is shared-memory scratch (with
+// q_staged >= 0, StageQueries' destination, its copy group committed and followed by q_staged
+// (0 or 2) newer groups that may stay pending), and warp w's partial sums go to
+// scratch + w * warp_stride ([8][128] floats each, so the regions may lie in stages whose copies
+// have not been issued yet). All of a thread's R loads of one half are in flight at once (one
+// L2 round trip instead of 16 dependent ones); the rotation is compiled for the next power of two
+// >= gqa (no issue slots for absent heads); the four warps' partial sums are added through
+// `scratch`. All threads of the CTA take part.
+__device__ void RotateQueries(const DecodeParams& p, const DecodeWorkItem& it, float* qin,
+                              float* qs, float* scratch, int warp_stride, int q_staged = -1) {
+  const int gqa = static_cast<int>(p.shape.gqa());
+  const int t = threadIdx.x;
+  if (q_staged >= 0) {
+    WaitStagedQueries(q_staged);
+  } else {
+    const float* q = p.q + (size_t(it.seq) * p.shape.num_q_heads + size_t(it.kv_head) * gqa) * 128;
+    for (int i = t; i < gqa * 128; i += kThreads) qin[i] = q[i];
+  }
   __syncthreads();
   const float scale = (p.softmax_scale > 0 ? p.softmax_scale : 0.08838834764831845f) * kLog2e;
   if (p.rot_k == nullptr) {
@@ -321,34 +486,15 @@ __device__ void RotateQueries(const DecodeParams& p, const DecodeWorkItem& it, f
     __syncthreads();
     return;
   }
-  const float4* r = reinterpret_cast<const float4*>(p.rot_k + size_t(it.kv_head) * 128 * 128 +
-                                                    size_t(32 * warp) * 128) + lane;
-  float4 acc[8];
-#pragma unroll
-  for (int h = 0; h < 8; ++h) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float4 rv[16];
-#pragma unroll
-    for (int ii = 0; ii < 16; ++ii) rv[ii] = r[(16 * half + ii) * 32];
-#pragma unroll
-    for (int ii = 0; ii < 16; ++ii) {
-      const int i = 32 * warp + 16 * half + ii;
-#pragma unroll
-      for (int h = 0; h < 8; ++h) {
-        if (h < gqa) {
-          const float x = qin[h * 128 + i];
-          acc[h].x = fmaf(x, rv[ii].x, acc[h].x);
-          acc[h].y = fmaf(x, rv[ii].y, acc[h].y);
-          acc[h].z = fmaf(x, rv[ii].z, acc[h].z);
-          acc[h].w = fmaf(x, rv[ii].w, acc[h].w);
-        }
-      }
-    }
+  if (gqa <= 1) {
+    RotateRows<1>(p, it, qin, scratch, warp_stride);
+  } else if (gqa <= 2) {
+    RotateRows<2>(p, it, qin, scratch, warp_stride);
+  } else if (gqa <= 4) {
+    RotateRows<4>(p, it, qin, scratch, warp_stride);
+  } else {
+    RotateRows<8>(p, it, qin, scratch, warp_stride);
   }
-#pragma unroll
-  for (int h = 0; h < 8; ++h)
-    if (h < gqa) reinterpret_cast<float4*>(scratch + warp * warp_stride + h * 128)[lane] = acc[h];
   __syncthreads();
 #pragma unroll
   for (int h = 0; h < 8; ++h) {
@@ -363,21 +509,65 @@ __device__ void RotateQueries(const DecodeParams& p, const DecodeWorkItem& it, f
 }
 
 // The CTA's rotated queries into qs ([gqa][128]): with rotate_in_cta, RotateQueries (same
-// arguments); otherwise the rotation kernel's output in the workspace, after waiting for that
-// kernel (the INT2 kernel is launched as its programmatic dependent, so everything before this
-// call -- item, slice table, first copies -- overlaps it).
+// arguments), or with share_rotation (ticket >= 0, CtaTicket's) the CTA holding ticket 0 of its
+// pair rotates and publishes them, the others wait for that and load them; otherwise the
+// rotation kernel's output in the workspace, after waiting for that kernel (the INT2 kernel is
+// launched as its programmatic dependent, so everything before this call -- item, slice table,
+// first copies -- overlaps it).
 __device__ void CtaQueries(const DecodeParams& p, const DecodeWorkItem& it, float* qin, float* qs,
-                           float* scratch, int warp_stride) {
-  if (p.rotate_in_cta) {
-    RotateQueries(p, it, qin, qs, scratch, warp_stride);
+                           float* scratch, int warp_stride, int q_staged = -1, int ticket = -1) {
+  const int gqa = static_cast<int>(p.shape.gqa());
+  float* pub = RotatedQueries(p) + (size_t(it.seq) * p.shape.num_q_heads + size_t(it.kv_head) * gqa) * 128;
+  if (p.rotate_in_cta && ticket <= 0) {
+    RotateQueries(p, it, qin, qs, scratch, warp_stride, q_staged);
+    if (ticket == 0) {
+      for (int i = threadIdx.x; i < gqa * 32; i += kThreads)
+        __stcg(reinterpret_cast<float4*>(pub) + i, reinterpret_cast<const float4*>(qs)[i]);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence();
+        int* flag = RotationTicket(p, it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head) + 1;
+        asm volatile("st.release.gpu.global.b32 [%0], 1;" ::"l"(flag) : "memory");
+      }
+    }
     return;
   }
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  const int gqa = static_cast<int>(p.shape.gqa());
-  const float4* src = reinterpret_cast<const float4*>(
-      RotatedQueries(p) + (size_t(it.seq) * p.shape.num_q_heads + size_t(it.kv_head) * gqa) * 128);
-  for (int i = threadIdx.x; i < gqa * 32; i += kThreads) reinterpret_cast<float4*>(qs)[i] = __ldcg(src + i);
+  if (p.rotate_in_cta) {
+    // A later CTA of the pair: its staged query copy must land before the area is reused.
+    if (q_staged >= 0) WaitStagedQueries(q_staged);
+    if (threadIdx.x == 0) {
+      const int* flag = RotationTicket(p, it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head) + 1;
+      int v = 0;
+      while (true) {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+        if (v != 0) break;
+        __nanosleep(32);
+      }
+    }
+    __syncthreads();
+  } else {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+  for (int i = threadIdx.x; i < gqa * 32; i += kThreads)
+    reinterpret_cast<float4*>(qs)[i] = __ldcg(reinterpret_cast<const float4*>(pub) + i);
   __syncthreads();
+}
+
+// share_rotation: the first item of each (seq, kv head) asks L2 for the pair's R_K (64 KiB) at
+// its entry, so the rotating CTA's loads of it do not queue behind the first K/V copies.
+__device__ __forceinline__ void PrefetchSharedRotation(const DecodeParams& p, const DecodeWorkItem& it,
+                                                       int item) {
+  if (!p.share_rotation || !p.rotate_in_cta || p.rot_k == nullptr) return;
+  if (item != p.item_indptr[it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head]) return;
+  const uint8_t* r = reinterpret_cast<const uint8_t*>(p.rot_k + size_t(it.kv_head) * 128 * 128);
+  for (int i = threadIdx.x; i < 512; i += kThreads) asm volatile("prefetch.global.L2 [%0];" ::"l"(r + 128 * i));
+}
+
+// share_rotation: thread 0 of an INT2 item's CTA takes its pair's ticket (the caller stores it
+// at kTicketSmemOffset once other loads are in flight); -1 when the rotation is not shared.
+__device__ __forceinline__ int TakeRotationTicket(const DecodeParams& p, const DecodeWorkItem& it) {
+  if (threadIdx.x != 0 || !p.share_rotation || !p.rotate_in_cta || p.rot_k == nullptr) return -1;
+  return atomicAdd(RotationTicket(p, it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head), 1);
 }
 
 template <typename K>

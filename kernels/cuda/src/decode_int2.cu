@@ -217,16 +217,28 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   // Start the first copies, then get the rotated queries (from the rotation kernel, or rotated
   // here with rotate_in_cta) and build their fragments while the copies are in flight (the
   // in-CTA rotation's per-warp scratch is each warp's last stage, not issued yet).
-#pragma unroll
-  for (int k = 0; k < kInt2WarpStages - 1; ++k) {
-    if (k < mine) issue(k, k);
-    CpAsyncCommit();
-  }
-  // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
+  // The kernel's entry started the query rows' copy as the oldest group (RotateQueries waits
+  // for it, with the slices' kInt2WarpStages - 1 = 2 groups still pending if they were issued
+  // first). copies_after_queries: the first slices are issued after the queries, so the
+  // rotation's R_K loads do not queue behind every CTA's first copies.
+  static_assert(kInt2WarpStages == 3, "RotateQueries' q_staged wait counts 2 slice groups");
   float* qs = reinterpret_cast<float*>(smem + kInt2StageArea);
+  auto first_copies = [&]() {
+#pragma unroll
+    for (int k = 0; k < kInt2WarpStages - 1; ++k) {
+      if (k < mine) issue(k, k);
+      CpAsyncCommit();
+    }
+  };
+  const bool late_copies = p.copies_after_queries && p.rotate_in_cta;
+  if (!late_copies) first_copies();
+  // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
   CtaQueries(p, it, qs + 8 * 128, qs,
                 reinterpret_cast<float*>(smem + (kInt2WarpStages - 1) * kInt2Slot),
-                kInt2WarpStages * kInt2Slot / 4);
+                kInt2WarpStages * kInt2Slot / 4, late_copies ? 0 : kInt2WarpStages - 1,
+                *reinterpret_cast<const int*>(smem + kTicketSmemOffset));
+  if (late_copies) first_copies();
+  if (tid == 0) MarkClock(p, kTlQuery);
   const float* qrot = qs;
   uint32_t qhi[8][2], qlo[8][2];
   float q0[NG], q1[NG];  // Σ q (true) and Σ q·2^-k (as used), this lane's channels
@@ -294,25 +306,36 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   uint32_t qb[2][2][2];
   float qinv[2], Q0i[2][NG];
   if constexpr (kI8) {
-    float S[4], qsum[4][NG];
+    // Per head: max |q| and Σ q per group over the 128 channels (lane l holds channels 4l..4l+3),
+    // the four heads' shuffle chains interleaved.
+    float S[4], qsum[4][NG], mx[4], sum[4];
 #pragma unroll
     for (int h = 0; h < 4; ++h) {
       const float4 x = h < gqa ? reinterpret_cast<const float4*>(qrot + h * 128)[lane]
                                : make_float4(0.f, 0.f, 0.f, 0.f);
-      float m = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
-      float sum = (x.x + x.y) + (x.z + x.w);
+      mx[h] = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
+      sum[h] = (x.x + x.y) + (x.z + x.w);
+    }
 #pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    for (int off = 1; off < 32; off <<= 1) {
+#pragma unroll
+      for (int h = 0; h < 4; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], off));
         // G = 64: lanes 0..15 hold channels 0..63 (group 0), lanes 16..31 group 1.
-        if (G == 128 || off < 16) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        if (G == 128 || off < 16) sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], off);
       }
-      S[h] = m > 0.f ? kI8QMax / m : 1.f;
+    }
 #pragma unroll
-      for (int g = 0; g < NG; ++g) qsum[h][g] = __shfl_sync(0xffffffffu, sum, 16 * g);
+    for (int h = 0; h < 4; ++h) {
+      // Any S with |q·S| <= ~8160 is exact to split (see kI8QMax); the approximate division
+      // (no slow path) is within 2 ulp.
+      S[h] = mx[h] > 0.f ? __fdividef(kI8QMax, mx[h]) : 1.f;
+#pragma unroll
+      for (int g = 0; g < NG; ++g) qsum[h][g] = __shfl_sync(0xffffffffu, sum[h], 16 * g);
     }
     const int head = gid & 3;
     const bool lo_col = gid >= 4;
+    const float s_head = head == 0 ? S[0] : head == 1 ? S[1] : head == 2 ? S[2] : S[3];
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
 #pragma unroll
@@ -325,8 +348,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
             const int ch = 4 * (Lay::KWordByte(tig, v) + i) + 2 * hh + rr;
             int bf = 0;
             if (head < gqa) {
-              const float sh = head == 0 ? S[0] : head == 1 ? S[1] : head == 2 ? S[2] : S[3];
-              const int qi = __float2int_rn(qrot[head * 128 + ch] * sh);
+              const int qi = __float2int_rn(qrot[head * 128 + ch] * s_head);
               bf = rr == 0 ? 4 * qi : qi;
             }
             const int hi = (bf + 128) >> 8;
@@ -341,7 +363,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     for (int e = 0; e < 2; ++e) {
       const int h = 2 * (tig & 1) + e;
       const float sh = h == 0 ? S[0] : h == 1 ? S[1] : h == 2 ? S[2] : S[3];
-      qinv[e] = 1.f / (4.f * sh);
+      qinv[e] = __fdividef(0.25f, sh);
 #pragma unroll
       for (int g = 0; g < NG; ++g)
         Q0i[e][g] = h == 0 ? qsum[0][g] : h == 1 ? qsum[1][g] : h == 2 ? qsum[2][g] : qsum[3][g];
@@ -391,6 +413,10 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     wld = Opaque(32 * (gid >> 1) + 16 * ((gid ^ (gid >> 1) ^ (gid >> 2)) & 1) + 4 * tig);
   }
 
+  if (tid == 0) {
+    MarkClock(p, kTlLoop);
+    MarkNs(p, kTlLoopNs);
+  }
   int stage_c = 0;                         // stage of the slice computed next
   int stage_i = kInt2WarpStages - 1;       // stage the next issue writes
   for (int k = 0; k < mine; ++k) {
@@ -844,6 +870,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
     __syncwarp();
   }
+  if (lane == 0) MarkClock(p, kTlWarpEnd + warp);
   CpAsyncWait<0>();
   __syncthreads();
 
@@ -911,12 +938,37 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
   // The BF16 kernel (launched next, programmatic serialization) does not depend on this one:
   // let it start as soon as SMs free up.
   asm volatile("griddepcontrol.launch_dependents;");
+  if (threadIdx.x == 0) {
+    MarkNs(p, kTlEntryNs);
+    MarkClock(p, kTlEntry);
+  }
   int item;
   const DecodeWorkItem it = FetchItem(p, blockIdx.x, &item);
+  const bool int2_item = it.kind == static_cast<int32_t>(PageKind::kInt2);
+  PrefetchSharedRotation(p, it, item);
+  int ticket = -1;
+  if (int2_item && p.rotate_in_cta) {
+    // INT2 items: the query rows (into Int2Item's query area) start loading, and the rotation
+    // ticket is taken, before the slice table's dependent loads.
+    StageQueries(p, it, reinterpret_cast<float*>(smem + kInt2StageArea) + 8 * 128);
+    CpAsyncCommit();
+    ticket = TakeRotationTicket(p, it);
+  }
   uint8_t* t = smem + kInt2StageArea + kWarps * kWarpXchg;
   SliceTable tab{reinterpret_cast<const uint8_t**>(t), reinterpret_cast<int32_t*>(t + kMaxItemSlices * 8)};
   LoadSliceTable(p, it, tab);
+  if (int2_item && threadIdx.x == 0) *reinterpret_cast<int*>(smem + kTicketSmemOffset) = ticket;
   __syncthreads();
+  if (threadIdx.x == 0) {
+    MarkClock(p, kTlTable);
+    if (p.debug_timeline != nullptr) {
+      const int pair = it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head;
+      p.debug_timeline[size_t(blockIdx.x) * kDecodeTimelineWords + kTlMeta] =
+          uint64_t(it.kind) << 8 | uint64_t(it.num_slices) << 16 |
+          uint64_t(p.item_indptr[pair + 1] - p.item_indptr[pair]) << 40;
+      MarkMeta(p, 0);
+    }
+  }
   // An INT2-dominated plan runs its few BF16 items (sink, recent tokens) here too, in the
   // 2-stage layout that fits this kernel's shared memory, instead of in a BF16 kernel whose
   // CTAs could start only as INT2 CTAs leave (a tail after the INT2 work).
@@ -926,6 +978,10 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
     Bf16Item<2>(p, item, it, smem, tab);
   } else {
     Int2Item<G, kPack, kSplit, kI8, kV8>(p, item, it, smem, tab);
+  }
+  if (threadIdx.x == 0) {
+    MarkClock(p, kTlEnd);
+    MarkNs(p, kTlEndNs);
   }
 }
 

@@ -242,7 +242,9 @@ size_t DecodeWorkspaceBytes(const DecodeShape& shape, int32_t num_seqs, int32_t 
   const size_t counters = align(sizeof(int32_t) * size_t(num_seqs) * shape.num_kv_heads);
   // Rotated, scaled queries [seq][query head][d] (the rotation kernel's output).
   const size_t qrot = align(sizeof(float) * size_t(num_seqs) * shape.num_q_heads * shape.head_dim);
-  return po + pml + counters + qrot;
+  // share_rotation's (ticket, published) pairs.
+  const size_t tickets = align(sizeof(int32_t) * 2 * size_t(num_seqs) * shape.num_kv_heads);
+  return po + pml + counters + qrot + tickets;
 }
 
 }  // namespace oscarkv::cuda

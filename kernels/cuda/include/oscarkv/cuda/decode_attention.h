@@ -216,12 +216,48 @@ struct DecodeParams {
   // atomically: [0] warp items whose weight units were set, [1] accumulator shifts (a weight
   // past the 16-bit range), [2] warp slices computed.
   uint32_t* int8_value_stats = nullptr;
+  // With rotate_in_cta, the INT2 items of a (sequence, KV head) rotate its queries once: the
+  // first of its CTAs to start (a ticket counter per pair in the workspace) rotates them and
+  // publishes them in the workspace, the others wait for them. Needs zeroed tickets before the
+  // first launch (every launch leaves them zero; PagedDecoder zeroes its workspace). Measured
+  // slower than every CTA rotating its own queries (H200, B=1 x 100K: 36.2 vs 34.2 µs; the
+  // publishing CTA's rotation takes ~6 µs), so off by default.
+  bool share_rotation = false;
+  // INT2 items with rotate_in_cta: the first K/V copies are issued after the query rotation
+  // instead of before it, so its R_K loads (64 KiB per CTA) do not wait behind every CTA's
+  // first copies (H200, B=1 x 100K: 34.2 vs 35.6 µs). false: copies first (always with the
+  // rotation kernel, whose wait they overlap).
+  bool copies_after_queries = true;
   float* out = nullptr;  // [num_seqs][num_q_heads][head_dim]
   float* lse = nullptr;  // [num_seqs][num_q_heads] (may be nullptr)
+  // Diagnostics for the bench, never set by the product. debug_timeline: kDecodeTimelineWords
+  // words per CTA of the INT2 kernel (blockIdx order), filled with the CTA's SM and phase
+  // timestamps (DecodeTimelineSlot). debug_flags: kDecodeDebugNoMerge skips the fused merge's
+  // work in the last CTA of each pair (the output is then incomplete).
+  uint64_t* debug_timeline = nullptr;
+  uint32_t debug_flags = 0;
+};
+
+inline constexpr uint32_t kDecodeDebugNoMerge = 1;
+inline constexpr int kDecodeTimelineWords = 16;
+// Words of a CTA's debug_timeline record: clock64 values unless named *_ns (%globaltimer).
+enum DecodeTimelineSlot : int {
+  kTlEntryNs = 0,
+  kTlMeta = 1,        // smid | kind << 8 | num_slices << 16 | is_last << 32 | pair items << 40
+  kTlEntry = 2,       // kernel entry
+  kTlTable = 3,       // slice table loaded (after the barrier)
+  kTlQuery = 4,       // rotated queries in shared memory
+  kTlLoop = 5,        // query fragments built, main loop starts (thread 0)
+  kTlWarpEnd = 6,     // 6..9: each warp's main loop done (its lane 0)
+  kTlPartial = 10,    // the item's partial written
+  kTlEnd = 11,        // CTA done (after the merge, if it merged)
+  kTlEndNs = 12,
+  kTlLoopNs = 13,
 };
 
 // Partial outputs and (max, sum) pairs per item, one int32 arrival counter per
-// (sequence, KV head) for fused_merge, then the rotated queries of every sequence.
+// (sequence, KV head) for fused_merge, the rotated queries of every sequence, then two int32
+// per (sequence, KV head) for share_rotation (ticket, published flag).
 size_t DecodeWorkspaceBytes(const DecodeShape& shape, int32_t num_seqs, int32_t num_items);
 
 // Enqueues the kernels on `stream` (query rotation, INT2 items, BF16 items, merge unless fused).
