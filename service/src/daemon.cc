@@ -21,6 +21,7 @@
 #ifdef OSCARKV_HAVE_UCX
 #include "ucx_data_plane.h"
 #endif
+#include "grpc/grpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -307,10 +308,35 @@ absl::Status RunDaemon(const DaemonConfig& config) {
             {"timeout_ms", absl::StrCat(config.drain_timeout_ms)}});
   if (auto* health = server->GetHealthCheckService()) health->SetServingStatus(false);
   const auto t0 = std::chrono::steady_clock::now();
+  // From here on new calls are refused (UNAVAILABLE) before they do anything.
+  service.StartDraining();
   // Local calls finish inline on their epoll threads: stopping waits for those in progress.
   if (local_server) local_server->Stop();
-  server->Shutdown(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(config.drain_timeout_ms));
+  // gRPC's Shutdown(deadline) waits for every connection to go away, and a client that keeps an
+  // idle channel open (an inference engine always does) held it ~5 s. So while it runs: once no
+  // admitted call has been in flight for 100 ms (the service counts them; calls that arrive now
+  // are refused before they do anything; the 100 ms let the last answers leave gRPC), close the
+  // remaining connections -- what Shutdown itself does at its deadline. Repeated every 100 ms
+  // in case a client connected in between.
+  absl::Notification shut;
+  std::thread shutter([&] {
+    server->Shutdown(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(config.drain_timeout_ms));
+    shut.Notify();
+  });
+  bool idle_closed = false;
+  auto quiet_since = std::chrono::steady_clock::now();
+  while (!shut.WaitForNotificationWithTimeout(absl::Milliseconds(5))) {
+    const auto now = std::chrono::steady_clock::now();
+    if (service.in_flight() != 0) {
+      quiet_since = now;
+    } else if (now - quiet_since >= std::chrono::milliseconds(100)) {
+      grpc_server_cancel_all_calls(server->c_server());
+      idle_closed = true;
+      quiet_since = now;
+    }
+  }
+  shutter.join();
   server->Wait();
   // The server is fully shut down. Destroying it would run gRPC's global shutdown, which can sit
   // ~10 s in an idle executor's epoll timeout (gRPC 1.51); the process exits right after this
@@ -328,6 +354,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   (void)cache.Stats({}, &st);
   LogEvent(LogLevel::kInfo, "stopped",
            {{"drain_ms", absl::StrCat(drain_ms)},
+            {"idle_connections_closed", idle_closed ? "yes" : "no"},
             {"pages", absl::StrCat(st.pages())},
             {"lookups", absl::StrCat(st.lookups())},
             {"hits", absl::StrCat(st.hits())},

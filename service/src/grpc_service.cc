@@ -66,6 +66,35 @@ size_t LookupMessagePool::idle() const {
 
 namespace {
 
+const grpc::Status kDraining(grpc::StatusCode::UNAVAILABLE,
+                             "oscarkvd is shutting down (draining); retry on another daemon");
+
+}  // namespace
+
+// Counts a call in KvCacheService::in_flight_ for its handler's lifetime; false when the service
+// drains (the call is then refused and not counted).
+class Admission {
+ public:
+  explicit Admission(KvCacheService* s) : n_(&s->in_flight_) {
+    n_->fetch_add(1);
+    if (s->draining_.load()) {
+      n_->fetch_sub(1);
+      n_ = nullptr;
+    }
+  }
+  ~Admission() {
+    if (n_ != nullptr) n_->fetch_sub(1);
+  }
+  Admission(const Admission&) = delete;
+  Admission& operator=(const Admission&) = delete;
+  explicit operator bool() const { return n_ != nullptr; }
+
+ private:
+  std::atomic<int64_t>* n_;
+};
+
+namespace {
+
 // gRPC's view of a call timed by RpcTimer.
 class CallTimer {
  public:
@@ -81,13 +110,20 @@ class CallTimer {
 #define OSCARKV_CALLBACK(Name, Req, Resp)                                              \
   grpc::ServerUnaryReactor* KvCacheService::Name(grpc::CallbackServerContext* ctx,       \
                                                  const pb::Req* req, pb::Resp* resp) {   \
-    CallTimer t(metrics_, Rpc::k##Name);                                               \
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();                         \
+    Admission admitted(this);                                                          \
+    if (!admitted) {                                                                   \
+      reactor->Finish(kDraining);                                                      \
+      return reactor;                                                                  \
+    }                                                                                  \
+    CallTimer t(metrics_, Rpc::k##Name);                                               \
     reactor->Finish(t.Done(cache_->Name(*req, resp)));                                 \
     return reactor;                                                                    \
   }
 #define OSCARKV_UNARY(Name, Req, Resp)                                                       \
   grpc::Status KvCacheService::Name(grpc::ServerContext*, const pb::Req* req, pb::Resp* resp) { \
+    Admission admitted(this);                                                                \
+    if (!admitted) return kDraining;                                                         \
     CallTimer t(metrics_, Rpc::k##Name);                                                     \
     return t.Done(cache_->Name(*req, resp));                                                 \
   }
@@ -96,7 +132,8 @@ grpc::ServerUnaryReactor* KvCacheService::Handshake(grpc::CallbackServerContext*
                                                     const pb::HandshakeRequest* req,
                                                     pb::HandshakeResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpc(calls_.Handshake(*req, resp, ctx->peer(), "grpc")));
+  Admission admitted(this);
+  reactor->Finish(!admitted ? kDraining : ToGrpc(calls_.Handshake(*req, resp, ctx->peer(), "grpc")));
   return reactor;
 }
 // Lookup and Release: the calls the local socket serves too, through the same ControlCalls.
@@ -104,14 +141,16 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ct
                                                  const pb::LookupRequest* req,
                                                  pb::LookupResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpc(calls_.Lookup(*req, resp)));
+  Admission admitted(this);
+  reactor->Finish(!admitted ? kDraining : ToGrpc(calls_.Lookup(*req, resp)));
   return reactor;
 }
 grpc::ServerUnaryReactor* KvCacheService::Release(grpc::CallbackServerContext* ctx,
                                                   const pb::ReleaseRequest* req,
                                                   pb::ReleaseResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpc(calls_.Release(*req, resp)));
+  Admission admitted(this);
+  reactor->Finish(!admitted ? kDraining : ToGrpc(calls_.Release(*req, resp)));
   return reactor;
 }
 OSCARKV_CALLBACK(RegisterCodec, RegisterCodecRequest, RegisterCodecResponse)
@@ -131,6 +170,12 @@ OSCARKV_UNARY(Clear, ClearRequest, ClearResponse)
 grpc::ServerUnaryReactor* KvCacheService::GetDataPlane(grpc::CallbackServerContext* ctx,
                                                        const pb::GetDataPlaneRequest*,
                                                        pb::GetDataPlaneResponse* resp) {
+  Admission admitted(this);
+  if (!admitted) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(kDraining);
+    return reactor;
+  }
   CallTimer t(metrics_, Rpc::kGetDataPlane);
   absl::Status s;
   if (!data_plane_) {
@@ -148,6 +193,8 @@ grpc::ServerUnaryReactor* KvCacheService::GetDataPlane(grpc::CallbackServerConte
 grpc::Status KvCacheService::WritePages(grpc::ServerContext* ctx,
                                         grpc::ServerReader<pb::WriteChunk>* reader,
                                         pb::WriteResponse* resp) {
+  Admission admitted(this);
+  if (!admitted) return kDraining;
   CallTimer t(metrics_, Rpc::kWritePages);
   pb::WriteChunk chunk;
   uint64_t total = 0;
@@ -164,6 +211,8 @@ grpc::Status KvCacheService::WritePages(grpc::ServerContext* ctx,
 
 grpc::Status KvCacheService::ReadPages(grpc::ServerContext* ctx, const pb::ReadRequest* req,
                                        grpc::ServerWriter<pb::ReadChunk>* writer) {
+  Admission admitted(this);
+  if (!admitted) return kDraining;
   CallTimer t(metrics_, Rpc::kReadPages);
   auto plan = cache_->PrepareRead(*req);
   if (!plan.ok()) return t.Done(plan.status());

@@ -3,8 +3,10 @@
 // streams move page bytes in chunks of at most kReadChunkBytes.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
-
+#include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -57,6 +59,14 @@ class KvCacheService final : public KvCacheAsyncBase {
       : cache_(cache), metrics_(metrics), calls_(cache, metrics) {
     SetMessageAllocatorFor_Lookup(&lookup_messages_);
   }
+  // Drain (SIGTERM): from now on every call of this service is refused with UNAVAILABLE before
+  // it does anything; calls admitted earlier run to their end. in_flight() counts the admitted
+  // calls whose handler has not returned yet (a handler counts itself, then checks draining_,
+  // both sequentially consistent: after StartDraining(), once in_flight() reads 0 no admitted
+  // call is left). A returned handler's answer may still be on its way out in gRPC.
+  void StartDraining() { draining_.store(true); }
+  int64_t in_flight() const { return in_flight_.load(); }
+
   // The calls shared with the local socket (local_control.h); set its path here before serving.
   ControlCalls& calls() { return calls_; }
   // The UCX data plane's description, asked per call (it changes when the data-plane process
@@ -114,6 +124,10 @@ class KvCacheService final : public KvCacheAsyncBase {
   DataPlaneInfoFn data_plane_;
   std::string no_data_plane_ = "the daemon runs without a UCX data plane";
   LookupMessagePool lookup_messages_;
+  // Own cache lines: in_flight_ is written by every call on every handler thread.
+  alignas(64) std::atomic<int64_t> in_flight_{0};
+  alignas(64) std::atomic<bool> draining_{false};
+  friend class Admission;
 };
 
 grpc::Status ToGrpc(const absl::Status& s);
