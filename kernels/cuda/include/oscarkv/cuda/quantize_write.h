@@ -67,8 +67,8 @@ struct QuantizeWriteParams {
   // Clip ratios [layer_count][2][num_kv_heads] applied to INT2 rows; nullptr: no clipping.
   const float* clips = nullptr;
   // R as fp16 high + low parts (the default; rotation error ~1e-6 relative); false uses the high
-  // part only: ~2^-12 relative, half the tensor work and fragment traffic (default write 302 ->
-  // 255 us on an H200). Not the default: on the reference model's real K/V no INT2 code differs
+  // part only: ~2^-12 relative, half the tensor work and fragment traffic (default write 220.5 ->
+  // 185.3 us on an H200, 10:31 UTC 2026-11-30). Not the default: on the reference model's real K/V no INT2 code differs
   // from the fp32 rotation, but 0.4-1% of groups pick another range candidate, and the engine's
   // CPU-vs-GPU attention test (engine/src/cuda_attention_gpu_test.cc) measured relative RMS
   // errors of 1.0e-3 to 6.9e-3 against its 1e-3 bound (random inputs with outlier channels).
