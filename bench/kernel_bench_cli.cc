@@ -39,14 +39,7 @@ int KernelBenchMain(int argc, char** argv) {
 
       .Flag("baseline-only", "measure only the baseline INT2 decode variant")
       .Flag("int2-only", "decode on OSCAR INT2 pages only (no BF16 pages, no quantize bench)");
-  if (absl::Status s = args.Parse(argc, argv); !s.ok()) {
-    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (args.help_requested()) {
-    std::printf("%s", args.Help().c_str());
-    return 0;
-  }
+  if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   KernelBenchOptions o;
   o.shapes.clear();
   for (absl::string_view spec : absl::StrSplit(args.str("shapes"), ',', absl::SkipEmpty())) {

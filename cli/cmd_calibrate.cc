@@ -55,11 +55,7 @@ int RunCalibrate(int argc, char** argv) {
       .Option("threads", "0", "worker threads (0 = all cores)")
       .Epilog("example:\n  python3 tools/golden/make_calib_text.py /tmp/calib.txt\n"
               "  oscarkv calibrate --model ../shared/refmodel --text /tmp/calib.txt --out rot/");
-  if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail("calibrate", s, 2);
-  if (args.help_requested()) {
-    std::printf("%s", args.Help().c_str());
-    return 0;
-  }
+  if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   calibrate::CalibrationOptions o;
   auto windows = args.integer("windows"), heldout = args.integer("heldout"),
        wbytes = args.integer("window-bytes"), sink = args.integer("sink"),
@@ -157,11 +153,7 @@ int RunAbsorb(int argc, char** argv) {
   args.Option("model", "", "source checkpoint folder")
       .Option("rotations", "", "rotation artifact folder")
       .Option("out", "", "output checkpoint folder");
-  if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail("calibrate absorb", s, 2);
-  if (args.help_requested()) {
-    std::printf("%s", args.Help().c_str());
-    return 0;
-  }
+  if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   if (args.str("model").empty() || args.str("rotations").empty() || args.str("out").empty()) {
     return Fail("calibrate absorb",
                 absl::InvalidArgumentError("--model, --rotations and --out are required"), 2);

@@ -124,11 +124,7 @@ int RunEval(int argc, char** argv) {
               "packed_split_acc, packed_int8, packed_int8_values; empty = the kernels' default)")
       .Option("shard", "0/1", "K/N: only windows i with i % N == K (combine by windows_evaluated)")
       .Flag("json", "print {\"rows\": [{codec, bpb, gap, recall_bpb, recall_gap}, ...]}");
-  if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail(s, 2);
-  if (args.help_requested()) {
-    std::printf("%s", args.Help().c_str());
-    return 0;
-  }
+  if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   auto windows = args.integer("windows"), wbytes = args.integer("window-bytes"),
        span = args.integer("recall-span"), seed = args.integer("seed"), sink = args.integer("sink"),
        recent = args.integer("recent"), group = args.integer("group"),

@@ -59,11 +59,7 @@ int RunPrefill(int argc, char** argv) {
   args.Epilog(
       "example:\n  oscarkv pd prefill --daemon 127.0.0.1:50051 --prompt-file p.txt --handle "
       "req-42");
-  if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail("pd prefill", s, 2);
-  if (args.help_requested()) {
-    std::printf("%s", args.Help().c_str());
-    return 0;
-  }
+  if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   if (args.str("handle").empty()) {
     return Fail("pd prefill", absl::InvalidArgumentError("--handle is required\n\n" + args.Help()),
                 2);
@@ -146,11 +142,7 @@ int RunDecode(int argc, char** argv) {
       .Flag("keep", "do not consume the handle (leave its records in the daemon)")
       .Flag("json", "print one JSON object as the result");
   AddCodecOptions(args, "64", "64", "256");
-  if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail("pd decode", s, 2);
-  if (args.help_requested()) {
-    std::printf("%s", args.Help().c_str());
-    return 0;
-  }
+  if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   if (args.str("handle").empty()) {
     return Fail("pd decode", absl::InvalidArgumentError("--handle is required\n\n" + args.Help()),
                 2);
@@ -536,11 +528,7 @@ int RunPdDemo(int argc, char** argv) {
       .Option("pool-mb", "128", "pool of each daemon")
       .Flag("loopback", "both hosts on 127.0.0.1 (no network namespaces)");
   AddCodecOptions(args, "64", "64", "256");
-  if (absl::Status s = args.Parse(argc, argv); !s.ok()) return Fail("pd demo", s, 2);
-  if (args.help_requested()) {
-    std::printf("%s", args.Help().c_str());
-    return 0;
-  }
+  if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   PdDemoOptions o;
   auto codec = CodecOptionsFrom(args);
   auto pb = args.integer("prompt-bytes"), n = args.integer("tokens"),

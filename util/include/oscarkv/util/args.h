@@ -86,11 +86,12 @@ class Args {
     return absl::OkStatus();
   }
 
-  // The usual subcommand prologue: parses argv; on a usage error prints it and returns 2, on
-  // --help prints the help and returns 0; std::nullopt means "go on".
+  // The usual subcommand prologue: parses argv; on a usage error prints it ("oscarkv <command>:
+  // <message>") and returns 2, on --help prints the help and returns 0; std::nullopt means "go
+  // on".
   std::optional<int> ParseOrExitCode(int argc, char** argv) {
     if (absl::Status s = Parse(argc, argv); !s.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      std::fprintf(stderr, "oscarkv %s: %s\n", command_.c_str(), std::string(s.message()).c_str());
       return 2;
     }
     if (help_requested()) {
