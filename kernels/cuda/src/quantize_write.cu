@@ -4,7 +4,9 @@
 // A CTA owns one (layer, K|V, KV head) and loops over tiles of 16 tokens per warp. Lane
 // (gid, tig) ends up holding channels [32·tig, 32·tig+32) of tokens gid and gid+8 of its warp's
 // tile: the mma k order (input channels) and n order (output channels) are permuted in the
-// prepared fragments so that both the loads and the packed code stores are contiguous.
+// prepared fragments so that both the loads and the packed code stores are contiguous. The
+// rotating selecting kernels (the default codec write) rotate on wgmma where this file is built
+// for sm_90a (8-warp CTAs, see WgmmaF16N128), on mma.sync otherwise.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -23,9 +25,10 @@ namespace {
 using namespace detail;
 
 // Warps per CTA (16 tokens each): 6 for the rotating selecting kernels (the 64 KiB of R hi+lo
-// fragments are shared by 6 warps; 2 CTAs = 12 warps per SM), 4 otherwise.
-__host__ __device__ constexpr int WarpsOf(bool select, bool rotate, bool round1) {
-  return select && rotate && !round1 ? 6 : 4;
+// fragments are shared by 6 warps; 2 CTAs = 12 warps per SM), 4 otherwise; `wg` (a multiple of
+// 4, whole warpgroups) for the wgmma kernels.
+__host__ __device__ constexpr int WarpsOf(bool select, bool rotate, bool round1, int wg = 0) {
+  return wg != 0 ? wg : select && rotate && !round1 ? 6 : 4;
 }
 constexpr int kFragSmem = 16 * 8 * 32 * 16;  // [n-tile][k-step][lane] uint4 = 64 KiB
 
@@ -58,6 +61,100 @@ __global__ void PrepareFragmentsKernel(const float* mats, uint4* frags) {
     out[idx] = make_uint4(hi[0], hi[1], lo[0], lo[1]);
   }
 }
+
+// ---- The rotation on wgmma (sm_90a; LoadPath::kWgmma*) ----------------------------------------
+// A warpgroup (4 warps) rotates its 4 x 16 rows with wgmma.m64n128k16: A (the rows, fp16) from
+// the registers mma.sync's A fragments use (the same layout per warp), B (R's hi and lo parts)
+// read by the tensor cores from shared memory -- once per 64 rows instead of the ~4 KB of LDS.128
+// per 16 rows of the mma.sync path --, the fp32 accumulators in y's registers (the m64nNk16 D
+// layout per warp is mma.sync's C layout, n8 block j = the mma path's n-tile j). The products are
+// chained in the same order as the mma.sync path (k-step s outer, hi then lo, starting from 0),
+// so the GPU tests can require the same bytes. Shared memory per k-step s and part (hi, lo): a
+// 16 (k) x 128 (n) tile of 4 KiB, K-major without swizzle: core matrix (n-block j, k-half kb) =
+// 8 rows (n) x 16 bytes (8 k values) at j * 256 + kb * 128. Tile (s, part) at (2s + part) * 4 KiB
+// (hi + lo) or s * 4 KiB (hi only).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define OSCARKV_HAVE_WGMMA 1
+#else
+#define OSCARKV_HAVE_WGMMA 0
+#endif
+constexpr int kWgTileBytes = 16 * 128 * 2;
+// Shared-memory matrix descriptor: start address, leading byte offset 128 (k halves), stride
+// byte offset 256 (n blocks), no swizzle.
+__device__ __forceinline__ uint64_t WgmmaDesc(uint32_t smem_addr) {
+  return static_cast<uint64_t>((smem_addr & 0x3ffffu) >> 4) | (static_cast<uint64_t>(128 >> 4) << 16) |
+         (static_cast<uint64_t>(256 >> 4) << 32);
+}
+// Word w (0..3) of prepared fragment uint4 `idx` (PrepareFragmentsKernel's [j][s][lane] order)
+// -> its byte offset in the wgmma layout (hi + lo when `precise`, else hi words only).
+__device__ __forceinline__ int WgmmaFragOffset(int idx, int w, bool precise) {
+  const int j = idx / 256, s = (idx / 32) % 8, lane = idx % 32, gid = lane >> 2, tig = lane & 3;
+  const int part = w >> 1, kb = w & 1;
+  const int tile = precise ? 2 * s + part : s;
+  return tile * kWgTileBytes + j * 256 + kb * 128 + gid * 16 + tig * 4;
+}
+#define OSCARKV_WG_ACC(y0, y1) \
+  "+f"(y0[0]), "+f"(y0[1]), "+f"(y1[0]), "+f"(y1[1]), \
+  "+f"(y0[2]), "+f"(y0[3]), "+f"(y1[2]), "+f"(y1[3]), \
+  "+f"(y0[4]), "+f"(y0[5]), "+f"(y1[4]), "+f"(y1[5]), \
+  "+f"(y0[6]), "+f"(y0[7]), "+f"(y1[6]), "+f"(y1[7]), \
+  "+f"(y0[8]), "+f"(y0[9]), "+f"(y1[8]), "+f"(y1[9]), \
+  "+f"(y0[10]), "+f"(y0[11]), "+f"(y1[10]), "+f"(y1[11]), \
+  "+f"(y0[12]), "+f"(y0[13]), "+f"(y1[12]), "+f"(y1[13]), \
+  "+f"(y0[14]), "+f"(y0[15]), "+f"(y1[14]), "+f"(y1[15]), \
+  "+f"(y0[16]), "+f"(y0[17]), "+f"(y1[16]), "+f"(y1[17]), \
+  "+f"(y0[18]), "+f"(y0[19]), "+f"(y1[18]), "+f"(y1[19]), \
+  "+f"(y0[20]), "+f"(y0[21]), "+f"(y1[20]), "+f"(y1[21]), \
+  "+f"(y0[22]), "+f"(y0[23]), "+f"(y1[22]), "+f"(y1[23]), \
+  "+f"(y0[24]), "+f"(y0[25]), "+f"(y1[24]), "+f"(y1[25]), \
+  "+f"(y0[26]), "+f"(y0[27]), "+f"(y1[26]), "+f"(y1[27]), \
+  "+f"(y0[28]), "+f"(y0[29]), "+f"(y1[28]), "+f"(y1[29]), \
+  "+f"(y0[30]), "+f"(y0[31]), "+f"(y1[30]), "+f"(y1[31])
+// y += A(64 x 16, this warp's 16 rows in mma.sync A fragments) * B(16 x 128 at `desc`).
+__device__ __forceinline__ void WgmmaF16N128(float (&y0)[32], float (&y1)[32], uint32_t a0, uint32_t a1,
+                                             uint32_t a2, uint32_t a3, uint64_t desc) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : OSCARKV_WG_ACC(y0, y1)
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(1));
+#else
+  __trap();
+#endif
+}
+// wgmma.fence before the first wgmma of a tile (orders the accumulators' and A's register writes
+// before the tensor cores read them); commit + wait after the last one, the accumulators named
+// as operands so that no access to them moves across.
+__device__ __forceinline__ void WgmmaFence(float (&y0)[32], float (&y1)[32], uint32_t (&a)[2][16]) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n"
+               : OSCARKV_WG_ACC(y0, y1),
+                 "+r"(a[0][0]), "+r"(a[0][1]), "+r"(a[0][2]), "+r"(a[0][3]),
+                 "+r"(a[0][4]), "+r"(a[0][5]), "+r"(a[0][6]), "+r"(a[0][7]),
+                 "+r"(a[0][8]), "+r"(a[0][9]), "+r"(a[0][10]), "+r"(a[0][11]),
+                 "+r"(a[0][12]), "+r"(a[0][13]), "+r"(a[0][14]), "+r"(a[0][15]),
+                 "+r"(a[1][0]), "+r"(a[1][1]), "+r"(a[1][2]), "+r"(a[1][3]),
+                 "+r"(a[1][4]), "+r"(a[1][5]), "+r"(a[1][6]), "+r"(a[1][7]),
+                 "+r"(a[1][8]), "+r"(a[1][9]), "+r"(a[1][10]), "+r"(a[1][11]),
+                 "+r"(a[1][12]), "+r"(a[1][13]), "+r"(a[1][14]), "+r"(a[1][15])
+               :
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void WgmmaCommitWait(float (&y0)[32], float (&y1)[32]) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n"
+               : OSCARKV_WG_ACC(y0, y1) : : "memory");
+#endif
+}
+// Whether this build's kernels for the current device carry the wgmma path (sm_90a code).
+__global__ void WgmmaProbeKernel(int* out) { *out = OSCARKV_HAVE_WGMMA; }
 
 // k-th smallest (0-based) of the 128 non-negative values (as bits) of one row held by the 4
 // lanes of a quad (32 each): the largest r with #(a < r) <= k, built bit by bit.
@@ -798,12 +895,18 @@ __host__ __device__ constexpr int BinBytes(bool select, int warps, bool round1) 
 // kAhead (direct round-3 selecting kernels): 1 loads the next tile's rows one tile ahead
 // (between this tile's two rows), 2 prefetches them into L1 there, 0 neither: each tile's rows
 // are loaded when it is reached; see the loop below.
+// kWg (rotating selecting kernels, sm_90a): warps per CTA of the wgmma rotation (whole
+// warpgroups, see WgmmaF16N128), 0 for mma.sync.
+template <int kWg>
+constexpr int kWgMinBlocks = kWg == 12 ? 1 : 2;
 template <int G, bool kSelect, bool kRotate, bool kStaged, bool kRound1 = false, bool kRound2 = false,
-          int kAhead = 0>
-__global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1),
-                                  kSelect ? (kRotate && !kRound1 ? 2 : 3) : (kStaged && !kRotate ? 4 : 2))
+          int kAhead = 0, int kWg = 0>
+__global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1, kWg),
+                                  kWg != 0 ? kWgMinBlocks<kWg>
+                                  : kSelect ? (kRotate && !kRound1 ? 2 : 3) : (kStaged && !kRotate ? 4 : 2))
     QuantizeWriteKernel(const QuantizeWriteParams p, int per_cta) {
-  constexpr int kWarps = WarpsOf(kSelect, kRotate, kRound1), kThreads = 32 * kWarps;
+  static_assert(kWg % 4 == 0 && (kWg == 0 || (kSelect && kRotate && !kStaged)));
+  constexpr int kWarps = WarpsOf(kSelect, kRotate, kRound1, kWg), kThreads = 32 * kWarps;
   constexpr int kTileTokens = 16 * kWarps;
   extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
@@ -818,7 +921,20 @@ __global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1),
   const int frag_bytes = rotate ? (precise ? kFragSmem : kFragSmem / 2) : 0;
   if (rotate) {
     const uint8_t* src = static_cast<const uint8_t*>(p.rot_fragments) + size_t(mat) * kFragSmem;
-    if (precise) {
+    if constexpr (kWg != 0) {
+      // Rearranged into the wgmma tiles (WgmmaFragOffset); the tensor cores read them through
+      // the async proxy, hence the proxy fence before the barrier.
+      const uint4* s4 = reinterpret_cast<const uint4*>(src);
+      for (int c = tid; c < kFragSmem / 16; c += kThreads) {
+        const uint4 v = s4[c];
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (precise || e < 2) *reinterpret_cast<uint32_t*>(smem + WgmmaFragOffset(c, e, precise)) = w[e];
+        }
+      }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    } else if (precise) {
       for (int c = tid; c < kFragSmem / 16; c += kThreads) CpAsync16(smem + c * 16, src + c * 16, true);
       CpAsyncCommit();
       CpAsyncWait<0>();
@@ -894,7 +1010,26 @@ __global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1),
       // steps outer, so consecutive mmas never wait on each other.
 #pragma unroll
       for (int i = 0; i < 32; ++i) y[0][i] = y[1][i] = 0.f;
-      if (precise) {
+      if constexpr (kWg != 0) {
+        const uint64_t desc0 = WgmmaDesc(static_cast<uint32_t>(__cvta_generic_to_shared(smem)));
+        // No branch between the wgmmas (ptxas would serialize them).
+        WgmmaFence(y[0], y[1], a);
+        if (precise) {
+#pragma unroll
+          for (int t = 0; t < 16; ++t) {
+            const int s = t / 2;
+            WgmmaF16N128(y[0], y[1], a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1],
+                         desc0 + static_cast<uint64_t>((t * kWgTileBytes) >> 4));
+          }
+        } else {
+#pragma unroll
+          for (int s = 0; s < 8; ++s) {
+            WgmmaF16N128(y[0], y[1], a[0][2 * s], a[1][2 * s], a[0][2 * s + 1], a[1][2 * s + 1],
+                         desc0 + static_cast<uint64_t>((s * kWgTileBytes) >> 4));
+          }
+        }
+        WgmmaCommitWait(y[0], y[1]);
+      } else if (precise) {
 #pragma unroll
         for (int s = 0; s < 8; ++s) {
 #pragma unroll
@@ -1153,7 +1288,41 @@ cudaError_t CachedSlots(const void* kernel, int threads, int smem, int* slots) {
   return cudaSuccess;
 }
 
+// Whether the kernels of this build for the current device are the sm_90a ones (wgmma), from
+// a one-thread probe kernel; cached per device.
+cudaError_t WgmmaAvailable(bool* have) {
+  static std::mutex mu;
+  static std::vector<std::pair<int, bool>> cache;
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& [d, h] : cache) {
+    if (d == device) {
+      *have = h;
+      return cudaSuccess;
+    }
+  }
+  int* flag = nullptr;
+  e = cudaMalloc(&flag, sizeof(int));
+  if (e != cudaSuccess) return e;
+  WgmmaProbeKernel<<<1, 1>>>(flag);
+  int host = 0;
+  e = cudaMemcpy(&host, flag, sizeof(int), cudaMemcpyDeviceToHost);
+  const cudaError_t f = cudaFree(flag);
+  if (e == cudaSuccess) e = f;
+  if (e != cudaSuccess) return e;
+  *have = host != 0;
+  cache.emplace_back(device, *have);
+  return cudaSuccess;
+}
+
 }  // namespace
+
+bool QuantizeWriteHasWgmma() {
+  bool have = false;
+  return WgmmaAvailable(&have) == cudaSuccess && have;
+}
 
 absl::Status PrepareRotationFragments(const float* matrices, int count, void* fragments,
                                       cudaStream_t stream) {
@@ -1192,6 +1361,23 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   const bool staged = p.load_path == LoadPath::kStaged || (p.load_path == LoadPath::kAuto && !select);
   const bool round1 = p.load_path == LoadPath::kRound1 && select;  // min-max kernels: unchanged
   const bool round2 = p.load_path == LoadPath::kRound2 && select;
+  // wgmma rotation (rotating selecting kernels on sm_90a builds): warps per CTA, 0 for mma.sync.
+  // kAuto takes 8-warp CTAs (2 per SM, 16 warps, 128 registers) where the build has them:
+  // measured on an H200 (default codec write, us): 4 warps 248.5, 8 warps 174.9, 12 warps 199.3,
+  // mma.sync 221.3 (session 13).
+  bool have_wgmma = false;
+  if (select && rot && (p.load_path == LoadPath::kAuto || p.load_path == LoadPath::kWgmma4 ||
+                        p.load_path == LoadPath::kWgmma8 || p.load_path == LoadPath::kWgmma12)) {
+    cudaError_t e = WgmmaAvailable(&have_wgmma);
+    if (e != cudaSuccess) return CudaStatus(e, "quantize-on-write wgmma probe");
+    if (!have_wgmma && p.load_path != LoadPath::kAuto) {
+      return absl::UnimplementedError("quantize-on-write: this build has no sm_90a (wgmma) kernels");
+    }
+  }
+  const int wg = !have_wgmma                         ? 0
+                 : p.load_path == LoadPath::kWgmma4  ? 4
+                 : p.load_path == LoadPath::kWgmma12 ? 12
+                                                     : 8;  // kWgmma8, kAuto
   // Round 3's selecting kernels (kAhead above): kAuto / kDirect take the rows one tile ahead
   // unrotated, an L1 prefetch one tile ahead rotated.
   const int ahead = p.load_path == LoadPath::kLoadAhead    ? 1
@@ -1254,6 +1440,24 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
     constexpr bool kSel = decltype(sel)::value, kRot = decltype(rt)::value;
     if (staged) {
       st = launch(QuantizeWriteKernel<kG, kSel, kRot, true>, WarpsOf(kSel, kRot, false));
+    } else if constexpr (kSel && kRot) {
+      if (wg == 4) {
+        st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 4>, 4);
+      } else if (wg == 8) {
+        st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 8>, 8);
+      } else if (wg == 12) {
+        st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 12>, 12);
+      } else if (round1) {
+        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, true>, WarpsOf(kSel, kRot, true));
+      } else if (round2) {
+        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, true>, WarpsOf(kSel, kRot, false));
+      } else if (ahead == 1) {
+        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, false, 1>, WarpsOf(kSel, kRot, false));
+      } else if (ahead == 2) {
+        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, false, 2>, WarpsOf(kSel, kRot, false));
+      } else {
+        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false>, WarpsOf(kSel, kRot, false));
+      }
     } else if constexpr (kSel) {
       if (round1) {
         st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, true>, WarpsOf(kSel, kRot, true));

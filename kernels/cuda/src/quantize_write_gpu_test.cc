@@ -9,8 +9,9 @@
 //     reference, and fp16 parameters within 4 ulps;
 //   * the flush of a BF16 page into an INT2 page, reading the page's own segments;
 //   * every case runs every load path (LoadPath::kRound1, the round-1 kernel, checked against the
-//     reference as above; every other LoadPath): their written rows must equal the round-1
-//     kernel's byte for byte, into pages poisoned first (so every row is written).
+//     reference as above; every other LoadPath, the wgmma rotation included on sm_90): their
+//     written rows must equal the round-1 kernel's byte for byte, into pages poisoned first (so
+//     every row is written).
 #include <cmath>
 #include <cstdlib>
 #include <algorithm>
@@ -214,11 +215,23 @@ void RunWrite(const WriteCase& c) {
   // write the same bytes (the same arithmetic in the same order), rotated or not.
   std::vector<std::vector<uint8_t>> round1(n_pages);
   using LoadPath = QuantizeWriteParams::LoadPath;
+  int cc_major = 0, cc_minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  const bool sm90 = cc_major == 9 && cc_minor == 0;
   for (LoadPath path : {LoadPath::kRound1, LoadPath::kDirect, LoadPath::kStaged, LoadPath::kAuto,
                         LoadPath::kRound2, LoadPath::kLoadAhead, LoadPath::kLoadAtTile,
-                        LoadPath::kPrefetchL1}) {
+                        LoadPath::kPrefetchL1, LoadPath::kWgmma4, LoadPath::kWgmma8,
+                        LoadPath::kWgmma12}) {
   const bool staged = path != LoadPath::kRound1;  // compared with the round-1 kernel's bytes
   SCOPED_TRACE("load path " + std::to_string(static_cast<int>(path)));
+  const bool wgmma = path == LoadPath::kWgmma4 || path == LoadPath::kWgmma8 || path == LoadPath::kWgmma12;
+  if (wgmma && !QuantizeWriteHasWgmma()) {
+    // The default build (sm_90) compiles the write kernels for sm_90a: on an sm_90 device the
+    // wgmma paths must be there.
+    ASSERT_FALSE(sm90) << "sm_90 device but no sm_90a (wgmma) quantize-on-write kernels";
+    continue;
+  }
   for (uint32_t i = 0; i < n_pages; ++i) {
     ASSERT_EQ(cudaMemset(dpages[i].get(), staged ? 0x5a : 0, sizes[i]), cudaSuccess);
   }

@@ -83,8 +83,18 @@ struct QuantizeWriteParams {
   // selecting kernels (kAuto, kDirect) run round 3's selection (quantize_write.cu) and load the
   // next tile's rows one tile ahead into registers when unrotated, prefetch them into L1 one tile
   // ahead when rotated (measured faster each way); kLoadAhead / kPrefetchL1 force either,
-  // kLoadAtTile does neither (each tile loaded when reached). All write the same bytes.
-  enum class LoadPath : uint8_t { kAuto, kStaged, kDirect, kRound1, kRound2, kLoadAhead, kLoadAtTile, kPrefetchL1 };
+  // kLoadAtTile does neither (each tile loaded when reached; kPrefetchL1 is round 3's rotating
+  // selecting kernel, mma.sync). All write the same bytes.
+  // kWgmma4 / 8 / 12 (rotating selecting kernels, sm_90a builds; see quantize_write.cu): the
+  // rotation on wgmma, R read by the tensor cores from shared memory, CTAs of 4, 8 or 12 warps
+  // (1, 2 or 3 warpgroups), rows prefetched into L1 one tile ahead; LaunchQuantizeWrite fails
+  // (Unimplemented) without sm_90a kernels (QuantizeWriteHasWgmma). kAuto takes kWgmma8 for the
+  // rotating selecting kernels where the build has it (default codec write on an H200: 221.3 ->
+  // 174.9 us), round 3's mma.sync kernel otherwise.
+  enum class LoadPath : uint8_t {
+    kAuto, kStaged, kDirect, kRound1, kRound2, kLoadAhead, kLoadAtTile, kPrefetchL1,
+    kWgmma4, kWgmma8, kWgmma12
+  };
   LoadPath load_path = LoadPath::kAuto;
   // Range selection of INT2 groups (see the top of this file): per (layer, K|V, head) modes
   // [layer_count][2][num_kv_heads] as RangeMode bytes (RotationSet::range_mode order, like
@@ -94,5 +104,9 @@ struct QuantizeWriteParams {
 };
 
 absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& params, cudaStream_t stream);
+
+// Whether this build runs sm_90a kernels (wgmma) on the current device: quantize_write.cu is
+// compiled for sm_90a where the kernels are built for sm_90 (kernels/cuda/CMakeLists.txt).
+bool QuantizeWriteHasWgmma();
 
 }  // namespace oscarkv::cuda
