@@ -251,6 +251,10 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     // --ab option sets.
     if (options.find("shared_rotation") != std::string::npos) p.share_rotation = true;
     if (options.find("early_copies") != std::string::npos) p.copies_after_queries = false;
+    if (options.find("rotation_kernel") != std::string::npos) p.rotate_in_cta = false;
+    if (options.find("cta_rotation") != std::string::npos) p.rotate_in_cta = true;
+    if (options.find("cta_fragments") != std::string::npos) p.prepared_fragments = false;
+    if (options.find("two_per_sm") != std::string::npos) p.int2_ctas_per_sm = 2;
     p.out = out->as<float>();
     p.lse = lse->as<float>();
     params.push_back(p);

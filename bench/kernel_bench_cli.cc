@@ -30,7 +30,8 @@ int KernelBenchMain(int argc, char** argv) {
               "diagnostics: time the INT2 launch without merge / rotation too, and write per-CTA "
               "phase timestamps to this CSV")
       .Option("ab", "",
-              "comma list of INT2 launch option sets (shared_rotation, early_copies, joined by +) "
+              "comma list of INT2 launch option sets (shared_rotation, early_copies, rotation_kernel, "
+              "cta_rotation, cta_fragments, two_per_sm; joined by +) "
               "timed beside the default launch (use --rounds to alternate)")
       .Option("csv", "", "write the CSV here")
       .Option("plot", "", "write an SVG plot here")
@@ -92,7 +93,8 @@ int KernelBenchMain(int argc, char** argv) {
   }
   for (absl::string_view t : absl::StrSplit(args.str("ab"), ',', absl::SkipEmpty())) {
     for (absl::string_view f : absl::StrSplit(t, '+')) {
-      if (f != "shared_rotation" && f != "early_copies") {
+      if (f != "shared_rotation" && f != "early_copies" && f != "rotation_kernel" && f != "cta_rotation" &&
+          f != "cta_fragments" && f != "two_per_sm") {
         std::fprintf(stderr, "bad --ab entry '%s'\n", std::string(t).c_str());
         return 2;
       }

@@ -1,5 +1,5 @@
-// Mixed-precision paged decode attention: the BF16-slice kernel, the query rotation kernel, the
-// log-sum-exp merge kernel and the launch sequence (optional rotation kernel, INT2 items, then
+// Mixed-precision paged decode attention: the BF16-slice kernel, the log-sum-exp merge kernel and
+// the launch sequence (optional rotation kernel, INT2 items, then
 // BF16 items overlapping them through programmatic serialization, then the merge kernel unless
 // the last CTA of each (sequence, KV head) merges). The INT2 kernel and its variants are in
 // decode_int2.cu; the shared pieces (and the fused merge) in decode_common.cuh.
@@ -131,22 +131,6 @@ __global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
   }
 }
 
-// Rotates the GQA queries of one (sequence, KV head) (CTA blockIdx.x = seq * H + kv head) into
-// the workspace (RotatedQueries) for the INT2 kernel, which starts as this grid's programmatic
-// dependent. Shared memory: the queries [gqa][128] (rotated in place) and the 4 warps' partial
-// sums [4][gqa][128].
-__global__ void __launch_bounds__(128) RotateQueryKernel(const DecodeParams p) {
-  extern __shared__ __align__(16) float rsm[];
-  asm volatile("griddepcontrol.launch_dependents;");
-  const int gqa = static_cast<int>(p.shape.gqa()), H = static_cast<int>(p.shape.num_kv_heads);
-  DecodeWorkItem it{};
-  it.seq = static_cast<int32_t>(blockIdx.x) / H;
-  it.kv_head = static_cast<int32_t>(blockIdx.x) % H;
-  RotateQueries(p, it, rsm, rsm, rsm + gqa * 128, gqa * 128);
-  float* dst = RotatedQueries(p) + (size_t(it.seq) * p.shape.num_q_heads + size_t(it.kv_head) * gqa) * 128;
-  for (int i = threadIdx.x; i < gqa * 128; i += kThreads) dst[i] = rsm[i];
-}
-
 }  // namespace
 
 absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
@@ -168,14 +152,8 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
   const int sq = p.table.num_seqs * static_cast<int>(p.shape.num_q_heads);
   (void)scale;
   const int n2 = p.num_int2_items, nb = p.num_items - p.num_int2_items;
-  if (n2 > 0) {
-    if (!p.rotate_in_cta) {
-      const int gqa = static_cast<int>(p.shape.gqa());
-      RotateQueryKernel<<<p.table.num_seqs * static_cast<int>(p.shape.num_kv_heads), kThreads,
-                          5 * gqa * 128 * sizeof(float), stream>>>(p);
-    }
-    LaunchDecodeInt2Kernels(p, n2, stream);
-  }
+  // The INT2 kernel (after the rotation kernel unless rotate_in_cta).
+  if (n2 > 0) LaunchDecodeInt2Kernels(p, n2, stream);
   if (nb > 0) {
     static const bool once = SetSmem(DecodeBf16Kernel, SmemBytes<false>());
     (void)once;

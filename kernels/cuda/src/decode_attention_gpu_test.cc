@@ -108,6 +108,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     bool linear_w_rows = false;
     bool shared_rotation = false;  // DecodeParams::share_rotation on
     bool early_copies = false;     // DecodeParams::copies_after_queries off
+    bool cta_fragments = false;    // DecodeParams::prepared_fragments off
+    int ctas_per_sm = 0;           // DecodeParams::int2_ctas_per_sm
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
@@ -124,6 +126,20 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
   for (bool mk : {false, true}) runs.push_back({DecodeParams{}.variant, 7, mk, 1, false, true});
   for (bool shared : {false, true}) runs.push_back({DecodeParams{}.variant, 7, false, 1, false, shared, true});
   runs.push_back({DecodeParams{}.variant, 0, false, 1, false, true});
+  // The rotation kernel with the int8 query fragments built in every CTA (prepared_fragments
+  // off), and prepared for packed_int8 too; the INT2 kernel capped at 2 and 1 CTAs per SM.
+  {
+    Run r{DecodeParams{}.variant, 7, false, 2};
+    r.cta_fragments = true;
+    runs.push_back(r);
+    runs.push_back({DecodeVariant::kPackedInt8, 7, false, 2});
+    r = Run{DecodeParams{}.variant, 0, false, 2};
+    r.ctas_per_sm = 2;
+    runs.push_back(r);
+    r = Run{DecodeParams{}.variant, 7, false, 1};
+    r.ctas_per_sm = 1;
+    runs.push_back(r);
+  }
   if (long_items) {
     runs.clear();
     for (int vi = 0; vi < kNumDecodeVariants; ++vi) runs.push_back({static_cast<DecodeVariant>(vi), 4, false});
@@ -138,7 +154,9 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
                  std::to_string(target) + (run.merge_kernel ? " merge kernel" : "") +
                  (run.rotation == 1 ? " cta rotation" : run.rotation == 2 ? " rotation kernel" : "") +
                  (run.linear_w_rows ? " linear w rows" : "") +
-                 (run.shared_rotation ? " shared rotation" : "") + (run.early_copies ? " early copies" : ""));
+                 (run.shared_rotation ? " shared rotation" : "") + (run.early_copies ? " early copies" : "") +
+                 (run.cta_fragments ? " cta fragments" : "") +
+                 (run.ctas_per_sm ? " ctas/sm " + std::to_string(run.ctas_per_sm) : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target);
     ASSERT_TRUE(dec.ok()) << dec.status();
     DecodeParams p = dec->Params();
@@ -146,6 +164,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     if (run.rotation != 0) p.rotate_in_cta = run.rotation == 1;
     if (run.shared_rotation) p.share_rotation = true;
     if (run.early_copies) p.copies_after_queries = false;
+    if (run.cta_fragments) p.prepared_fragments = false;
+    p.int2_ctas_per_sm = run.ctas_per_sm;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();
     p.table.page_token_counts = d_counts->as<uint16_t>();
@@ -185,9 +205,10 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
       }
     }
     // The measured error of each variant (bench/results/NOTES.md quotes the maxima).
-    std::printf("[ error ] %s target_ctas %d%s%s%s: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g%s)\n",
+    std::printf("[ error ] %s target_ctas %d%s%s%s%s: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g%s)\n",
                 DecodeVariantName(variant), target, p.fused_merge ? "" : " merge kernel",
-                p.rotate_in_cta ? "" : " rotation kernel", run.linear_w_rows ? " linear w rows" : "",
+                p.rotate_in_cta ? "" : (p.prepared_fragments ? " rotation kernel" : " rotation kernel, cta fragments"),
+                run.linear_w_rows ? " linear w rows" : "", run.ctas_per_sm ? " capped ctas/sm" : "",
                 max_scaled, double(tol), checked ? "" : ", not checked: long items");
     auto st = stats->ToHost<uint32_t>();
     ASSERT_TRUE(st.ok());

@@ -135,6 +135,12 @@ __device__ __forceinline__ int* RotationTicket(const DecodeParams& p, int pair) 
   const size_t qrot = (sizeof(float) * size_t(p.table.num_seqs) * p.shape.num_q_heads * 128 + 255) / 256 * 256;
   return reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(RotatedQueries(p)) + qrot) + 2 * pair;
 }
+// The rotation kernel's int8 query fragments [seq][kv head][4][32] uint4 (after the tickets;
+// DecodeParams::prepared_fragments).
+__device__ __forceinline__ uint4* QueryFragmentArea(const DecodeParams& p) {
+  const size_t tickets = (sizeof(int32_t) * 2 * size_t(p.table.num_seqs) * p.shape.num_kv_heads + 255) / 256 * 256;
+  return reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(RotationTicket(p, 0)) + tickets);
+}
 // Where the INT2 kernel keeps a CTA's rotation ticket between its entry and CtaQueries: the last
 // word of the W exchange area, idle until the main loop.
 constexpr int kTicketSmemOffset = kInt2StageArea + kWarps * kWarpXchg - 4;

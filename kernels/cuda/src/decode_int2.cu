@@ -18,6 +18,8 @@
 // accumulators at −1024·Σ q·2^-k, and 1024·Σ W comes from one more mma with every code 0. Channel orders inside the mma tiles are
 // permuted so each lane's operands come from contiguous bytes; the query fragments and the
 // output mapping use the same permutation.
+#include <algorithm>
+
 #include "decode_bf16.cuh"
 
 namespace oscarkv::cuda {
@@ -138,6 +140,81 @@ constexpr float kI8QMax = 8128.f;  // |Q| <= 8128: 4·Q splits into int8 high/lo
 constexpr int kV8RefBits = 15;       // new weight units: the largest weight becomes <= 2^15
 constexpr float kV8Magic = 8388608.f;  // 2^23: fma(w, s, 2^23)'s low 16 bits hold round(w·s)
 
+// kI8: the int8 query fragments of lane `lane` from the rotated queries qrot ([gqa][128]):
+// qb[v][hh][rr], the B operands of the score product (see kI8QMax), and for the heads the lane
+// owns after the packed exchange, 1 / (4·S) (qinv) and Σ q per group (Q0i). The whole warp takes
+// part (shuffles). Used by the INT2 kernel (built per CTA) and by QueryPrepKernel (built once
+// per (sequence, KV head), DecodeParams::prepared_fragments).
+template <int G>
+__device__ __forceinline__ void Int8QueryFragments(const float* qrot, int gqa, int lane, uint32_t (&qb)[2][2][2],
+                                                   float (&qinv)[2], float (&Q0i)[2][128 / G]) {
+  using Lay = Int2Layout<G>;
+  constexpr int NG = Lay::NG;
+  const int gid = lane >> 2, tig = lane & 3;
+  // Per head: max |q| and Σ q per group over the 128 channels (lane l holds channels 4l..4l+3),
+  // the four heads' shuffle chains interleaved.
+  float S[4], qsum[4][NG], mx[4], sum[4];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    const float4 x = h < gqa ? reinterpret_cast<const float4*>(qrot + h * 128)[lane]
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+    mx[h] = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
+    sum[h] = (x.x + x.y) + (x.z + x.w);
+  }
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], off));
+      // G = 64: lanes 0..15 hold channels 0..63 (group 0), lanes 16..31 group 1.
+      if (G == 128 || off < 16) sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], off);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    // Any S with |q·S| <= ~8160 is exact to split (see kI8QMax); the approximate division
+    // (no slow path) is within 2 ulp.
+    S[h] = mx[h] > 0.f ? __fdividef(kI8QMax, mx[h]) : 1.f;
+#pragma unroll
+    for (int g = 0; g < NG; ++g) qsum[h][g] = __shfl_sync(0xffffffffu, sum[h], 16 * g);
+  }
+  const int head = gid & 3;
+  const bool lo_col = gid >= 4;
+  const float s_head = head == 0 ? S[0] : head == 1 ? S[1] : head == 2 ? S[2] : S[3];
+#pragma unroll
+  for (int v = 0; v < 2; ++v) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int ch = 4 * (Lay::KWordByte(tig, v) + i) + 2 * hh + rr;
+          int bf = 0;
+          if (head < gqa) {
+            const int qi = __float2int_rn(qrot[head * 128 + ch] * s_head);
+            bf = rr == 0 ? 4 * qi : qi;
+          }
+          const int hi = (bf + 128) >> 8;
+          const int part = lo_col ? bf - 256 * hi : hi;
+          word |= (static_cast<uint32_t>(part) & 0xffu) << (8 * i);
+        }
+        qb[v][hh][rr] = word;
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int h = 2 * (tig & 1) + e;
+    const float sh = h == 0 ? S[0] : h == 1 ? S[1] : h == 2 ? S[2] : S[3];
+    qinv[e] = __fdividef(0.25f, sh);
+#pragma unroll
+    for (int g = 0; g < NG; ++g)
+      Q0i[e][g] = h == 0 ? qsum[0][g] : h == 1 ? qsum[1][g] : h == 2 ? qsum[2][g] : qsum[3][g];
+  }
+}
+
 // kPack (DecodeVariant::kPackedHeads, GQA <= 4), kSplit (kPackedSplitAcc), kI8
 // (kPackedInt8, implies kPack) and kV8 (kPackedInt8Values, implies kI8): see
 // decode_attention.h.
@@ -231,145 +308,106 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
   };
   const bool late_copies = p.copies_after_queries && p.rotate_in_cta;
+  // prepared_fragments: the rotation kernel built this pair's int8 query fragments; each lane
+  // loads its 64 bytes of them after the first copies (no query area, no CTA barrier).
+  const bool prepared = kI8 && !p.rotate_in_cta && p.prepared_fragments;
   if (!late_copies) first_copies();
-  // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
-  CtaQueries(p, it, qs + 8 * 128, qs,
-                reinterpret_cast<float*>(smem + (kInt2WarpStages - 1) * kInt2Slot),
-                kInt2WarpStages * kInt2Slot / 4, late_copies ? 0 : kInt2WarpStages - 1,
-                *reinterpret_cast<const int*>(smem + kTicketSmemOffset));
+  if (prepared) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  } else {
+    // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
+    CtaQueries(p, it, qs + 8 * 128, qs,
+               reinterpret_cast<float*>(smem + (kInt2WarpStages - 1) * kInt2Slot),
+               kInt2WarpStages * kInt2Slot / 4, late_copies ? 0 : kInt2WarpStages - 1,
+               *reinterpret_cast<const int*>(smem + kTicketSmemOffset));
+  }
   if (late_copies) first_copies();
   if (tid == 0) MarkClock(p, kTlQuery);
   const float* qrot = qs;
   uint32_t qhi[8][2], qlo[8][2];
-  float q0[NG], q1[NG];  // Σ q (true) and Σ q·2^-k (as used), this lane's channels
-#pragma unroll
-  for (int g = 0; g < NG; ++g) q0[g] = q1[g] = 0.f;
-#pragma unroll
-  for (int s = 0; s < 8; ++s) {
-    const int v = s >> 2, u = s & 3;
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int r = 2 * u + b;
-      const int k = CodeShift(r);
-      const float inv = 1.0f / static_cast<float>(1 << k);
-      const int byte_lo = (r < 4 ? 0 : 1), idx = r & 3;
-      const int base = Lay::KWordByte(tig, v);
-      const int ch_lo = 4 * (base + byte_lo) + idx, ch_hi = 4 * (base + byte_lo + 2) + idx;
-      const int head = kPack ? (gid & 3) : gid;
-      const float x_lo = head < gqa ? qrot[head * 128 + ch_lo] * inv : 0.f;
-      const float x_hi = head < gqa ? qrot[head * 128 + ch_hi] * inv : 0.f;
-      const __half h_lo = __float2half_rn(x_lo), h_hi = __float2half_rn(x_hi);
-      __half l_lo = __float2half_rn(0.f), l_hi = __float2half_rn(0.f);
-      if (p.precise_query) {
-        l_lo = __float2half_rn(x_lo - __half2float(h_lo));
-        l_hi = __float2half_rn(x_hi - __half2float(h_hi));
-      }
-      const float used = __half2float(h_lo) + __half2float(l_lo) + __half2float(h_hi) +
-                         __half2float(l_hi);
-      const int g = (G == 64) ? v : 0;
-      if (kPack) {
-        // Column gid < 4: the high parts of head gid; column gid >= 4: the low parts of head
-        // gid - 4 (the padding columns carry the precision), so one mma serves both.
-        const bool lo_col = gid >= 4;
-        qhi[s][b] = lo_col ? PackHalf2(l_lo, l_hi) : PackHalf2(h_lo, h_hi);
-        q1[g] += lo_col ? __half2float(l_lo) + __half2float(l_hi)
-                        : __half2float(h_lo) + __half2float(h_hi);
-        q0[g] += lo_col ? 0.f : used * static_cast<float>(1 << k);
-      } else {
-        qhi[s][b] = PackHalf2(h_lo, h_hi);
-        qlo[s][b] = PackHalf2(l_lo, l_hi);
-        q1[g] += used;
-        q0[g] += used * static_cast<float>(1 << k);
-      }
-    }
-  }
-#pragma unroll
-  for (int g = 0; g < NG; ++g) {
-    q0[g] += __shfl_xor_sync(0xffffffffu, q0[g], 1);
-    q0[g] += __shfl_xor_sync(0xffffffffu, q0[g], 2);
-    q1[g] += __shfl_xor_sync(0xffffffffu, q1[g], 1);
-    q1[g] += __shfl_xor_sync(0xffffffffu, q1[g], 2);
-  }
   // For this lane's accumulator columns (query heads 2·tig, 2·tig+1): Σ q per group, and the
   // accumulator start value −1024·Σ q·2^-k that removes the code offset inside the mma.
   float Q0[2][NG], Cinit[2][NG];
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-#pragma unroll
-    for (int g = 0; g < NG; ++g) {
-      Q0[e][g] = __shfl_sync(0xffffffffu, q0[g], (2 * tig + e) * 4);
-      Cinit[e][g] = -1024.f * __shfl_sync(0xffffffffu, q1[g], (2 * tig + e) * 4);
-    }
-  }
   // kI8: int8 query fragments qb[v][h][reg]; for the heads this lane owns after the packed
   // exchange, 1 / (4·S) and Σ q per group.
   uint32_t qb[2][2][2];
   float qinv[2], Q0i[2][NG];
-  if constexpr (kI8) {
-    // Per head: max |q| and Σ q per group over the 128 channels (lane l holds channels 4l..4l+3),
-    // the four heads' shuffle chains interleaved.
-    float S[4], qsum[4][NG], mx[4], sum[4];
+  if constexpr (!kI8) {
+    float q0[NG], q1[NG];  // Σ q (true) and Σ q·2^-k (as used), this lane's channels
 #pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      const float4 x = h < gqa ? reinterpret_cast<const float4*>(qrot + h * 128)[lane]
-                               : make_float4(0.f, 0.f, 0.f, 0.f);
-      mx[h] = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
-      sum[h] = (x.x + x.y) + (x.z + x.w);
-    }
+    for (int g = 0; g < NG; ++g) q0[g] = q1[g] = 0.f;
 #pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
+    for (int s = 0; s < 8; ++s) {
+      const int v = s >> 2, u = s & 3;
 #pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], off));
-        // G = 64: lanes 0..15 hold channels 0..63 (group 0), lanes 16..31 group 1.
-        if (G == 128 || off < 16) sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], off);
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      // Any S with |q·S| <= ~8160 is exact to split (see kI8QMax); the approximate division
-      // (no slow path) is within 2 ulp.
-      S[h] = mx[h] > 0.f ? __fdividef(kI8QMax, mx[h]) : 1.f;
-#pragma unroll
-      for (int g = 0; g < NG; ++g) qsum[h][g] = __shfl_sync(0xffffffffu, sum[h], 16 * g);
-    }
-    const int head = gid & 3;
-    const bool lo_col = gid >= 4;
-    const float s_head = head == 0 ? S[0] : head == 1 ? S[1] : head == 2 ? S[2] : S[3];
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
-          uint32_t word = 0;
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int ch = 4 * (Lay::KWordByte(tig, v) + i) + 2 * hh + rr;
-            int bf = 0;
-            if (head < gqa) {
-              const int qi = __float2int_rn(qrot[head * 128 + ch] * s_head);
-              bf = rr == 0 ? 4 * qi : qi;
-            }
-            const int hi = (bf + 128) >> 8;
-            const int part = lo_col ? bf - 256 * hi : hi;
-            word |= (static_cast<uint32_t>(part) & 0xffu) << (8 * i);
-          }
-          qb[v][hh][rr] = word;
+      for (int b = 0; b < 2; ++b) {
+        const int r = 2 * u + b;
+        const int k = CodeShift(r);
+        const float inv = 1.0f / static_cast<float>(1 << k);
+        const int byte_lo = (r < 4 ? 0 : 1), idx = r & 3;
+        const int base = Lay::KWordByte(tig, v);
+        const int ch_lo = 4 * (base + byte_lo) + idx, ch_hi = 4 * (base + byte_lo + 2) + idx;
+        const int head = kPack ? (gid & 3) : gid;
+        const float x_lo = head < gqa ? qrot[head * 128 + ch_lo] * inv : 0.f;
+        const float x_hi = head < gqa ? qrot[head * 128 + ch_hi] * inv : 0.f;
+        const __half h_lo = __float2half_rn(x_lo), h_hi = __float2half_rn(x_hi);
+        __half l_lo = __float2half_rn(0.f), l_hi = __float2half_rn(0.f);
+        if (p.precise_query) {
+          l_lo = __float2half_rn(x_lo - __half2float(h_lo));
+          l_hi = __float2half_rn(x_hi - __half2float(h_hi));
+        }
+        const float used = __half2float(h_lo) + __half2float(l_lo) + __half2float(h_hi) +
+                           __half2float(l_hi);
+        const int g = (G == 64) ? v : 0;
+        if (kPack) {
+          // Column gid < 4: the high parts of head gid; column gid >= 4: the low parts of head
+          // gid - 4 (the padding columns carry the precision), so one mma serves both.
+          const bool lo_col = gid >= 4;
+          qhi[s][b] = lo_col ? PackHalf2(l_lo, l_hi) : PackHalf2(h_lo, h_hi);
+          q1[g] += lo_col ? __half2float(l_lo) + __half2float(l_hi)
+                          : __half2float(h_lo) + __half2float(h_hi);
+          q0[g] += lo_col ? 0.f : used * static_cast<float>(1 << k);
+        } else {
+          qhi[s][b] = PackHalf2(h_lo, h_hi);
+          qlo[s][b] = PackHalf2(l_lo, l_hi);
+          q1[g] += used;
+          q0[g] += used * static_cast<float>(1 << k);
         }
       }
     }
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int h = 2 * (tig & 1) + e;
-      const float sh = h == 0 ? S[0] : h == 1 ? S[1] : h == 2 ? S[2] : S[3];
-      qinv[e] = __fdividef(0.25f, sh);
-#pragma unroll
-      for (int g = 0; g < NG; ++g)
-        Q0i[e][g] = h == 0 ? qsum[0][g] : h == 1 ? qsum[1][g] : h == 2 ? qsum[2][g] : qsum[3][g];
+    for (int g = 0; g < NG; ++g) {
+      q0[g] += __shfl_xor_sync(0xffffffffu, q0[g], 1);
+      q0[g] += __shfl_xor_sync(0xffffffffu, q0[g], 2);
+      q1[g] += __shfl_xor_sync(0xffffffffu, q1[g], 1);
+      q1[g] += __shfl_xor_sync(0xffffffffu, q1[g], 2);
     }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+#pragma unroll
+      for (int g = 0; g < NG; ++g) {
+        Q0[e][g] = __shfl_sync(0xffffffffu, q0[g], (2 * tig + e) * 4);
+        Cinit[e][g] = -1024.f * __shfl_sync(0xffffffffu, q1[g], (2 * tig + e) * 4);
+      }
+    }
+  } else if (prepared) {
+    const uint4* f = QueryFragmentArea(p) + size_t(it.seq * static_cast<int>(sh.num_kv_heads) + it.kv_head) * 128 + lane;
+    uint4 w[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) w[c] = c < 2 + NG ? __ldcg(f + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
+    const uint32_t* wv = reinterpret_cast<const uint32_t*>(w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qb[i >> 2][(i >> 1) & 1][i & 1] = wv[i];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      qinv[e] = __uint_as_float(wv[8 + e]);
+#pragma unroll
+      for (int g = 0; g < NG; ++g) Q0i[e][g] = __uint_as_float(wv[10 + e + 2 * g]);
+    }
+  } else {
+    Int8QueryFragments<G>(qrot, gqa, lane, qb, qinv, Q0i);
   }
-  __syncthreads();  // the query area becomes the W exchange
+  if (!prepared) __syncthreads();  // the query area becomes the W exchange
   // fp16 value product: the W row of query head h in its group (DecodeParams::linear_w_rows).
   auto wrow = [&](int h) { return p.linear_w_rows ? h : ((h & 1) << 2) | (h >> 1); };
   if (kPack && !kV8) {
@@ -985,16 +1023,136 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The rotation kernel (DecodeParams::rotate_in_cta = false): one CTA of kPrepThreads per
+// (sequence, KV head) rotates the pair's GQA queries once (q' = q·R_K·softmax_scale·log2 e) into
+// the workspace (RotatedQueries, read by the BF16 items and the fp16-query variants) and, for
+// the int8 score variants with prepared_fragments, builds the pair's int8 query fragments
+// (QueryFragmentArea: 4 x 32 uint4, chunk c of lane l at [c][l]; the lane's words 4c..4c+3 of:
+// 0..7 qb[v][hh][rr] at 4v + 2hh + rr, 8 + e qinv[e], 10 + e + 2g Q0i[e][g], so G = 128 needs
+// chunks 0..2 only). The INT2 kernel is its
+// programmatic dependent: its CTAs load their item and slice table and issue their first K/V
+// copies while this grid runs.
+constexpr int kPrepThreads = 256;
+
+// The rotation for kHeads >= gqa heads: warp w sums input rows [16w, 16w+16) for output
+// channels [4·lane, 4·lane+4) into part[w][h][128]; its 16 R rows are loaded at once, before the
+// query rows (into qin, [gqa][128]), so both loads are in flight together.
+template <int kHeads>
+__device__ __forceinline__ void PrepRotate(const DecodeParams& p, int kv_head, const float* q, float* qin,
+                                           float* part) {
+  const int gqa = static_cast<int>(p.shape.gqa());
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float4* r = reinterpret_cast<const float4*>(p.rot_k + size_t(kv_head) * 128 * 128 +
+                                                    size_t(16 * warp) * 128) + lane;
+  float4 rv[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) rv[i] = __ldg(r + 32 * i);
+  for (int i = threadIdx.x; i < gqa * 32; i += kPrepThreads)
+    reinterpret_cast<float4*>(qin)[i] = reinterpret_cast<const float4*>(q)[i];
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    if (h < gqa) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 x = *reinterpret_cast<const float4*>(qin + h * 128 + 16 * warp + 4 * j);
+        const float xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const float4 rr = rv[4 * j + u];
+          acc.x = fmaf(xs[u], rr.x, acc.x);
+          acc.y = fmaf(xs[u], rr.y, acc.y);
+          acc.z = fmaf(xs[u], rr.z, acc.z);
+          acc.w = fmaf(xs[u], rr.w, acc.w);
+        }
+      }
+      reinterpret_cast<float4*>(part + (warp * gqa + h) * 128)[lane] = acc;
+    }
+  }
+}
+
+// Shared memory: (2 + kPrepThreads / 32) · gqa · 128 floats (query rows, rotated queries, the
+// warps' partial sums). blockIdx.x = seq · num_kv_heads + kv head.
+template <int G>
+__global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodeParams p, bool fragments) {
+  extern __shared__ __align__(16) float psm[];
+  asm volatile("griddepcontrol.launch_dependents;");
+  constexpr int NG = 128 / G;
+  const int gqa = static_cast<int>(p.shape.gqa()), H = static_cast<int>(p.shape.num_kv_heads);
+  const int seq = static_cast<int>(blockIdx.x) / H, h = static_cast<int>(blockIdx.x) % H;
+  const int t = threadIdx.x;
+  const size_t row0 = (size_t(seq) * p.shape.num_q_heads + size_t(h) * gqa) * 128;
+  const float* q = p.q + row0;
+  float* qin = psm;
+  float* qs = psm + gqa * 128;
+  float* part = qs + gqa * 128;
+  float* dst = RotatedQueries(p) + row0;
+  const float scale = (p.softmax_scale > 0 ? p.softmax_scale : 0.08838834764831845f) * kLog2e;
+  if (p.rot_k == nullptr) {
+    for (int i = t; i < gqa * 128; i += kPrepThreads) {
+      qs[i] = q[i] * scale;
+      dst[i] = qs[i];
+    }
+  } else {
+    if (gqa <= 1) {
+      PrepRotate<1>(p, h, q, qin, part);
+    } else if (gqa <= 2) {
+      PrepRotate<2>(p, h, q, qin, part);
+    } else if (gqa <= 4) {
+      PrepRotate<4>(p, h, q, qin, part);
+    } else {
+      PrepRotate<8>(p, h, q, qin, part);
+    }
+    __syncthreads();
+    for (int i = t; i < gqa * 128; i += kPrepThreads) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kPrepThreads / 32; ++w) v += part[w * gqa * 128 + i];
+      qs[i] = v * scale;
+      dst[i] = v * scale;
+    }
+  }
+  if (!fragments) return;
+  __syncthreads();
+  if (t < 32) {
+    uint32_t qb[2][2][2];
+    float qinv[2], Q0i[2][NG];
+    Int8QueryFragments<G>(qs, gqa, t, qb, qinv, Q0i);
+    uint32_t w[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) w[i] = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = qb[i >> 2][(i >> 1) & 1][i & 1];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      w[8 + e] = __float_as_uint(qinv[e]);
+#pragma unroll
+      for (int g = 0; g < NG; ++g) w[10 + e + 2 * g] = __float_as_uint(Q0i[e][g]);
+    }
+    uint4* f = QueryFragmentArea(p) + size_t(blockIdx.x) * 128 + t;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) f[32 * c] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
+  }
+}
+
 // Raises an INT2 kernel's dynamic shared-memory limit on its first launch (one static per
 // instantiation: the kernel is a template argument, not a value of the shared pointer type).
+// int2_ctas_per_sm: dynamic shared memory of 228 KiB / (cap + 1) per CTA keeps a (cap + 1)-th
+// CTA (with its 1 KiB of reserved shared memory) off every SM.
+constexpr int kSmPaddedSmem = 228 * 1024;
 template <int G, bool kPack, bool kSplit, bool kI8 = false, bool kV8 = false>
 void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
-  static const bool once = SetSmem(DecodeInt2Kernel<G, kPack, kSplit, kI8, kV8>, SmemBytes<true>());
+  static const bool once =
+      SetSmem(DecodeInt2Kernel<G, kPack, kSplit, kI8, kV8>, std::max(SmemBytes<true>(), kSmPaddedSmem / 2));
   (void)once;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = SmemBytes<true>();
+  const int cap = p.int2_ctas_per_sm;
+  cfg.dynamicSmemBytes = cap == 1 || cap == 2 ? std::max(SmemBytes<true>(), kSmPaddedSmem / (cap + 1))
+                                              : SmemBytes<true>();
   cfg.stream = stream;
   // A programmatic dependent of the rotation kernel (launched just before it unless
   // rotate_in_cta): CTAs start while it runs and wait for its output in CtaQueries.
@@ -1013,6 +1171,17 @@ void LaunchDecodeInt2Kernels(const DecodeParams& p, int n2, cudaStream_t stream)
   const bool split = p.variant == DecodeVariant::kPackedSplitAcc;
   const bool v8 = p.variant == DecodeVariant::kPackedInt8Values;
   const bool i8 = p.variant == DecodeVariant::kPackedInt8 || v8;
+  if (!p.rotate_in_cta) {
+    const int gqa = static_cast<int>(p.shape.gqa());
+    const int ctas = p.table.num_seqs * static_cast<int>(p.shape.num_kv_heads);
+    const size_t smem = size_t(2 + kPrepThreads / 32) * gqa * 128 * sizeof(float);
+    const bool fragments = pack && i8 && p.prepared_fragments;
+    if (p.shape.group_size == 128) {
+      QueryPrepKernel<128><<<ctas, kPrepThreads, smem, stream>>>(p, fragments);
+    } else {
+      QueryPrepKernel<64><<<ctas, kPrepThreads, smem, stream>>>(p, fragments);
+    }
+  }
   if (p.shape.group_size == 128) {
     if (!pack) {
       LaunchInt2<128, false, false>(p, n2, stream);

@@ -244,7 +244,9 @@ size_t DecodeWorkspaceBytes(const DecodeShape& shape, int32_t num_seqs, int32_t 
   const size_t qrot = align(sizeof(float) * size_t(num_seqs) * shape.num_q_heads * shape.head_dim);
   // share_rotation's (ticket, published) pairs.
   const size_t tickets = align(sizeof(int32_t) * 2 * size_t(num_seqs) * shape.num_kv_heads);
-  return po + pml + counters + qrot + tickets;
+  // The rotation kernel's int8 query fragments: 32 lanes x 64 bytes per (sequence, KV head).
+  const size_t fragments = size_t(num_seqs) * shape.num_kv_heads * 32 * 64;
+  return po + pml + counters + qrot + tickets + fragments;
 }
 
 }  // namespace oscarkv::cuda

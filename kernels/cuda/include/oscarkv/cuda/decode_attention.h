@@ -14,7 +14,7 @@
 //   * LaunchDecodeAttention runs one CTA per work item (an INT2 kernel and a BF16 kernel that
 //     overlap): the CTA rotates its GQA queries (q' = q·R_K, times the softmax scale; or a small
 //     kernel ahead of the INT2 kernel rotates them once per (sequence, KV head), see
-//     rotate_in_cta), then all query heads of the KV head are served from one read of each K/V
+//     rotate_in_cta, and builds their int8 fragments), then all query heads of the KV head are served from one read of each K/V
 //     slice, INT2 codes turned into tensor-core operands in registers (no dequantization pass);
 //     the last CTA of each (sequence, KV head) combines the partial results with their
 //     log-sum-exp (or a merge kernel does, see fused_merge) and optionally multiplies by R_Vᵀ.
@@ -199,14 +199,24 @@ struct DecodeParams {
   // when the plan allows.
   bool fused_merge = false;
   // true (default): every INT2 CTA rotates its own queries (64 KiB of R_K and 512 FMA per
-  // thread per CTA). false: one small kernel per launch rotates each (sequence, KV head)'s
-  // queries once into the workspace, and the INT2 kernel, launched as its programmatic
-  // dependent, waits for them after its first K/V copies are issued. Measured (H200): 2% faster
-  // when the INT2 kernel runs several waves (B=32 x 32K), 15-35% slower for one-wave plans
-  // (B=1, B=8), whose CTAs are then spread unevenly over the SMs; PagedDecoder::Params()
-  // chooses it for plans of more than one wave. The BF16 kernel (BF16-heavy plans) always
-  // rotates in its CTAs.
+  // thread per CTA). false: a small kernel ahead of the INT2 kernel (one CTA of 256 threads per
+  // (sequence, KV head)) rotates each pair's queries once into the workspace (and, see
+  // prepared_fragments, builds their int8 fragments), and the INT2 kernel, launched as its
+  // programmatic dependent, waits for them after its item, slice table and first K/V copies.
+  // PagedDecoder::Params() chooses (bench/results/NOTES.md session 13). The BF16 kernel
+  // (BF16-heavy plans) always rotates in its CTAs.
   bool rotate_in_cta = true;
+  // With rotate_in_cta = false and an int8 score variant (packed_int8, packed_int8_values at
+  // GQA <= 4): the rotation kernel also builds each pair's int8 query fragments (the score
+  // product's B operands, per-head scales and Σ q: 64 bytes per lane, the same for every CTA
+  // of the pair) and the INT2 CTAs load them instead of building them from the rotated queries
+  // (no query area, no CTA barrier before the main loop). false: every CTA builds them. Same
+  // results either way. Ignored otherwise.
+  bool prepared_fragments = true;
+  // At most this many INT2-kernel CTAs resident per SM (1 or 2; 0: the kernel's own limit, 3),
+  // by launching it with more dynamic shared memory than it uses, so the block scheduler cannot
+  // stack a third CTA on an SM while other SMs hold one. Same results.
+  int32_t int2_ctas_per_sm = 0;
   // The W exchange of the fp16 value product (every variant but kPackedInt8Values) with query
   // head h in row h of its group, as before session 9. false (default): head h in row
   // ((h & 1) << 2) | (h >> 1), rows 72 halves apart, so the W stores and the B-fragment loads
@@ -256,8 +266,9 @@ enum DecodeTimelineSlot : int {
 };
 
 // Partial outputs and (max, sum) pairs per item, one int32 arrival counter per
-// (sequence, KV head) for fused_merge, the rotated queries of every sequence, then two int32
-// per (sequence, KV head) for share_rotation (ticket, published flag).
+// (sequence, KV head) for fused_merge, the rotated queries of every sequence, two int32
+// per (sequence, KV head) for share_rotation (ticket, published flag), then 2 KiB per
+// (sequence, KV head) for prepared_fragments.
 size_t DecodeWorkspaceBytes(const DecodeShape& shape, int32_t num_seqs, int32_t num_items);
 
 // Enqueues the kernels on `stream` (query rotation, INT2 items, BF16 items, merge unless fused).

@@ -67,9 +67,9 @@ class PagedDecoder {
     p.num_int2_items = plan_.num_int2_items;
     p.workspace = workspace_.get();
     p.fused_merge = plan_.empty_pairs == 0;
-    // The rotation kernel pays only when the INT2 kernel runs more than one wave of its 3 CTAs
-    // per SM (DecodeParams::rotate_in_cta).
-    p.rotate_in_cta = plan_.num_int2_items <= 3 * num_sms_;
+    // The rotation kernel with prepared int8 query fragments (DecodeParams::rotate_in_cta,
+    // prepared_fragments) for every plan.
+    p.rotate_in_cta = false;
     p.table.num_seqs = num_seqs_;
     return p;
   }
