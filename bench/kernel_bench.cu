@@ -255,6 +255,12 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     if (options.find("cta_rotation") != std::string::npos) p.rotate_in_cta = true;
     if (options.find("cta_fragments") != std::string::npos) p.prepared_fragments = false;
     if (options.find("two_per_sm") != std::string::npos) p.int2_ctas_per_sm = 2;
+    if (options.find("no_cap") != std::string::npos) p.int2_ctas_per_sm = 0;
+    if (options.find("late_trigger") != std::string::npos) p.rotation_overlap = false;
+    if (options.find("bf16_first") != std::string::npos) {
+      p.bf16_items_first = pb.decoder->plan().int2_kernel_bf16_items;
+    }
+    if (options.find("plan_order") != std::string::npos) p.bf16_items_first = 0;
     p.out = out->as<float>();
     p.lse = lse->as<float>();
     params.push_back(p);
@@ -481,7 +487,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
           configs.push_back({cuda::DecodeVariant::kPackedInt8, o.precise_query, false, 0, true});
           const cuda::DecodeVariant dv = cuda::DecodeParams{}.variant;
           for (const std::string& ab : o.ab_configs)
-            configs.push_back({dv, o.precise_query, false, 0, false, 0, false, nullptr, ab});
+            configs.push_back({dv, o.precise_query, false, 0, false, 0, false,
+                               o.diagnostics ? ab.c_str() : nullptr, ab});
           if (o.diagnostics) {
             configs.push_back({dv, o.precise_query, false, 0, false, 0, false, "default"});
             configs.push_back({dv, o.precise_query, false, 2, false, 0, false, "rotation_kernel"});

@@ -109,7 +109,9 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     bool shared_rotation = false;  // DecodeParams::share_rotation on
     bool early_copies = false;     // DecodeParams::copies_after_queries off
     bool cta_fragments = false;    // DecodeParams::prepared_fragments off
-    int ctas_per_sm = 0;           // DecodeParams::int2_ctas_per_sm
+    int ctas_per_sm = -1;          // DecodeParams::int2_ctas_per_sm (-1: PagedDecoder's choice)
+    bool late_trigger = false;     // DecodeParams::rotation_overlap off
+    int bf16_first = -1;           // DecodeParams::bf16_items_first: 1 the plan's, 0 off, -1 default
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
@@ -139,6 +141,20 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     r = Run{DecodeParams{}.variant, 7, false, 1};
     r.ctas_per_sm = 1;
     runs.push_back(r);
+    // The rotation kernel letting the INT2 kernel start only at its end, and without a cap.
+    r = Run{DecodeParams{}.variant, 7, false, 2};
+    r.late_trigger = true;
+    runs.push_back(r);
+    r = Run{DecodeParams{}.variant, 0, true, 2};
+    r.ctas_per_sm = 0;
+    runs.push_back(r);
+    // The INT2 kernel's BF16 items in its first CTAs, and in plan order.
+    for (int rot : {1, 2})
+      for (int first : {0, 1}) {
+        r = Run{DecodeParams{}.variant, 0, false, rot};
+        r.bf16_first = first;
+        runs.push_back(r);
+      }
   }
   if (long_items) {
     runs.clear();
@@ -156,7 +172,9 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
                  (run.linear_w_rows ? " linear w rows" : "") +
                  (run.shared_rotation ? " shared rotation" : "") + (run.early_copies ? " early copies" : "") +
                  (run.cta_fragments ? " cta fragments" : "") +
-                 (run.ctas_per_sm ? " ctas/sm " + std::to_string(run.ctas_per_sm) : ""));
+                 (run.ctas_per_sm >= 0 ? " ctas/sm " + std::to_string(run.ctas_per_sm) : "") +
+                 (run.late_trigger ? " late trigger" : "") +
+                 (run.bf16_first >= 0 ? " bf16 first " + std::to_string(run.bf16_first) : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target);
     ASSERT_TRUE(dec.ok()) << dec.status();
     DecodeParams p = dec->Params();
@@ -165,7 +183,9 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     if (run.shared_rotation) p.share_rotation = true;
     if (run.early_copies) p.copies_after_queries = false;
     if (run.cta_fragments) p.prepared_fragments = false;
-    p.int2_ctas_per_sm = run.ctas_per_sm;
+    if (run.ctas_per_sm >= 0) p.int2_ctas_per_sm = run.ctas_per_sm;
+    if (run.late_trigger) p.rotation_overlap = false;
+    if (run.bf16_first >= 0) p.bf16_items_first = run.bf16_first ? dec->plan().int2_kernel_bf16_items : 0;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();
     p.table.page_token_counts = d_counts->as<uint16_t>();
@@ -208,7 +228,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     std::printf("[ error ] %s target_ctas %d%s%s%s%s: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g%s)\n",
                 DecodeVariantName(variant), target, p.fused_merge ? "" : " merge kernel",
                 p.rotate_in_cta ? "" : (p.prepared_fragments ? " rotation kernel" : " rotation kernel, cta fragments"),
-                run.linear_w_rows ? " linear w rows" : "", run.ctas_per_sm ? " capped ctas/sm" : "",
+                run.linear_w_rows ? " linear w rows" : "", p.int2_ctas_per_sm ? " capped ctas/sm" : "",
                 max_scaled, double(tol), checked ? "" : ", not checked: long items");
     auto st = stats->ToHost<uint32_t>();
     ASSERT_TRUE(st.ok());

@@ -153,14 +153,13 @@ constexpr int kTicketSmemOffset = kInt2StageArea + kWarps * kWarpXchg - 4;
 // then summed with the weights 2^(m_i - M)·l_i (broadcast by shuffles) and an online rescale
 // between chunks. Then the optional R_Vᵀ product. Partials are read from L2 (.cg): other CTAs
 // wrote them. smem: at least kMergeStageBytes, free (FinishItem's flag in it has been read).
-__device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* smem) {
+// Items [i0, i1) of the pair (item_indptr, as FinishItem loaded it).
+__device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* smem, int i0, int i1) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
   const int gqa = static_cast<int>(p.shape.gqa());
   const float* part_o = static_cast<const float*>(p.workspace);
   const float2* part_ml =
       reinterpret_cast<const float2*>(static_cast<const uint8_t*>(p.workspace) + PartialOBytes(p));
-  const int pair = seq * static_cast<int>(p.shape.num_kv_heads) + h;
-  const int i0 = p.item_indptr[pair], i1 = p.item_indptr[pair + 1];
   const int qh0 = seq * static_cast<int>(p.shape.num_q_heads) + h * gqa;
   const bool unrot = p.unrotate_output && p.rot_v != nullptr;
   const int chunk = min(32, kMergeStageBytes / (gqa * 128 * 4));
@@ -294,6 +293,13 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
                            WarpState& st, uint8_t* smem, ChanFn chan) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tig = lane & 3;
   const int gqa = static_cast<int>(p.shape.gqa());
+  // fused_merge: the pair's item range, loaded while the partial is written.
+  int i0 = 0, i1 = 0;
+  if (threadIdx.x == 0 && p.fused_merge) {
+    const int pair = it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head;
+    i0 = __ldg(p.item_indptr + pair);
+    i1 = __ldg(p.item_indptr + pair + 1);
+  }
   float* osm = reinterpret_cast<float*>(smem);                   // [warp][8][128]
   float* mlsm = osm + kWarps * 8 * 128;                          // [warp][8][2]
   #pragma unroll
@@ -347,10 +353,13 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
   // The flag lives in the (now idle) dynamic shared memory: a static __shared__ variable would
   // shift the dynamic area -- the K/V stages -- off its alignment (measured: BF16 pages 15%
   // slower, the INT2 kernel 3%).
-  int& is_last = *reinterpret_cast<int*>(mlsm + kWarps * 8 * 2);
+  // With the pair's item range (the merge needs it: one L2 round trip fewer on its path).
+  int* is_last = reinterpret_cast<int*>(mlsm + kWarps * 8 * 2);
   if (t == 0) {
     const int pair = it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head;
-    const int n = p.item_indptr[pair + 1] - p.item_indptr[pair];
+    const int n = i1 - i0;
+    is_last[1] = i0;
+    is_last[2] = i1;
     int last = 1;
     if (n > 1) {
       int* ctr = reinterpret_cast<int*>(static_cast<uint8_t*>(p.workspace) + PartialOBytes(p) +
@@ -369,14 +378,15 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
       tk[0] = 0;
       tk[1] = 0;
     }
-    is_last = last;
+    is_last[0] = last;
   }
   __syncthreads();
-  const bool merge = is_last != 0;
+  const bool merge = is_last[0] != 0;
+  const int mi0 = is_last[1], mi1 = is_last[2];
   if (t == 0 && merge) MarkMeta(p, uint64_t{1} << 32);
   if (merge && (p.debug_flags & kDecodeDebugNoMerge) == 0) {
     __syncthreads();  // every thread has read the flag, which lies in the merge's staging area
-    MergePairInCta(p, it.seq, it.kv_head, smem);
+    MergePairInCta(p, it.seq, it.kv_head, smem, mi0, mi1);
   }
 }
 

@@ -981,7 +981,12 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
     MarkClock(p, kTlEntry);
   }
   int item;
-  const DecodeWorkItem it = FetchItem(p, blockIdx.x, &item);
+  int slot = static_cast<int>(blockIdx.x);
+  if (p.bf16_items_first > 0) {  // the BF16 items at the end of the kernel's slots go first
+    slot += p.num_int2_items - p.bf16_items_first;
+    if (slot >= p.num_int2_items) slot -= p.num_int2_items;
+  }
+  const DecodeWorkItem it = FetchItem(p, slot, &item);
   const bool int2_item = it.kind == static_cast<int32_t>(PageKind::kInt2);
   PrefetchSharedRotation(p, it, item);
   int ticket = -1;
@@ -1078,7 +1083,8 @@ __device__ __forceinline__ void PrepRotate(const DecodeParams& p, int kv_head, c
 template <int G>
 __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodeParams p, bool fragments) {
   extern __shared__ __align__(16) float psm[];
-  asm volatile("griddepcontrol.launch_dependents;");
+  // The INT2 kernel (programmatic dependent) may start now, or at the end (rotation_overlap).
+  if (p.rotation_overlap) asm volatile("griddepcontrol.launch_dependents;");
   constexpr int NG = 128 / G;
   const int gqa = static_cast<int>(p.shape.gqa()), H = static_cast<int>(p.shape.num_kv_heads);
   const int seq = static_cast<int>(blockIdx.x) / H, h = static_cast<int>(blockIdx.x) % H;
@@ -1114,9 +1120,8 @@ __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodePara
       dst[i] = v * scale;
     }
   }
-  if (!fragments) return;
-  __syncthreads();
-  if (t < 32) {
+  if (fragments) __syncthreads();
+  if (fragments && t < 32) {
     uint32_t qb[2][2][2];
     float qinv[2], Q0i[2][NG];
     Int8QueryFragments<G>(qs, gqa, t, qb, qinv, Q0i);
@@ -1135,6 +1140,7 @@ __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodePara
 #pragma unroll
     for (int c = 0; c < 4; ++c) f[32 * c] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
   }
+  if (!p.rotation_overlap) asm volatile("griddepcontrol.launch_dependents;");
 }
 
 // Raises an INT2 kernel's dynamic shared-memory limit on its first launch (one static per

@@ -67,9 +67,16 @@ class PagedDecoder {
     p.num_int2_items = plan_.num_int2_items;
     p.workspace = workspace_.get();
     p.fused_merge = plan_.empty_pairs == 0;
-    // The rotation kernel with prepared int8 query fragments (DecodeParams::rotate_in_cta,
-    // prepared_fragments) for every plan.
-    p.rotate_in_cta = false;
+    // Query preparation (DecodeParams::rotate_in_cta, prepared_fragments, int2_ctas_per_sm;
+    // H200, bench/results/NOTES.md session 13). Plans of at most 2 INT2-kernel CTAs per SM
+    // (B=1): the rotation kernel, with at most 2 INT2 CTAs per SM (its CTAs keep the INT2 CTAs
+    // off their SMs at dispatch, which would otherwise stack BF16 items as third CTAs on SMs
+    // with two INT2 items). One-wave plans of 3 per SM (B=8 x 32K): in every CTA (the rotation
+    // kernel's CTAs would make the scheduler put 3 INT2 items on some SMs). Several waves (B=32):
+    // the rotation kernel.
+    const int n2 = plan_.num_int2_items;
+    p.rotate_in_cta = n2 > 2 * num_sms_ && n2 <= 3 * num_sms_;
+    if (n2 <= 2 * num_sms_) p.int2_ctas_per_sm = 2;
     p.table.num_seqs = num_seqs_;
     return p;
   }
