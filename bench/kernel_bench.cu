@@ -256,11 +256,11 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     if (options.find("cta_fragments") != std::string::npos) p.prepared_fragments = false;
     if (options.find("two_per_sm") != std::string::npos) p.int2_ctas_per_sm = 2;
     if (options.find("no_cap") != std::string::npos) p.int2_ctas_per_sm = 0;
-    if (options.find("late_trigger") != std::string::npos) p.rotation_overlap = false;
-    if (options.find("bf16_first") != std::string::npos) {
-      p.bf16_items_first = pb.decoder->plan().int2_kernel_bf16_items;
-    }
-    if (options.find("plan_order") != std::string::npos) p.bf16_items_first = 0;
+    if (options.find("early_rotation") != std::string::npos) p.early_rotation = true;
+    if (options.find("bulk_merge") != std::string::npos) p.bulk_merge = true;
+    if (options.find("copy_merge") != std::string::npos) p.bulk_merge = false;
+    if (options.find("late_rotation") != std::string::npos) p.early_rotation = false;
+
     p.out = out->as<float>();
     p.lse = lse->as<float>();
     params.push_back(p);

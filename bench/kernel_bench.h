@@ -44,8 +44,9 @@ struct KernelBenchOptions {
   // The default INT2 launch also with each of these '+'-joined option sets ("shared_rotation":
   // DecodeParams::share_rotation on, "early_copies": copies_after_queries off,
   // "rotation_kernel" / "cta_rotation": rotate_in_cta false / true, "cta_fragments":
-  // prepared_fragments off, "two_per_sm" / "no_cap": int2_ctas_per_sm 2 / 0, "late_trigger":
-  // rotation_overlap off, "bf16_first" / "plan_order": bf16_items_first on / off; with
+  // prepared_fragments off, "two_per_sm" / "no_cap": int2_ctas_per_sm 2 / 0,
+  // "early_rotation" / "late_rotation": early_rotation on / off, "bulk_merge" / "copy_merge":
+  // bulk_merge on / off; with
   // diagnostics, each also records a timeline), timed in the
   // rounds like every configuration, never reported as the INT2 figure.
   std::vector<std::string> ab_configs;

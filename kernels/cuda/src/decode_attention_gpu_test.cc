@@ -110,8 +110,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     bool early_copies = false;     // DecodeParams::copies_after_queries off
     bool cta_fragments = false;    // DecodeParams::prepared_fragments off
     int ctas_per_sm = -1;          // DecodeParams::int2_ctas_per_sm (-1: PagedDecoder's choice)
-    bool late_trigger = false;     // DecodeParams::rotation_overlap off
-    int bf16_first = -1;           // DecodeParams::bf16_items_first: 1 the plan's, 0 off, -1 default
+    int early_rotation = -1;       // DecodeParams::early_rotation (-1: PagedDecoder's choice)
+    int bulk_merge = -1;           // DecodeParams::bulk_merge (-1: PagedDecoder's choice)
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
@@ -141,18 +141,22 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     r = Run{DecodeParams{}.variant, 7, false, 1};
     r.ctas_per_sm = 1;
     runs.push_back(r);
-    // The rotation kernel letting the INT2 kernel start only at its end, and without a cap.
-    r = Run{DecodeParams{}.variant, 7, false, 2};
-    r.late_trigger = true;
-    runs.push_back(r);
+    // The rotation kernel without a cap, with the merge kernel.
     r = Run{DecodeParams{}.variant, 0, true, 2};
     r.ctas_per_sm = 0;
     runs.push_back(r);
-    // The INT2 kernel's BF16 items in its first CTAs, and in plan order.
-    for (int rot : {1, 2})
-      for (int first : {0, 1}) {
-        r = Run{DecodeParams{}.variant, 0, false, rot};
-        r.bf16_first = first;
+    // The rotation kernel as a programmatic dependent of the previous kernel, and not.
+    for (int early : {0, 1}) {
+      r = Run{DecodeParams{}.variant, 7, false, 2};
+      r.early_rotation = early;
+      runs.push_back(r);
+    }
+    // The fused merge with bulk copies of the partials, and with cp.async copies; small and
+    // large CTA targets (one and several chunks of partials per pair), in-CTA rotation too.
+    for (int bulk : {0, 1})
+      for (int target : {0, 7, 600}) {
+        r = Run{DecodeParams{}.variant, target, false, target == 600 ? 1 : 0};
+        r.bulk_merge = bulk;
         runs.push_back(r);
       }
   }
@@ -173,8 +177,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
                  (run.shared_rotation ? " shared rotation" : "") + (run.early_copies ? " early copies" : "") +
                  (run.cta_fragments ? " cta fragments" : "") +
                  (run.ctas_per_sm >= 0 ? " ctas/sm " + std::to_string(run.ctas_per_sm) : "") +
-                 (run.late_trigger ? " late trigger" : "") +
-                 (run.bf16_first >= 0 ? " bf16 first " + std::to_string(run.bf16_first) : ""));
+                 (run.early_rotation >= 0 ? " early rotation " + std::to_string(run.early_rotation) : "") +
+                 (run.bulk_merge >= 0 ? " bulk merge " + std::to_string(run.bulk_merge) : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target);
     ASSERT_TRUE(dec.ok()) << dec.status();
     DecodeParams p = dec->Params();
@@ -184,8 +188,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     if (run.early_copies) p.copies_after_queries = false;
     if (run.cta_fragments) p.prepared_fragments = false;
     if (run.ctas_per_sm >= 0) p.int2_ctas_per_sm = run.ctas_per_sm;
-    if (run.late_trigger) p.rotation_overlap = false;
-    if (run.bf16_first >= 0) p.bf16_items_first = run.bf16_first ? dec->plan().int2_kernel_bf16_items : 0;
+    if (run.early_rotation >= 0) p.early_rotation = run.early_rotation == 1;
+    if (run.bulk_merge >= 0) p.bulk_merge = run.bulk_merge == 1;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();
     p.table.page_token_counts = d_counts->as<uint16_t>();

@@ -154,6 +154,15 @@ constexpr int kTicketSmemOffset = kInt2StageArea + kWarps * kWarpXchg - 4;
 // between chunks. Then the optional R_Vᵀ product. Partials are read from L2 (.cg): other CTAs
 // wrote them. smem: at least kMergeStageBytes, free (FinishItem's flag in it has been read).
 // Items [i0, i1) of the pair (item_indptr, as FinishItem loaded it).
+// bulk_merge: waits for phase `phase` of the mbarrier at shared address `mbar`.
+__device__ __forceinline__ void MbarWait(uint32_t mbar, int phase) {
+  asm volatile(
+      "{\n .reg .pred P1;\n LAB_WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      " @P1 bra DONE;\n bra LAB_WAIT;\n DONE:\n}\n" ::"r"(mbar),
+      "r"(phase)
+      : "memory");
+}
+
 __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* smem, int i0, int i1) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
   const int gqa = static_cast<int>(p.shape.gqa());
@@ -168,13 +177,39 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
     const uint8_t* r = reinterpret_cast<const uint8_t*>(p.rot_v + size_t(h) * 128 * 128);
     for (int i = t; i < 512; i += kThreads) asm volatile("prefetch.global.L2 [%0];" ::"l"(r + 128 * i));
   }
+  // bulk_merge: one bulk (TMA) copy per chunk, completing on an mbarrier after the stage area
+  // (the slice table's place in the INT2 kernel, stage space in the BF16 kernel: both idle now).
+  const uint32_t mbar = SmemAddr(smem + kMergeStageBytes);
+  if (p.bulk_merge) {
+    if (t == 0) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(mbar) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+  }
+  int phase = 0;
   float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f};
   float4 O[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
   for (int c0 = i0; c0 < i1; c0 += chunk) {
     const int n = min(chunk, i1 - c0);
     const float4* src = reinterpret_cast<const float4*>(part_o + size_t(c0) * gqa * 128);
-    for (int i = t; i < n * gqa * 32; i += kThreads) CpAsync16(stage + i, src + i, true);
-    CpAsyncCommit();
+    if (p.bulk_merge) {
+      if (t == 0) {
+        // The stage was last accessed through the generic proxy, the partials written by other
+        // CTAs (acquired by FinishItem's fence): order both before the async-proxy copy.
+        asm volatile("fence.proxy.async;" ::: "memory");
+        const uint32_t bytes = static_cast<uint32_t>(n * gqa * 128 * 4);
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mbar), "r"(bytes) : "memory");
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                SmemAddr(stage)),
+            "l"(src), "r"(bytes), "r"(mbar)
+            : "memory");
+      }
+    } else {
+      for (int i = t; i < n * gqa * 32; i += kThreads) CpAsync16(stage + i, src + i, true);
+      CpAsyncCommit();
+    }
     float2 ml[2];
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
@@ -182,7 +217,12 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
       ml[jj] = j < gqa && lane < n ? __ldcg(part_ml + size_t(c0 + lane) * gqa + j)
                                    : make_float2(-INFINITY, 0.f);
     }
-    CpAsyncWait<0>();
+    if (p.bulk_merge) {
+      MbarWait(mbar, phase);
+      phase ^= 1;
+    } else {
+      CpAsyncWait<0>();
+    }
     __syncthreads();
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
@@ -293,6 +333,9 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
                            WarpState& st, uint8_t* smem, ChanFn chan) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tig = lane & 3;
   const int gqa = static_cast<int>(p.shape.gqa());
+  // The next kernel on the stream may start its CTAs once every CTA of this grid is here (the
+  // INT2 kernel's trigger when no kernel of this launch follows it; a repeat is harmless).
+  asm volatile("griddepcontrol.launch_dependents;");
   // fused_merge: the pair's item range, loaded while the partial is written.
   int i0 = 0, i1 = 0;
   if (threadIdx.x == 0 && p.fused_merge) {

@@ -973,20 +973,18 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 template <int G, bool kPack, bool kSplit, bool kI8, bool kV8>
 __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
-  // The BF16 kernel (launched next, programmatic serialization) does not depend on this one:
-  // let it start as soon as SMs free up.
-  asm volatile("griddepcontrol.launch_dependents;");
+  // The BF16 kernel or the merge kernel (launched next, programmatic serialization) may start
+  // now (the BF16 kernel does not depend on this one: it starts as soon as SMs free up);
+  // without them, each CTA lets the next kernel on the stream start after its main loop
+  // (FinishItem), e.g. the next launch's rotation kernel (DecodeParams::early_rotation), whose
+  // CTAs then wait on SMs that the last CTAs of this grid no longer need.
+  if (!p.fused_merge || p.num_items > p.num_int2_items) asm volatile("griddepcontrol.launch_dependents;");
   if (threadIdx.x == 0) {
     MarkNs(p, kTlEntryNs);
     MarkClock(p, kTlEntry);
   }
   int item;
-  int slot = static_cast<int>(blockIdx.x);
-  if (p.bf16_items_first > 0) {  // the BF16 items at the end of the kernel's slots go first
-    slot += p.num_int2_items - p.bf16_items_first;
-    if (slot >= p.num_int2_items) slot -= p.num_int2_items;
-  }
-  const DecodeWorkItem it = FetchItem(p, slot, &item);
+  const DecodeWorkItem it = FetchItem(p, blockIdx.x, &item);
   const bool int2_item = it.kind == static_cast<int32_t>(PageKind::kInt2);
   PrefetchSharedRotation(p, it, item);
   int ticket = -1;
@@ -1040,6 +1038,13 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
 // copies while this grid runs.
 constexpr int kPrepThreads = 256;
 
+// early_rotation: the kernel before this one on the stream is done (its writes visible): only
+// R_K is read before this. Then the INT2 kernel (programmatic dependent) may start.
+__device__ __forceinline__ void PrepWait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+}
+
 // The rotation for kHeads >= gqa heads: warp w sums input rows [16w, 16w+16) for output
 // channels [4·lane, 4·lane+4) into part[w][h][128]; its 16 R rows are loaded at once, before the
 // query rows (into qin, [gqa][128]), so both loads are in flight together.
@@ -1053,6 +1058,7 @@ __device__ __forceinline__ void PrepRotate(const DecodeParams& p, int kv_head, c
   float4 rv[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) rv[i] = __ldg(r + 32 * i);
+  PrepWait();
   for (int i = threadIdx.x; i < gqa * 32; i += kPrepThreads)
     reinterpret_cast<float4*>(qin)[i] = reinterpret_cast<const float4*>(q)[i];
   __syncthreads();
@@ -1083,8 +1089,6 @@ __device__ __forceinline__ void PrepRotate(const DecodeParams& p, int kv_head, c
 template <int G>
 __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodeParams p, bool fragments) {
   extern __shared__ __align__(16) float psm[];
-  // The INT2 kernel (programmatic dependent) may start now, or at the end (rotation_overlap).
-  if (p.rotation_overlap) asm volatile("griddepcontrol.launch_dependents;");
   constexpr int NG = 128 / G;
   const int gqa = static_cast<int>(p.shape.gqa()), H = static_cast<int>(p.shape.num_kv_heads);
   const int seq = static_cast<int>(blockIdx.x) / H, h = static_cast<int>(blockIdx.x) % H;
@@ -1097,6 +1101,7 @@ __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodePara
   float* dst = RotatedQueries(p) + row0;
   const float scale = (p.softmax_scale > 0 ? p.softmax_scale : 0.08838834764831845f) * kLog2e;
   if (p.rot_k == nullptr) {
+    PrepWait();
     for (int i = t; i < gqa * 128; i += kPrepThreads) {
       qs[i] = q[i] * scale;
       dst[i] = qs[i];
@@ -1140,7 +1145,6 @@ __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodePara
 #pragma unroll
     for (int c = 0; c < 4; ++c) f[32 * c] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
   }
-  if (!p.rotation_overlap) asm volatile("griddepcontrol.launch_dependents;");
 }
 
 // Raises an INT2 kernel's dynamic shared-memory limit on its first launch (one static per
@@ -1182,10 +1186,20 @@ void LaunchDecodeInt2Kernels(const DecodeParams& p, int n2, cudaStream_t stream)
     const int ctas = p.table.num_seqs * static_cast<int>(p.shape.num_kv_heads);
     const size_t smem = size_t(2 + kPrepThreads / 32) * gqa * 128 * sizeof(float);
     const bool fragments = pack && i8 && p.prepared_fragments;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(ctas);
+    cfg.blockDim = dim3(kPrepThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = p.early_rotation ? 1 : 0;
     if (p.shape.group_size == 128) {
-      QueryPrepKernel<128><<<ctas, kPrepThreads, smem, stream>>>(p, fragments);
+      cudaLaunchKernelEx(&cfg, QueryPrepKernel<128>, p, fragments);
     } else {
-      QueryPrepKernel<64><<<ctas, kPrepThreads, smem, stream>>>(p, fragments);
+      cudaLaunchKernelEx(&cfg, QueryPrepKernel<64>, p, fragments);
     }
   }
   if (p.shape.group_size == 128) {

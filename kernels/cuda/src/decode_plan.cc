@@ -230,10 +230,7 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
     }
     if (pass == 0) plan.num_int2_items = static_cast<int32_t>(plan.order.size());
   }
-  if (fused) {
-    plan.int2_kernel_bf16_items = static_cast<int32_t>(plan.order.size()) - plan.num_int2_items;
-    plan.num_int2_items = static_cast<int32_t>(plan.order.size());
-  }
+  if (fused) plan.num_int2_items = static_cast<int32_t>(plan.order.size());
   return plan;
 }
 

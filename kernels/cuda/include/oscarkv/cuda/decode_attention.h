@@ -84,8 +84,6 @@ struct DecodePlan {
   // items when INT2 slices carry most of the cost (the INT2 kernel then runs every item, so
   // the few BF16 items do not wait for INT2 CTAs to leave); the rest run in the BF16 kernel.
   int32_t num_int2_items = 0;
-  // BF16 items among them (the last ones), 0 when the BF16 kernel runs the BF16 items.
-  int32_t int2_kernel_bf16_items = 0;
   size_t int2_slices = 0, bf16_slices = 0;
   // Bytes the decode kernel reads from the pages (K and V segments of the attended layer).
   size_t page_bytes_read = 0;
@@ -215,18 +213,14 @@ struct DecodeParams {
   // (no query area, no CTA barrier before the main loop). false: every CTA builds them. Same
   // results either way. Ignored otherwise.
   bool prepared_fragments = true;
-  // With rotate_in_cta = false: true (default), the INT2 kernel's CTAs may start as soon as the
-  // rotation kernel's have (they load their item and slice table and issue their first copies
-  // while it runs); false, only when the rotation kernel's CTAs end. While its CTAs run, the
-  // block scheduler places the INT2 CTAs on the other SMs only (H200: at B=1 x 100K, 8 SMs
-  // without an INT2 CTA and BF16 items as third CTAs of SMs with two INT2 items; at B=8 x 32K
-  // three INT2 items on 84 SMs).
-  bool rotation_overlap = true;
-  // The INT2 kernel runs its last `bf16_items_first` slots (the plan's BF16 items it runs, when
-  // it runs them: DecodePlan::num_int2_items > its INT2 items) in its first CTAs, so the block
-  // scheduler dispatches them first and their warps are the older ones on their SMs (0: plan
-  // order). Same results. PagedDecoder::Params() sets it (bench/results/NOTES.md session 13).
-  int32_t bf16_items_first = 0;
+  // fused_merge: the merging CTA copies each chunk of partials (up to 64 KiB) into shared memory
+  // with one bulk (TMA) copy instead of 16-byte cp.async copies by every thread. Same results.
+  bool bulk_merge = false;
+  // With rotate_in_cta = false: the rotation kernel is launched as a programmatic dependent of
+  // the kernel before it on the stream, so its CTAs can start (and load R_K) while that kernel's
+  // last CTAs finish; they wait for it (griddepcontrol.wait) before reading q or writing the
+  // workspace. Needs rot_k not written by that kernel. Same results.
+  bool early_rotation = false;
   // At most this many INT2-kernel CTAs resident per SM (1 or 2; 0: the kernel's own limit, 3),
   // by launching it with more dynamic shared memory than it uses, so the block scheduler cannot
   // stack a third CTA on an SM while other SMs hold one. Same results.
