@@ -203,27 +203,41 @@ struct DecodeParams {
   // (sequence, KV head)) rotates each pair's queries once into the workspace (and, see
   // prepared_fragments, builds their int8 fragments), and the INT2 kernel, launched as its
   // programmatic dependent, waits for them after its item, slice table and first K/V copies.
-  // PagedDecoder::Params() chooses (bench/results/NOTES.md session 13). The BF16 kernel
-  // (BF16-heavy plans) always rotates in its CTAs.
+  // While the rotation kernel's CTAs run, the block scheduler places the INT2 CTAs on the other
+  // SMs only (H200: 8 SMs at B=1, 64 at B=8 -- where it then stacks 3 INT2 items on 84 SMs
+  // instead of 2 + a BF16 item: 56.6 -> 63.7 µs). PagedDecoder::Params() chooses per plan
+  // (bench/results/NOTES.md session 13): B=1 x 100K 32.8 (in every CTA) -> 30.7 µs, B=32 x 32K
+  // 181.6 -> 176.8, B=8 x 32K in every CTA. The BF16 kernel (BF16-heavy plans) always rotates
+  // in its CTAs.
   bool rotate_in_cta = true;
   // With rotate_in_cta = false and an int8 score variant (packed_int8, packed_int8_values at
   // GQA <= 4): the rotation kernel also builds each pair's int8 query fragments (the score
   // product's B operands, per-head scales and Σ q: 64 bytes per lane, the same for every CTA
   // of the pair) and the INT2 CTAs load them instead of building them from the rotated queries
-  // (no query area, no CTA barrier before the main loop). false: every CTA builds them. Same
-  // results either way. Ignored otherwise.
+  // (no query area, no CTA barrier before the main loop; the query phase of a CTA is then its
+  // wait for the rotation kernel plus one 64-byte load per lane: ~0.4 µs after it instead of
+  // ~2.5). false: every CTA builds them. Same results either way. Ignored otherwise.
   bool prepared_fragments = true;
   // fused_merge: the merging CTA copies each chunk of partials (up to 64 KiB) into shared memory
   // with one bulk (TMA) copy instead of 16-byte cp.async copies by every thread. Same results.
+  // Measured (H200) within ~1% either way (B=1 x 100K 28.7-28.8 vs 29.0 us with
+  // early_rotation; the merge is latency-bound, ~4 µs from the last partial to the output);
+  // PagedDecoder::Params() sets it.
   bool bulk_merge = false;
   // With rotate_in_cta = false: the rotation kernel is launched as a programmatic dependent of
   // the kernel before it on the stream, so its CTAs can start (and load R_K) while that kernel's
   // last CTAs finish; they wait for it (griddepcontrol.wait) before reading q or writing the
-  // workspace. Needs rot_k not written by that kernel. Same results.
+  // workspace, and the INT2 kernel can start only after that. Needs rot_k not written by that
+  // kernel. Same results. Measured (H200, back-to-back launches): B=1 x 100K 30.7 -> 29.0 µs,
+  // B=1 x 32K 19.8 -> 18.4, B=32 x 32K 176.8 -> 175.5 (the launch gap, not the kernel);
+  // PagedDecoder::Params() sets it when the INT2 kernel is the launch's only kernel (a BF16
+  // kernel ahead in the stream would let the rotation kernel's CTAs start early and hold SMs).
   bool early_rotation = false;
   // At most this many INT2-kernel CTAs resident per SM (1 or 2; 0: the kernel's own limit, 3),
   // by launching it with more dynamic shared memory than it uses, so the block scheduler cannot
-  // stack a third CTA on an SM while other SMs hold one. Same results.
+  // stack a third CTA on an SM while other SMs hold one. Same results. PagedDecoder::Params()
+  // sets 2 for plans of at most 2 per SM (B=1 with the rotation kernel: without it the BF16
+  // items of 8 SMs ran as third CTAs beside two INT2 items, 32.4 vs 30.7 µs at B=1 x 100K).
   int32_t int2_ctas_per_sm = 0;
   // The W exchange of the fp16 value product (every variant but kPackedInt8Values) with query
   // head h in row h of its group, as before session 9. false (default): head h in row
