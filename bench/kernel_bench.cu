@@ -260,6 +260,8 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     if (options.find("bulk_merge") != std::string::npos) p.bulk_merge = true;
     if (options.find("copy_merge") != std::string::npos) p.bulk_merge = false;
     if (options.find("late_rotation") != std::string::npos) p.early_rotation = false;
+    if (options.find("frags_first") != std::string::npos) p.fragments_before_copies = true;
+    if (options.find("frags_after") != std::string::npos) p.fragments_before_copies = false;
 
     p.out = out->as<float>();
     p.lse = lse->as<float>();

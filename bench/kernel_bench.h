@@ -46,7 +46,7 @@ struct KernelBenchOptions {
   // "rotation_kernel" / "cta_rotation": rotate_in_cta false / true, "cta_fragments":
   // prepared_fragments off, "two_per_sm" / "no_cap": int2_ctas_per_sm 2 / 0,
   // "early_rotation" / "late_rotation": early_rotation on / off, "bulk_merge" / "copy_merge":
-  // bulk_merge on / off; with
+  // bulk_merge on / off, "frags_first" / "frags_after": fragments_before_copies on / off; with
   // diagnostics, each also records a timeline), timed in the
   // rounds like every configuration, never reported as the INT2 figure.
   std::vector<std::string> ab_configs;

@@ -32,7 +32,7 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("ab", "",
               "comma list of INT2 launch option sets (shared_rotation, early_copies, rotation_kernel, "
               "cta_rotation, cta_fragments, two_per_sm, no_cap, early_rotation, late_rotation, bulk_merge, "
-              "copy_merge; joined by +) "
+              "copy_merge, frags_first, frags_after; joined by +) "
               "timed beside the default launch (use --rounds to alternate)")
       .Option("csv", "", "write the CSV here")
       .Option("plot", "", "write an SVG plot here")
@@ -96,7 +96,8 @@ int KernelBenchMain(int argc, char** argv) {
     for (absl::string_view f : absl::StrSplit(t, '+')) {
       if (f != "shared_rotation" && f != "early_copies" && f != "rotation_kernel" && f != "cta_rotation" &&
           f != "cta_fragments" && f != "two_per_sm" && f != "no_cap" &&
-          f != "early_rotation" && f != "late_rotation" && f != "bulk_merge" && f != "copy_merge") {
+          f != "early_rotation" && f != "late_rotation" && f != "bulk_merge" && f != "copy_merge" &&
+          f != "frags_first" && f != "frags_after") {
         std::fprintf(stderr, "bad --ab entry '%s'\n", std::string(t).c_str());
         return 2;
       }

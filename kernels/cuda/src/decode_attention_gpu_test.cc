@@ -112,6 +112,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     int ctas_per_sm = -1;          // DecodeParams::int2_ctas_per_sm (-1: PagedDecoder's choice)
     int early_rotation = -1;       // DecodeParams::early_rotation (-1: PagedDecoder's choice)
     int bulk_merge = -1;           // DecodeParams::bulk_merge (-1: PagedDecoder's choice)
+    bool frags_first = false;      // DecodeParams::fragments_before_copies on
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
@@ -159,6 +160,21 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
         r.bulk_merge = bulk;
         runs.push_back(r);
       }
+    // The prepared fragments (BF16 items: the rotated queries) loaded before the first copies
+    // (fragments_before_copies, PagedDecoder's choice for several waves): the default variant
+    // with either merge and packed_int8, and with the fragments built in every CTA.
+    for (bool mk : {false, true}) {
+      r = Run{DecodeParams{}.variant, 7, mk, 2};
+      r.frags_first = true;
+      runs.push_back(r);
+    }
+    r = Run{DecodeVariant::kPackedInt8, 7, false, 2};
+    r.frags_first = true;
+    runs.push_back(r);
+    r = Run{DecodeParams{}.variant, 7, false, 2};
+    r.frags_first = true;
+    r.cta_fragments = true;
+    runs.push_back(r);
   }
   if (long_items) {
     runs.clear();
@@ -178,7 +194,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
                  (run.cta_fragments ? " cta fragments" : "") +
                  (run.ctas_per_sm >= 0 ? " ctas/sm " + std::to_string(run.ctas_per_sm) : "") +
                  (run.early_rotation >= 0 ? " early rotation " + std::to_string(run.early_rotation) : "") +
-                 (run.bulk_merge >= 0 ? " bulk merge " + std::to_string(run.bulk_merge) : ""));
+                 (run.bulk_merge >= 0 ? " bulk merge " + std::to_string(run.bulk_merge) : "") +
+                 (run.frags_first ? " fragments before copies" : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target);
     ASSERT_TRUE(dec.ok()) << dec.status();
     DecodeParams p = dec->Params();
@@ -190,6 +207,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     if (run.ctas_per_sm >= 0) p.int2_ctas_per_sm = run.ctas_per_sm;
     if (run.early_rotation >= 0) p.early_rotation = run.early_rotation == 1;
     if (run.bulk_merge >= 0) p.bulk_merge = run.bulk_merge == 1;
+    if (run.frags_first) p.fragments_before_copies = true;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();
     p.table.page_token_counts = d_counts->as<uint16_t>();

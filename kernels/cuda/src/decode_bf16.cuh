@@ -43,6 +43,24 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       CpAsync16(sbase + kv * 16384 + t * 256 + ((j ^ (t & 7)) * 16), ok ? src : page, ok);
     }
   };
+  // fragments_before_copies with the rotation kernel (INT2 kernel, kStages 2): the rotated
+  // queries are loaded into registers before the first copies are issued, not behind them.
+  const bool ahead = kStages == 2 && !p.rotate_in_cta && p.fragments_before_copies;
+  float4 qa[2];
+  if (ahead) {
+    const float4* pub = reinterpret_cast<const float4*>(
+        RotatedQueries(p) + (size_t(it.seq) * sh.num_q_heads + size_t(it.kv_head) * gqa) * 128);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int i = tid + kThreads * j;
+      if (i < gqa * 32) {
+        asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(qa[j].x), "=f"(qa[j].y), "=f"(qa[j].z), "=f"(qa[j].w)
+                     : "l"(pub + i));
+      }
+    }
+  }
   // First copies, then the query rotation while they are in flight (its scratch is the last
   // stage, which the loop issues only after the rotation).
   for (int s = 0; s < kStages - 1; ++s) {
@@ -54,7 +72,14 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   float* scratch = reinterpret_cast<float*>(kStages == 3 ? last_stage : last_stage + 8192);
   // The INT2 kernel's BF16 items (kStages 2) take the rotation kernel's queries; the BF16
   // kernel always rotates its own.
-  if (kStages == 2) {
+  if (ahead) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int i = tid + kThreads * j;
+      if (i < gqa * 32) reinterpret_cast<float4*>(qs)[i] = qa[j];
+    }
+    __syncthreads();
+  } else if (kStages == 2) {
     CtaQueries(p, it, qs + 8 * 128, qs, scratch, 8 * 128);
   } else {
     RotateQueries(p, it, qs + 8 * 128, qs, scratch, 8 * 128);

@@ -311,8 +311,24 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   // prepared_fragments: the rotation kernel built this pair's int8 query fragments; each lane
   // loads its 64 bytes of them after the first copies (no query area, no CTA barrier).
   const bool prepared = kI8 && !p.rotate_in_cta && p.prepared_fragments;
+  // fragments_before_copies: the fragment loads go out before the first copies (volatile, so
+  // they stay ahead of the cp.async issue).
+  const bool frags_first = prepared && p.fragments_before_copies;
+  const uint4* frag_src =
+      QueryFragmentArea(p) + size_t(it.seq * static_cast<int>(sh.num_kv_heads) + it.kv_head) * 128 + lane;
+  uint4 fw[4] = {};
+  if (frags_first) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#pragma unroll
+    for (int c = 0; c < 2 + NG; ++c) {
+      asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(fw[c].x), "=r"(fw[c].y), "=r"(fw[c].z), "=r"(fw[c].w)
+                   : "l"(frag_src + 32 * c));
+    }
+  }
   if (!late_copies) first_copies();
-  if (prepared) {
+  if (frags_first) {
+  } else if (prepared) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
   } else {
     // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
@@ -391,10 +407,9 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       }
     }
   } else if (prepared) {
-    const uint4* f = QueryFragmentArea(p) + size_t(it.seq * static_cast<int>(sh.num_kv_heads) + it.kv_head) * 128 + lane;
     uint4 w[4];
 #pragma unroll
-    for (int c = 0; c < 4; ++c) w[c] = c < 2 + NG ? __ldcg(f + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
+    for (int c = 0; c < 4; ++c) w[c] = frags_first ? fw[c] : c < 2 + NG ? __ldcg(frag_src + 32 * c) : make_uint4(0u, 0u, 0u, 0u);
     const uint32_t* wv = reinterpret_cast<const uint32_t*>(w);
 #pragma unroll
     for (int i = 0; i < 8; ++i) qb[i >> 2][(i >> 1) & 1][i & 1] = wv[i];

@@ -218,6 +218,14 @@ struct DecodeParams {
   // wait for the rotation kernel plus one 64-byte load per lane: ~0.4 µs after it instead of
   // ~2.5). false: every CTA builds them. Same results either way. Ignored otherwise.
   bool prepared_fragments = true;
+  // With rotate_in_cta = false: the INT2 CTAs wait for the rotation kernel and load their
+  // prepared fragments (the BF16 items of the INT2 kernel: their rotated queries) before they
+  // issue their first K/V copies instead of after them -- a load issued after them waits
+  // behind the SM's outstanding copy bytes (H200, B=32 x 32K timeline, branch h-b32 of session
+  // 15: the query phase of an INT2 item 3.7 -> 2.2 µs). The CTAs of the first wave then issue
+  // their copies only once the rotation kernel is done, so PagedDecoder::Params() sets it for
+  // plans of several waves only. Same results.
+  bool fragments_before_copies = false;
   // fused_merge: the merging CTA copies each chunk of partials (up to 64 KiB) into shared memory
   // with one bulk (TMA) copy instead of 16-byte cp.async copies by every thread. Same results.
   // Measured (H200) within ~1% either way (B=1 x 100K 28.7-28.8 vs 29.0 us with
