@@ -435,6 +435,10 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
   for (int i = 0; i < 2 * kKvHeads; ++i) clip_v[i] = i < kKvHeads ? 0.96f : 0.92f;
   auto clips = DeviceBuffer::FromHost(clip_v);
   auto noclips = DeviceBuffer::FromHost(noclip);
+  // The engine's launch: a per-head range-mode table (here every head unbiased) and clips.
+  std::vector<uint8_t> unbiased_modes(2 * kKvHeads, static_cast<uint8_t>(RangeMode::kUnbiased));
+  auto mode_table = DeviceBuffer::FromHost(unbiased_modes);
+  if (!mode_table.ok()) return absl::InternalError("range modes");
   if (!mats.ok() || !frags.ok() || !clips.ok() || !noclips.ok()) return absl::InternalError("rotations");
   BENCH_RETURN_IF_ERROR(cuda::PrepareRotationFragments(mats->as<float>(), 2 * kKvHeads, frags->get(), nullptr));
   const float* rot_k = mats->as<float>();  // layer 0, K matrices are the first 8
@@ -703,6 +707,9 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         bool rotate, clip, precise = true;
         RangeMode mode = RangeMode::kMinMax;
         LP load = LP::kAuto;
+        // 0: `clips` as above, `range_mode`; 1: the engine's launch (a per-head mode table, clip
+        // ratios 1.0 passed); 2: a per-head mode table, no clips.
+        int tables = 0;
       };
       std::vector<Variant> variants;
       // The first row is the write a calibrated codec performs (`oscarkv calibrate` defaults:
@@ -715,16 +722,23 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       const RangeMode kUb = RangeMode::kUnbiased, kMm = RangeMode::kMinMax;
       if (kind == PageKind::kInt2) {
         variants = {{"int2 default codec: rotate+unbiased (no clip)", true, false, true, kUb},
+                    {"int2 default codec, wgmma with the clip code (kWgmma8)", true, false, true, kUb, LP::kWgmma8},
                     {"int2 default codec, mma.sync rotation (round 3)", true, false, true, kUb, LP::kPrefetchL1},
-                    {"int2 default codec, round-2 kernel", true, false, true, kUb, LP::kRound2},
                     {"int2 default codec (run 2)", true, false, true, kUb},
+                    {"int2 default codec, wgmma with the clip code (kWgmma8) (run 2)", true, false, true, kUb, LP::kWgmma8},
                     {"int2 default codec, mma.sync rotation (round 3) (run 2)", true, false, true, kUb, LP::kPrefetchL1},
+                    {"int2 default codec (run 3)", true, false, true, kUb},
+                    {"int2 default codec, wgmma with the clip code (kWgmma8) (run 3)", true, false, true, kUb, LP::kWgmma8},
+                    {"int2 default codec, mma.sync rotation (round 3) (run 3)", true, false, true, kUb, LP::kPrefetchL1},
+                    {"int2 default codec, engine launch (mode table, clip ratios 1.0)", true, false, true, kUb, LP::kAuto, 1},
+                    {"int2 default codec, mode table, no clips", true, false, true, kUb, LP::kAuto, 2},
+                    {"int2 default codec, engine launch, mma.sync rotation (round 3)", true, false, true, kUb, LP::kPrefetchL1, 1},
+                    {"int2 default codec, round-2 kernel", true, false, true, kUb, LP::kRound2},
                     {"int2 default codec, wgmma 4-warp CTAs", true, false, true, kUb, LP::kWgmma4},
                     {"int2 default codec, wgmma 12-warp CTAs", true, false, true, kUb, LP::kWgmma12},
-                    {"int2 default codec (run 3)", true, false, true, kUb},
-                    {"int2 default codec, mma.sync rotation (round 3) (run 3)", true, false, true, kUb, LP::kPrefetchL1},
                     {"int2 default codec, R fp16 only", true, false, false, kUb},
                     {"int2 default codec, R fp16 only, mma.sync rotation (round 3)", true, false, false, kUb, LP::kPrefetchL1},
+                    {"int2 default codec, R fp16 only, wgmma with the clip code (kWgmma8)", true, false, false, kUb, LP::kWgmma8},
                     {"int2 default codec, R fp16 only, wgmma 4-warp CTAs", true, false, false, kUb, LP::kWgmma4},
                     {"int2 default codec, R fp16 only, round-2 kernel", true, false, false, kUb, LP::kRound2},
                     {"int2 prerotated+unbiased (flush / R_V absorbed)", false, false, true, kUb},
@@ -733,17 +747,28 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
                     {"int2 rotate+clip+unbiased (OSCAR clips), mma.sync rotation (round 3)", true, true, true, kUb, LP::kPrefetchL1},
                     {"int2 rotate+clip+unbiased (OSCAR clips), round-2 kernel", true, true, true, kUb, LP::kRound2},
                     {"int2 rotate+clip, min-max", true, true, true, kMm},
+                    {"int2 rotate+clip, min-max, wgmma (staged)", true, true, true, kMm, LP::kWgmma4},
                     {"int2 rotate, min-max", true, false, true, kMm},
+                    {"int2 rotate, min-max, wgmma (staged)", true, false, true, kMm, LP::kWgmma4},
+                    {"int2 rotate, min-max (run 2)", true, false, true, kMm},
+                    {"int2 rotate, min-max, wgmma (staged) (run 2)", true, false, true, kMm, LP::kWgmma4},
                     {"int2 rotate, min-max, round-1 kernel", true, false, true, kMm, LP::kRound1},
                     {"int2 rotate, min-max, R fp16 only", true, false, false, kMm},
+                    {"int2 rotate, min-max, R fp16 only, wgmma (staged)", true, false, false, kMm, LP::kWgmma4},
                     {"int2 prerotated, min-max", false, false, true, kMm},
                     {"int2 prerotated, min-max, round-1 kernel", false, false, true, kMm, LP::kRound1},
                     {"int2 prerotated+clip, min-max", false, true, true, kMm},
                     {"int2 rotate+clip, range search", true, true, true, RangeMode::kSearch}};
       } else {
+        // The engine writes its BF16 pages with the selecting kernel (one launch per page set, its
+        // per-head range-mode table): the "engine launch" rows.
         variants = {{"bf16 rotate (sink/tail)", true, false},
+                    {"bf16 rotate (sink/tail), wgmma (staged)", true, false, true, kMm, LP::kWgmma4},
                     {"bf16 rotate (sink/tail), round-1 kernel", true, false, true, kMm, LP::kRound1},
-                    {"bf16 rotate (sink/tail), R fp16 only", true, false, false}};
+                    {"bf16 rotate (sink/tail), R fp16 only", true, false, false},
+                    {"bf16 rotate, engine launch (mode table, clip ratios 1.0)", true, false, true, kUb, LP::kAuto, 1},
+                    {"bf16 rotate, engine launch, mma.sync rotation (round 3)", true, false, true, kUb, LP::kPrefetchL1, 1},
+                    {"bf16 rotate, unbiased, no clips", true, false, true, kUb}};
       }
       for (const Variant& v : variants) {
         cuda::QuantizeWriteParams q;
@@ -760,7 +785,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         q.dst_page = d_dp->as<int32_t>();
         q.dst_slot = d_ds->as<int32_t>();
         q.rot_fragments = v.rotate ? frags->get() : nullptr;
-        q.clips = v.clip ? clips->as<float>() : nullptr;
+        q.clips = v.clip ? clips->as<float>() : v.tables == 1 ? noclips->as<float>() : nullptr;
+        if (v.tables != 0) q.range_modes = mode_table->as<uint8_t>();
         q.precise_rotation = v.precise;
         q.load_path = v.load;
         q.range_mode = v.mode;

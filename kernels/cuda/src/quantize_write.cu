@@ -900,12 +900,12 @@ __host__ __device__ constexpr int BinBytes(bool select, int warps, bool round1) 
 template <int kWg>
 constexpr int kWgMinBlocks = kWg == 12 ? 1 : 2;
 template <int G, bool kSelect, bool kRotate, bool kStaged, bool kRound1 = false, bool kRound2 = false,
-          int kAhead = 0, int kWg = 0>
+          int kAhead = 0, int kWg = 0, bool kClip = true>
 __global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1, kWg),
                                   kWg != 0 ? kWgMinBlocks<kWg>
                                   : kSelect ? (kRotate && !kRound1 ? 2 : 3) : (kStaged && !kRotate ? 4 : 2))
     QuantizeWriteKernel(const QuantizeWriteParams p, int per_cta) {
-  static_assert(kWg % 4 == 0 && (kWg == 0 || (kSelect && kRotate && !kStaged)));
+  static_assert(kWg % 4 == 0 && (kWg == 0 || (kRotate && (kSelect ? !kStaged : kStaged && kWg == 4))));
   constexpr int kWarps = WarpsOf(kSelect, kRotate, kRound1, kWg), kThreads = 32 * kWarps;
   constexpr int kTileTokens = 16 * kWarps;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -924,13 +924,27 @@ __global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1, kWg),
     if constexpr (kWg != 0) {
       // Rearranged into the wgmma tiles (WgmmaFragOffset); the tensor cores read them through
       // the async proxy, hence the proxy fence before the barrier.
+      // Eight 16-byte loads in flight per thread (one at a time left the CTA's start waiting
+      // on L2: ~2% of the stall samples on these stores, ncu).
       const uint4* s4 = reinterpret_cast<const uint4*>(src);
-      for (int c = tid; c < kFragSmem / 16; c += kThreads) {
-        const uint4 v = s4[c];
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      constexpr int kBatch = 8, kChunks = kFragSmem / 16;
+      for (int c0 = tid; c0 < kChunks; c0 += kBatch * kThreads) {
+        uint4 v[kBatch];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (precise || e < 2) *reinterpret_cast<uint32_t*>(smem + WgmmaFragOffset(c, e, precise)) = w[e];
+        for (int u = 0; u < kBatch; ++u) {
+          const int c = c0 + u * kThreads;
+          v[u] = c < kChunks ? s4[c] : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int c = c0 + u * kThreads;
+          const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (c < kChunks && (precise || e < 2)) {
+              *reinterpret_cast<uint32_t*>(smem + WgmmaFragOffset(c, e, precise)) = w[e];
+            }
+          }
         }
       }
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -954,7 +968,8 @@ __global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1, kWg),
     for (int l = 0; l < kBinsOf<kRound1>; ++l) b[l << 5] = 0u;
     bins = static_cast<uint32_t>(__cvta_generic_to_shared(b)) - (kRound1 ? 0u : 7u * 128u);  // bin -7
   }
-  const float clip = p.clips != nullptr ? p.clips[mat] : 1.0f;
+  // kClip = false: compiled without the quantile clip (launched when `clips` is null).
+  const float clip = kClip && p.clips != nullptr ? p.clips[mat] : 1.0f;
   const QuantilePos qpos = QuantilePosition(clip);
   const RangeMode mode = p.range_modes != nullptr ? static_cast<RangeMode>(p.range_modes[mat]) : p.range_mode;
   const uint16_t* base = (kv ? p.v_src : p.k_src) + li * p.src_layer_stride + head * p.src_head_stride;
@@ -1094,7 +1109,7 @@ __global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1, kWg),
       // The quad's 4 lanes share the row, so `int2` is uniform within a quad; shuffles below
       // stay within quads, and whole quads skip together.
       if (!__any_sync(0xffffffffu, int2)) continue;
-      if (clip < 1.0f) {
+      if (kClip && clip < 1.0f) {
         const float t = QuadAbsQuantile(y[r], qpos);
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
@@ -1358,23 +1373,29 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   const bool select = p.range_modes != nullptr || p.range_mode != RangeMode::kMinMax;
   const bool rot = p.rot_fragments != nullptr;
   using LoadPath = QuantizeWriteParams::LoadPath;
-  const bool staged = p.load_path == LoadPath::kStaged || (p.load_path == LoadPath::kAuto && !select);
+  const bool wg_path = p.load_path == LoadPath::kWgmma4 || p.load_path == LoadPath::kWgmma8 ||
+                       p.load_path == LoadPath::kWgmma12;
+  const bool staged = p.load_path == LoadPath::kStaged ||
+                      (!select && (p.load_path == LoadPath::kAuto || wg_path));
   const bool round1 = p.load_path == LoadPath::kRound1 && select;  // min-max kernels: unchanged
   const bool round2 = p.load_path == LoadPath::kRound2 && select;
-  // wgmma rotation (rotating selecting kernels on sm_90a builds): warps per CTA, 0 for mma.sync.
-  // kAuto takes 8-warp CTAs (2 per SM, 16 warps, 128 registers) where the build has them:
-  // measured on an H200 (default codec write, us): 4 warps 248.5, 8 warps 174.9, 12 warps 199.3,
-  // mma.sync 221.3 (session 13).
+  // wgmma rotation (rotating kernels on sm_90a builds): warps per CTA, 0 for mma.sync. kAuto
+  // takes 8-warp CTAs (2 per SM, 16 warps, 128 registers) for the selecting kernels -- measured
+  // on an H200 (default codec write, us): 4 warps 248.5, 8 warps 174.9, 12 warps 199.3, mma.sync
+  // 221.3 (session 13). The staged min-max / bf16 kernels take wgmma (4-warp CTAs, one
+  // warpgroup) only when asked (kWgmma*): faster into INT2 pages (142.8 -> 113.4 us), slower
+  // into BF16 pages (125.0 -> 141.7 us: the warpgroup's lock step exposes the ring's loads), and
+  // the page kinds are not known here.
   bool have_wgmma = false;
-  if (select && rot && (p.load_path == LoadPath::kAuto || p.load_path == LoadPath::kWgmma4 ||
-                        p.load_path == LoadPath::kWgmma8 || p.load_path == LoadPath::kWgmma12)) {
+  if (rot && (p.load_path == LoadPath::kAuto || wg_path)) {
     cudaError_t e = WgmmaAvailable(&have_wgmma);
     if (e != cudaSuccess) return CudaStatus(e, "quantize-on-write wgmma probe");
-    if (!have_wgmma && p.load_path != LoadPath::kAuto) {
+    if (!have_wgmma && wg_path) {
       return absl::UnimplementedError("quantize-on-write: this build has no sm_90a (wgmma) kernels");
     }
   }
   const int wg = !have_wgmma                         ? 0
+                 : !select                           ? (wg_path ? 4 : 0)
                  : p.load_path == LoadPath::kWgmma4  ? 4
                  : p.load_path == LoadPath::kWgmma12 ? 12
                                                      : 8;  // kWgmma8, kAuto
@@ -1439,10 +1460,20 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
     constexpr int kG = decltype(g)::value;
     constexpr bool kSel = decltype(sel)::value, kRot = decltype(rt)::value;
     if (staged) {
+      if constexpr (!kSel && kRot) {
+        if (wg == 4) {
+          st = launch(QuantizeWriteKernel<kG, false, true, true, false, false, 0, 4>, 4);
+          return;
+        }
+      }
       st = launch(QuantizeWriteKernel<kG, kSel, kRot, true>, WarpsOf(kSel, kRot, false));
     } else if constexpr (kSel && kRot) {
       if (wg == 4) {
         st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 4>, 4);
+      } else if (wg == 8 && p.load_path == LoadPath::kAuto && p.clips == nullptr) {
+        // Without the clip code: the default codec write (`--clip none`) 174.2 -> 169.0 us on an
+        // H200 (session 13; a smaller kernel, fewer instruction-cache stalls).
+        st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 8, false>, 8);
       } else if (wg == 8) {
         st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 8>, 8);
       } else if (wg == 12) {

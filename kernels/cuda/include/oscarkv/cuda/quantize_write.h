@@ -64,12 +64,14 @@ struct QuantizeWriteParams {
   // Prepared rotations [layer_count][2][num_kv_heads] (PrepareRotationFragments); nullptr: rows
   // are already rotated (the flush, or R_V absorbed into the checkpoint).
   const void* rot_fragments = nullptr;
-  // Clip ratios [layer_count][2][num_kv_heads] applied to INT2 rows; nullptr: no clipping.
+  // Clip ratios [layer_count][2][num_kv_heads] applied to INT2 rows; nullptr: no clipping (and
+  // the faster kernel built without the clip, for the default codec's `--clip none`).
   const float* clips = nullptr;
   // R as fp16 high + low parts (the default; rotation error ~1e-6 relative); false uses the high
-  // part only: ~2^-12 relative, half the tensor work and fragment traffic (default write 220.5 ->
-  // 185.3 us on an H200, 10:31 UTC 2026-11-30). Not the default: on the reference model's real K/V no INT2 code differs
-  // from the fp32 rotation, but 0.4-1% of groups pick another range candidate, and the engine's
+  // part only: ~2^-12 relative, half the tensor work and fragment traffic (default write 174.2 ->
+  // 158.7 us on wgmma, 220.8 -> 186.3 us on mma.sync, H200, 12:16 UTC 2026-11-30). Not the
+  // default: on the reference model's real K/V no INT2 code differs from the fp32 rotation, but
+  // 0.4-1% of groups pick another range candidate, and the engine's
   // CPU-vs-GPU attention test (engine/src/cuda_attention_gpu_test.cc) measured relative RMS
   // errors of 1.0e-3 to 6.9e-3 against its 1e-3 bound (random inputs with outlier channels).
   bool precise_rotation = true;
@@ -89,8 +91,11 @@ struct QuantizeWriteParams {
   // rotation on wgmma, R read by the tensor cores from shared memory, CTAs of 4, 8 or 12 warps
   // (1, 2 or 3 warpgroups), rows prefetched into L1 one tile ahead; LaunchQuantizeWrite fails
   // (Unimplemented) without sm_90a kernels (QuantizeWriteHasWgmma). kAuto takes kWgmma8 for the
-  // rotating selecting kernels where the build has it (default codec write on an H200: 221.3 ->
-  // 174.9 us), round 3's mma.sync kernel otherwise.
+  // rotating selecting kernels where the build has it, compiled without the quantile clip when
+  // `clips` is null (default codec write on an H200: mma.sync 220.8 us, kWgmma8 174.2 us, kAuto
+  // 169.0 us), round 3's mma.sync kernel otherwise. For the rotating min-max / bf16 kernels kAuto
+  // stays on mma.sync (staged); kWgmma* run them on wgmma (one warpgroup per CTA): INT2 pages
+  // 142.8 -> 113.4 us, but BF16 pages 125.0 -> 141.7 us.
   enum class LoadPath : uint8_t {
     kAuto, kStaged, kDirect, kRound1, kRound2, kLoadAhead, kLoadAtTile, kPrefetchL1,
     kWgmma4, kWgmma8, kWgmma12
