@@ -90,11 +90,10 @@ absl::Status CudaAttention::PrepareCodec(const AttentionInputs& in) {
     const uint32_t H = rot->kv_heads();
     OSCARKV_RETURN_IF_ERROR(Upload(mats_, rot->matrices()));
     OSCARKV_RETURN_IF_ERROR(Upload(clips_, rot->clips()));
-    // Ratios >= 1 do not clip (the write kernel and the CPU codec agree); with none below 1 the
-    // write kernel is launched without the table, which selects its variant compiled without
-    // the clip code (169 vs 174 us for the default codec write on an H200).
-    clips_active_ = false;
-    for (float c : rot->clips()) clips_active_ = clips_active_ || c < 1.0f;
+    // With no ratio below 1 the write kernel gets no clip table (ClipsActive), which selects
+    // its variant compiled without the clip code (169 vs 174 us for the default codec write on
+    // an H200).
+    clips_active_ = ClipsActive(*rot);
     OSCARKV_RETURN_IF_ERROR(Upload(modes_, RangeModeBytes(*rot)));
     const int count = static_cast<int>(layers_ * 2 * H);
     OSCARKV_ASSIGN_OR_RETURN(fragments_, DeviceBuffer::Create(count * cuda::kRotationFragmentBytes));

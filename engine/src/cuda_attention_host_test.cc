@@ -62,7 +62,7 @@ std::vector<float> EmulateCudaAttention(const KvCodec& codec, const LayerInputs&
   if (codec.int2) {
     const RotationSet& r = *codec.rotations;
     modes = RangeModeBytes(r);
-    b.clips = r.clips().data();
+    b.clips = ClipsActive(r) ? r.clips().data() : nullptr;  // as the backend does
     b.range_modes = modes.data();
     const size_t per = size_t{2} * H * d * d;
     std::vector<float> mats(r.matrices().begin() + in.layer * per,
@@ -180,6 +180,27 @@ TEST(CudaAttentionHost, PagesAndParamsReproduceTheCpuBackendOnTheReferenceModel)
       }
     }
   }
+}
+
+// Without clip or range-mode tables (no ratio below 1, one range mode for all heads) the
+// parameters of every layer carry null tables, not pointers offset from null (the write kernel
+// would read them: an illegal address on the device at layer > 0).
+TEST(CudaAttentionHost, NullTablesStayNullAtEveryLayer) {
+  const WindowPageLayout L = BuildWindowPageLayout(300, /*int2=*/true, /*sink=*/4, /*recent=*/64);
+  KvCodec codec;
+  codec.int2 = true;
+  codec.group = 128;
+  WindowBuffers b;
+  for (uint32_t layer : {0u, 1u, 7u}) {
+    for (size_t s = 0; s < L.sets.size(); ++s) {
+      const cuda::QuantizeWriteParams w = WindowWriteParams(L, s, codec, layer, 8, 128, b);
+      EXPECT_EQ(w.clips, nullptr) << "layer " << layer;
+      EXPECT_EQ(w.range_modes, nullptr) << "layer " << layer;
+    }
+  }
+  std::vector<float> clips(2 * 8 * 8, 0.95f);
+  b.clips = clips.data();
+  EXPECT_EQ(WindowWriteParams(L, 0, codec, 3, 8, 128, b).clips, clips.data() + 3 * 16);
 }
 
 }  // namespace

@@ -56,10 +56,22 @@ inline cuda::QuantizeWriteParams WindowWriteParams(const WindowPageLayout& layou
     if (b.rot_fragments != nullptr) {
       w.rot_fragments = b.rot_fragments + layer * per_layer * cuda::kRotationFragmentBytes;
     }
-    w.clips = b.clips + layer * per_layer;
-    w.range_modes = b.range_modes + layer * per_layer;
+    // A null table stays null (no clipping / `range_mode` for every head), never an offset
+    // from null: the write kernel tests the pointer.
+    w.clips = b.clips != nullptr ? b.clips + layer * per_layer : nullptr;
+    w.range_modes = b.range_modes != nullptr ? b.range_modes + layer * per_layer : nullptr;
   }
   return w;
+}
+
+// Whether any clip ratio of `rot` clips (< 1; ratios >= 1 leave rows as they are, in the write
+// kernel and the CPU codec alike). When none does, the backend passes no clip table, which runs
+// the write kernel compiled without the clip code.
+inline bool ClipsActive(const RotationSet& rot) {
+  for (float c : rot.clips()) {
+    if (c < 1.0f) return true;
+  }
+  return false;
 }
 
 // Range modes of every (layer, K|V, head) as bytes, in RotationSet (clip) order.
