@@ -53,7 +53,6 @@ class CudaAttention final : public AttentionBackend {
   bool codec_ready_ = false;
   uint32_t layers_ = 0;
   DeviceBuffer mats_, fragments_, clips_, modes_;
-  bool clips_active_ = false;  // some clip ratio < 1
   // Window state, rebuilt when the window length or head counts change.
   uint32_t tokens_ = 0, q_heads_ = 0, kv_heads_ = 0;
   WindowPageLayout layout_;
@@ -90,10 +89,6 @@ absl::Status CudaAttention::PrepareCodec(const AttentionInputs& in) {
     const uint32_t H = rot->kv_heads();
     OSCARKV_RETURN_IF_ERROR(Upload(mats_, rot->matrices()));
     OSCARKV_RETURN_IF_ERROR(Upload(clips_, rot->clips()));
-    // With no ratio below 1 the write kernel gets no clip table (ClipsActive), which selects
-    // its variant compiled without the clip code (169 vs 174 us for the default codec write on
-    // an H200).
-    clips_active_ = ClipsActive(*rot);
     OSCARKV_RETURN_IF_ERROR(Upload(modes_, RangeModeBytes(*rot)));
     const int count = static_cast<int>(layers_ * 2 * H);
     OSCARKV_ASSIGN_OR_RETURN(fragments_, DeviceBuffer::Create(count * cuda::kRotationFragmentBytes));
@@ -186,7 +181,12 @@ absl::Status CudaAttention::Attend(const AttentionInputs& in, float* out) {
   b.dst_slot = dst_slot_.as<int32_t>();
   if (codec_.int2) {
     b.rot_fragments = fragments_.as<uint8_t>();
-    b.clips = clips_active_ ? clips_.as<float>() : nullptr;
+    // The clip table is passed even when no ratio clips (< 1): without it the write kernel runs
+    // its variant compiled without the clip code (169 vs 174 us for the default codec write on an
+    // H200, bench/results/NOTES.md session 13), but the engine's launch of that variant has not
+    // run on the device yet (the first attempt offset the null table per layer: fixed in
+    // WindowWriteParams, test NullTablesStayNullAtEveryLayer).
+    b.clips = clips_.as<float>();
     b.range_modes = modes_.as<uint8_t>();
   }
   for (size_t s = 0; s < layout_.sets.size(); ++s) {

@@ -62,7 +62,7 @@ std::vector<float> EmulateCudaAttention(const KvCodec& codec, const LayerInputs&
   if (codec.int2) {
     const RotationSet& r = *codec.rotations;
     modes = RangeModeBytes(r);
-    b.clips = ClipsActive(r) ? r.clips().data() : nullptr;  // as the backend does
+    b.clips = r.clips().data();
     b.range_modes = modes.data();
     const size_t per = size_t{2} * H * d * d;
     std::vector<float> mats(r.matrices().begin() + in.layer * per,
@@ -182,7 +182,7 @@ TEST(CudaAttentionHost, PagesAndParamsReproduceTheCpuBackendOnTheReferenceModel)
   }
 }
 
-// Without clip or range-mode tables (no ratio below 1, one range mode for all heads) the
+// Without clip or range-mode tables (no clipping, one range mode for all heads) the
 // parameters of every layer carry null tables, not pointers offset from null (the write kernel
 // would read them: an illegal address on the device at layer > 0).
 TEST(CudaAttentionHost, NullTablesStayNullAtEveryLayer) {

@@ -64,16 +64,6 @@ inline cuda::QuantizeWriteParams WindowWriteParams(const WindowPageLayout& layou
   return w;
 }
 
-// Whether any clip ratio of `rot` clips (< 1; ratios >= 1 leave rows as they are, in the write
-// kernel and the CPU codec alike). When none does, the backend passes no clip table, which runs
-// the write kernel compiled without the clip code.
-inline bool ClipsActive(const RotationSet& rot) {
-  for (float c : rot.clips()) {
-    if (c < 1.0f) return true;
-  }
-  return false;
-}
-
 // Range modes of every (layer, K|V, head) as bytes, in RotationSet (clip) order.
 inline std::vector<uint8_t> RangeModeBytes(const RotationSet& rot) {
   std::vector<uint8_t> modes;
