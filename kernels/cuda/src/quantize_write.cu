@@ -1467,29 +1467,26 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
         }
       }
       st = launch(QuantizeWriteKernel<kG, kSel, kRot, true>, WarpsOf(kSel, kRot, false));
-    } else if constexpr (kSel && kRot) {
-      if (wg == 4) {
-        st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 4>, 4);
-      } else if (wg == 8 && p.load_path == LoadPath::kAuto && p.clips == nullptr) {
-        // Without the clip code: the default codec write (`--clip none`) 174.2 -> 169.0 us on an
-        // H200 (session 13; a smaller kernel, fewer instruction-cache stalls).
-        st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 8, false>, 8);
-      } else if (wg == 8) {
-        st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 8>, 8);
-      } else if (wg == 12) {
-        st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 12>, 12);
-      } else if (round1) {
-        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, true>, WarpsOf(kSel, kRot, true));
-      } else if (round2) {
-        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, true>, WarpsOf(kSel, kRot, false));
-      } else if (ahead == 1) {
-        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, false, 1>, WarpsOf(kSel, kRot, false));
-      } else if (ahead == 2) {
-        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, false, false, 2>, WarpsOf(kSel, kRot, false));
-      } else {
-        st = launch(QuantizeWriteKernel<kG, kSel, kRot, false>, WarpsOf(kSel, kRot, false));
-      }
     } else if constexpr (kSel) {
+      // The rotating selecting kernels' warp counts (wgmma), then the load-path variants that
+      // every selecting kernel has.
+      if constexpr (kRot) {
+        if (wg == 4) {
+          st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 4>, 4);
+          return;
+        }
+        if (wg == 8 && p.load_path == LoadPath::kAuto && p.clips == nullptr) {
+          // Without the clip code: the default codec write (`--clip none`) 174.2 -> 169.0 us on
+          // an H200 (session 13; a smaller kernel, fewer instruction-cache stalls).
+          st = launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 8, false>, 8);
+          return;
+        }
+        if (wg == 8 || wg == 12) {
+          st = wg == 8 ? launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 8>, 8)
+                       : launch(QuantizeWriteKernel<kG, true, true, false, false, false, 2, 12>, 12);
+          return;
+        }
+      }
       if (round1) {
         st = launch(QuantizeWriteKernel<kG, kSel, kRot, false, true>, WarpsOf(kSel, kRot, true));
       } else if (round2) {
