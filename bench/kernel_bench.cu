@@ -384,6 +384,12 @@ absl::StatusOr<std::vector<double>> ReferenceSeq0(const KernelBenchOptions& o, c
 absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
   KernelBenchReport r;
   cudaDeviceProp prop{};
+  int devices = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess || devices == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no usable CUDA device (", e != cudaSuccess ? cudaGetErrorString(e) : "none found",
+        "): the kernel bench runs on a GPU machine, e.g. through scripts/gpu/run_all.sh"));
+  }
   BENCH_RETURN_IF_ERROR(CudaOk(cudaGetDeviceProperties(&prop, 0), "device properties"));
   r.device = prop.name;
   r.sms = prop.multiProcessorCount;
