@@ -624,8 +624,9 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
           kinds = *kk;
         }
         const int target = o.target_ctas[ti];
+        const int tail = target <= kTailTarget ? kTailTarget - target : 0;
         auto dec = cuda::PagedDecoder::Create(shape, indptr, ids, kinds, r.sms, std::max(target, 0),
-                                              target < 0);
+                                              target < 0 && tail == 0, tail);
         if (!dec.ok()) return dec.status();
         pb.decoder = std::make_unique<cuda::PagedDecoder>(*std::move(dec));
         // The reported (fastest default-tolerance) variant, re-planned.
@@ -634,7 +635,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
                             absl::StrCat("target", target, "/", d.batch, "x", d.length));
         if (!t.ok()) return t.status();
         d.int2_by_target.push_back({o.target_ctas[ti], *t});
-        if (target < 0) {
+        if (target == -1) {
           // The session-5 default as a whole: that planner, the merge kernel, the queries
           // rotated in every CTA.
           auto t5 = TimeDecode(o, pb, d.batch, rot_k, cuda::DecodeVariant::kPackedInt8, o.precise_query,

@@ -24,7 +24,8 @@ struct KernelBenchOptions {
   bool all_variants = true;
   int quant_tokens = 32768;  // quantize-on-write: tokens of one layer (all 8 KV heads, K and V)
   // Decode plan CTA targets to measure (0 = default; -1, not first: the default target on the
-  // session-5 planner, PlanDecode's session5_slots).
+  // session-5 planner, PlanDecode's session5_slots; kTailTarget - N, not first: the default
+  // target with PlanDecode's tail_items = N).
   std::vector<int> target_ctas = {0};
   bool bf16_pages = true;    // measure the kernel on all-BF16 pages
   bool quantize = true;      // measure quantize-on-write
@@ -72,12 +73,16 @@ struct DecodeRow {
   // BF16 pages with the separate merge kernel (bf16_us: the default, the fused merge).
   double bf16_merge_kernel_us = 0;
   // (target_ctas, µs) when several; -1: the session-5 planner, -2: the session-5 default
-  // (packed_int8 with the merge kernel and in-CTA rotation on that planner).
+  // (packed_int8 with the merge kernel and in-CTA rotation on that planner), kTailTarget - N:
+  // tail_items N.
   std::vector<std::pair<int, double>> int2_by_target;
   // Every INT2 variant measured; int2_us is the fastest non-approximate one (int2_best).
   std::vector<VariantTime> int2_variants;
   std::string int2_best;
 };
+
+// target_ctas entry for the default target with PlanDecode's tail_items = N: kTailTarget - N.
+inline constexpr int kTailTarget = -1000;
 
 struct QuantRow {
   std::string name;

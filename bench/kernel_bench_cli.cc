@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
 #include "kernel_bench.h"
 #include "oscarkv/util/args.h"
 
@@ -21,7 +22,8 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("quant-tokens", "32768", "tokens written by the quantize-on-write bench")
       .Option("target-ctas", "0",
               "decode plan CTA targets, comma list; the first is reported (0 = default; s5 = the "
-              "default target on the session-5 planner, not as the first)")
+              "default target on the session-5 planner, tailN = the default target with the "
+              "last N INT2 items as split halves dispatched last; both not as the first)")
       .Option("extend", "32768x512", "extend attention bench: PREFIXxNEW tokens (B=1; '' to skip)")
       .Option("rounds", "1",
               "time the INT2 configurations this many times in turn (A B .. A B ..) and report "
@@ -72,6 +74,15 @@ int KernelBenchMain(int argc, char** argv) {
     int v = 0;
     if (t == "s5" && !o.target_ctas.empty()) {
       o.target_ctas.push_back(-1);
+      continue;
+    }
+    if (absl::StartsWith(t, "tail")) {
+      if (o.target_ctas.empty() || !absl::SimpleAtoi(t.substr(4), &v) || v < 2 || v > 100000) {
+        std::fprintf(stderr, "bad --target-ctas entry '%s' (tailN: 2 <= N <= 100000, not first)\n",
+                     std::string(t).c_str());
+        return 2;
+      }
+      o.target_ctas.push_back(kTailTarget - v);
       continue;
     }
     if (!absl::SimpleAtoi(t, &v) || v < 0) {

@@ -34,7 +34,7 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
                                       const std::vector<int32_t>& indptr,
                                       const std::vector<int32_t>& ids,
                                       const std::vector<uint8_t>& kinds, int num_sms,
-                                      int target_ctas, bool session5_slots) {
+                                      int target_ctas, bool session5_slots, int tail_items) {
   if (absl::Status st = ValidateDecodeShape(shape); !st.ok()) return st;
   if (indptr.empty() || indptr[0] != 0) {
     return absl::InvalidArgumentError("seq_page_indptr must start at 0");
@@ -187,6 +187,27 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
     }
   }
 
+  // tail_items: in a plan of more INT2 items than CTA slots, the last part of the last
+  // tail_items / 2 INT2 runs of at least 2 parts is split in two halves, dispatched after every
+  // other INT2 item (see decode_attention.h).
+  std::vector<bool> split_last(runs.size(), false);
+  if (tail_items >= 2) {
+    int64_t int2_items = 0;
+    for (const Run& r : runs) {
+      if (is_int2(r.kind)) int2_items += parts_of(r, budget);
+    }
+    if (int2_items > target_ctas) {
+      int64_t left = tail_items / 2;
+      for (size_t i = runs.size(); i-- > 0 && left > 0;) {
+        if (is_int2(runs[i].kind) && parts_of(runs[i], budget) >= 2 && runs[i].len >= 4) {
+          split_last[i] = true;
+          --left;
+        }
+      }
+    }
+  }
+  std::vector<bool> tail;  // per item: one of the split halves
+
   DecodePlan plan;
   plan.item_indptr.reserve(num_seqs * H + 1);
   plan.item_indptr.push_back(0);
@@ -202,17 +223,29 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
            ++ri) {
         const Run& r = runs[ri];
         const int32_t parts = parts_of(r, budget);
-        for (int32_t part = 0; part < parts; ++part) {
-          const int32_t b0 = r.first + static_cast<int32_t>(int64_t{r.len} * part / parts);
-          const int32_t b1 = r.first + static_cast<int32_t>(int64_t{r.len} * (part + 1) / parts);
+        auto add = [&](int32_t b0, int32_t b1, bool is_tail) {
           plan.items.push_back({static_cast<int32_t>(b), static_cast<int32_t>(h),
                                 static_cast<int32_t>(r.kind), b0, b1 - b0, indptr[b]});
+          tail.push_back(is_tail);
           if (is_int2(r.kind)) {
             plan.int2_slices += b1 - b0;
             plan.page_bytes_read += size_t(b1 - b0) * int2_slice_bytes;
           } else {
             plan.bf16_slices += b1 - b0;
             plan.page_bytes_read += size_t(b1 - b0) * bf16_slice_bytes;
+          }
+        };
+        for (int32_t part = 0; part < parts; ++part) {
+          const int32_t b0 = r.first + static_cast<int32_t>(int64_t{r.len} * part / parts);
+          const int32_t b1 = r.first + static_cast<int32_t>(int64_t{r.len} * (part + 1) / parts);
+          if (part == parts - 1 && split_last[ri] && b1 - b0 >= 2) {
+            const int32_t mid = b0 + (b1 - b0) / 2;
+            add(b0, mid, true);
+            add(mid, b1, true);
+            ++plan.tail_items;
+            ++plan.tail_items;
+          } else {
+            add(b0, b1, false);
           }
         }
       }
@@ -223,12 +256,15 @@ absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
   // INT2-dominated batches run every item in the INT2 kernel (its BF16 items after the INT2
   // ones, on the same CTA slots); otherwise the BF16 items go to the BF16 kernel.
   const bool fused = !bf16_heavy;
-  for (int pass = 0; pass < 2; ++pass) {
-    const int32_t kind = pass == 0 ? static_cast<int32_t>(PageKind::kInt2) : static_cast<int32_t>(PageKind::kBf16);
+  // INT2 items (the split tail halves last among them), then the BF16 items.
+  for (int pass = 0; pass < 3; ++pass) {
+    const int32_t kind = pass < 2 ? static_cast<int32_t>(PageKind::kInt2) : static_cast<int32_t>(PageKind::kBf16);
     for (size_t i = 0; i < plan.items.size(); ++i) {
-      if (plan.items[i].kind == kind) plan.order.push_back(static_cast<int32_t>(i));
+      if (plan.items[i].kind == kind && (pass == 2 || tail[i] == (pass == 1))) {
+        plan.order.push_back(static_cast<int32_t>(i));
+      }
     }
-    if (pass == 0) plan.num_int2_items = static_cast<int32_t>(plan.order.size());
+    if (pass == 1) plan.num_int2_items = static_cast<int32_t>(plan.order.size());
   }
   if (fused) plan.num_int2_items = static_cast<int32_t>(plan.order.size());
   return plan;

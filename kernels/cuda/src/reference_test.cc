@@ -1,9 +1,11 @@
 // CPU tests (label unit) of the kernels' host-side pieces: the split-KV planner and the CPU
 // references of the POD interfaces (ReferenceQuantizeWrite against EncodePage, the paged
 // decode reference against the dense one).
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -161,6 +163,72 @@ TEST(PlanDecode, Int2BatchLeavesTheThirdSlotToBf16Items) {
   ASSERT_TRUE(p1.ok() && p1s5.ok());
   EXPECT_EQ(p1->items.size(), p1s5->items.size());
   EXPECT_LE(p1->items.size(), 2u * 132);
+}
+
+// tail_items: a multi-wave INT2 plan (B=32 x 32K on 132 SMs: 768 items on 396 slots) keeps
+// covering every slice once, with tail_items halves (of tail_items / 2 split last parts) last
+// among the INT2 items in `order`; off (0) and one-wave plans (B=1 x 100K) are unchanged.
+TEST(PlanDecode, TailItemsAreSplitHalvesDispatchedLast) {
+  auto batch = [](int seqs, int tokens) {
+    std::vector<int32_t> indptr = {0}, ids;
+    std::vector<uint8_t> kinds;
+    const int pages = (tokens + 63) / 64;
+    for (int b = 0; b < seqs; ++b) {
+      for (int i = 0; i < pages; ++i) {
+        ids.push_back(static_cast<int32_t>(kinds.size()));
+        kinds.push_back(i == 0 || i + 2 > pages ? 2 : 1);  // sink, history, tail
+      }
+      indptr.push_back(static_cast<int32_t>(ids.size()));
+    }
+    return std::make_tuple(indptr, ids, kinds);
+  };
+  {
+    auto [indptr, ids, kinds] = batch(32, 32768);
+    auto base = PlanDecode(Shape(), indptr, ids, kinds, 132);
+    auto split = PlanDecode(Shape(), indptr, ids, kinds, 132, 0, false, 264);
+    ASSERT_TRUE(base.ok() && split.ok());
+    EXPECT_EQ(base->tail_items, 0);
+    ASSERT_EQ(split->tail_items, 264);
+    EXPECT_EQ(split->items.size(), base->items.size() + 132);
+    EXPECT_EQ(split->int2_slices, base->int2_slices);
+    EXPECT_EQ(split->bf16_slices, base->bf16_slices);
+    EXPECT_EQ(split->page_bytes_read, base->page_bytes_read);
+    EXPECT_EQ(split->num_int2_items, base->num_int2_items + 132);
+    // Slices of every (sequence, head) covered once, in order.
+    for (size_t pair = 0; pair + 1 < split->item_indptr.size(); ++pair) {
+      int next = 0;
+      for (int i = split->item_indptr[pair]; i < split->item_indptr[pair + 1]; ++i) {
+        EXPECT_EQ(split->items[i].first_slice, next);
+        next += split->items[i].num_slices;
+      }
+      EXPECT_EQ(next, (indptr[pair / 8 + 1] - indptr[pair / 8]));
+    }
+    // The last 264 INT2 entries of `order` are the halves: each at most half a regular item.
+    int max_regular = 0;
+    int int2_in_order = 0;
+    for (int i : split->order) {
+      if (split->items[i].kind == 1) ++int2_in_order;
+    }
+    for (int k = 0; k < int2_in_order - 264; ++k) {
+      const DecodeWorkItem& it = split->items[split->order[k]];
+      ASSERT_EQ(it.kind, 1);
+      max_regular = std::max(max_regular, it.num_slices);
+    }
+    for (int k = int2_in_order - 264; k < int2_in_order; ++k) {
+      const DecodeWorkItem& it = split->items[split->order[k]];
+      ASSERT_EQ(it.kind, 1);
+      EXPECT_LE(it.num_slices, (max_regular + 1) / 2);
+    }
+  }
+  {
+    auto [indptr, ids, kinds] = batch(1, 100000);  // one wave: no split
+    auto base = PlanDecode(Shape(), indptr, ids, kinds, 132);
+    auto split = PlanDecode(Shape(), indptr, ids, kinds, 132, 0, false, 264);
+    ASSERT_TRUE(base.ok() && split.ok());
+    EXPECT_EQ(split->tail_items, 0);
+    EXPECT_EQ(split->items.size(), base->items.size());
+    EXPECT_EQ(split->order, base->order);
+  }
 }
 
 TEST(PlanDecode, RejectsMalformedTables) {

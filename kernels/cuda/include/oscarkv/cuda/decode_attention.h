@@ -90,6 +90,9 @@ struct DecodePlan {
   // (sequence, KV head) pairs without any item (empty sequences); their output is written by
   // the merge kernel, so such a plan cannot use DecodeParams::fused_merge.
   int32_t empty_pairs = 0;
+  // Items that are halves of a split last part (PlanDecode's tail_items), last among the INT2
+  // items in `order`.
+  int32_t tail_items = 0;
 };
 
 // Host-side planning from host copies of the page table. `target_ctas` is the number of CTAs to
@@ -97,12 +100,18 @@ struct DecodePlan {
 // BF16 slices carry most of the cost; an INT2-dominated batch that would not fit one wave of 3
 // per SM only because of its BF16 items gets 2 INT2 items per SM and its BF16 items in the
 // third slots). session5_slots: the previous planner (without that last rule), for side-by-side
-// benchmarks. Errors: InvalidArgument on a malformed table.
+// benchmarks. tail_items (0 = off, the default): in a plan with more INT2 items than CTA slots
+// (several waves, e.g. B=32 x 32K: 768 items on 396 slots), the last part of the last
+// tail_items / 2 INT2 runs is split in two halves that are dispatched after every other INT2
+// item, so the SMs that would run one item fewer than the rest (H200: 24 of 132 SMs ran 5 items
+// and 108 ran 6, those finishing ~12 us earlier) get half items instead -- an experiment for the
+// bench (`--target-ctas tailN`), not yet measured. Errors: InvalidArgument on a malformed table.
 absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
                                       const std::vector<int32_t>& seq_page_indptr,
                                       const std::vector<int32_t>& seq_page_ids,
                                       const std::vector<uint8_t>& page_kinds, int num_sms,
-                                      int target_ctas = 0, bool session5_slots = false);
+                                      int target_ctas = 0, bool session5_slots = false,
+                                      int tail_items = 0);
 
 // INT2 kernel variants, selectable per launch so one benchmark run measures all of them and the
 // GPU tests check each against the CPU reference. All compute the same function;

@@ -16,9 +16,10 @@ class PagedDecoder {
                                              const std::vector<int32_t>& seq_page_indptr,
                                              const std::vector<int32_t>& seq_page_ids,
                                              const std::vector<uint8_t>& page_kinds, int num_sms,
-                                             int target_ctas = 0, bool session5_slots = false) {
+                                             int target_ctas = 0, bool session5_slots = false,
+                                             int tail_items = 0) {
     auto plan = PlanDecode(shape, seq_page_indptr, seq_page_ids, page_kinds, num_sms, target_ctas,
-                           session5_slots);
+                           session5_slots, tail_items);
     if (!plan.ok()) return plan.status();
     PagedDecoder d;
     d.shape_ = shape;
