@@ -113,6 +113,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     int early_rotation = -1;       // DecodeParams::early_rotation (-1: PagedDecoder's choice)
     int bulk_merge = -1;           // DecodeParams::bulk_merge (-1: PagedDecoder's choice)
     bool frags_first = false;      // DecodeParams::fragments_before_copies on
+    int tail_items = 0;            // PlanDecode's tail_items
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
@@ -175,6 +176,13 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     r.frags_first = true;
     r.cta_fragments = true;
     runs.push_back(r);
+    // A multi-wave plan whose last parts are split in halves dispatched last (tail_items), with
+    // either merge.
+    for (bool mk : {false, true}) {
+      r = Run{DecodeParams{}.variant, 7, mk};
+      r.tail_items = 6;
+      runs.push_back(r);
+    }
   }
   if (long_items) {
     runs.clear();
@@ -195,8 +203,10 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
                  (run.ctas_per_sm >= 0 ? " ctas/sm " + std::to_string(run.ctas_per_sm) : "") +
                  (run.early_rotation >= 0 ? " early rotation " + std::to_string(run.early_rotation) : "") +
                  (run.bulk_merge >= 0 ? " bulk merge " + std::to_string(run.bulk_merge) : "") +
-                 (run.frags_first ? " fragments before copies" : ""));
-    auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target);
+                 (run.frags_first ? " fragments before copies" : "") +
+                 (run.tail_items > 0 ? " tail items " + std::to_string(run.tail_items) : ""));
+    auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target,
+                                    false, run.tail_items);
     ASSERT_TRUE(dec.ok()) << dec.status();
     DecodeParams p = dec->Params();
     if (run.merge_kernel) p.fused_merge = false;
