@@ -90,13 +90,6 @@ __device__ __forceinline__ int Opaque(int x) {
   asm volatile("mov.b32 %0, %0;" : "+r"(x));
   return x;
 }
-// Four 8x8 b16 matrices, transposed: lanes 8m..8m+7 give matrix m's row addresses; register m
-// of lane (gid, tig) = rows 2·tig (low half) and 2·tig + 1 (high half) of column gid.
-__device__ __forceinline__ void LdMatrixX4T(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 // D = A(16x32 u8, row) * B(32x8 u8, col) + D, int32 accumulate (exact).
 __device__ __forceinline__ void MmaU8U8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -833,7 +826,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 #pragma unroll
         for (int rb = 0; rb < 2; ++rb) {
           uint32_t x[4];
-          LdMatrixX4T(SmemAddr(vc) + voff[2 * ks + rb], x);
+          LdMatrixX4Trans(x, SmemAddr(vc) + voff[2 * ks + rb]);
           R[rb][0] = __byte_perm(x[0], x[1], 0x6420);
           R[rb][1] = __byte_perm(x[0], x[1], 0x7531);
           R[rb][2] = __byte_perm(x[2], x[3], 0x6420);

@@ -38,10 +38,16 @@ __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* smem) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(SmemAddr(smem)));
 }
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem) {
+// Four 8x8 b16 matrices, transposed: lanes 8m..8m+7 give matrix m's row addresses (a shared-
+// memory address, or a generic pointer into shared memory); register m of lane (gid, tig) =
+// rows 2·tig (low half) and 2·tig + 1 (high half) of column gid.
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], uint32_t smem_addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SmemAddr(smem)));
+               : "r"(smem_addr));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* smem) {
+  LdMatrixX4Trans(r, SmemAddr(smem));
 }
 
 // D = A(16x16, row) * B(16x8, col) + D, fp32 accumulate.
