@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -262,6 +263,10 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     if (options.find("late_rotation") != std::string::npos) p.early_rotation = false;
     if (options.find("frags_first") != std::string::npos) p.fragments_before_copies = true;
     if (options.find("frags_after") != std::string::npos) p.fragments_before_copies = false;
+    // l2pfN: DecodeParams::l2_prefetch_slices = N.
+    if (size_t at = options.find("l2pf"); at != std::string::npos) {
+      p.l2_prefetch_slices = std::atoi(options.c_str() + at + 4);
+    }
 
     p.out = out->as<float>();
     p.lse = lse->as<float>();

@@ -6,10 +6,19 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "kernel_bench.h"
 #include "oscarkv/util/args.h"
 
 namespace oscarkv::bench {
+
+namespace {
+// "l2pfN" with N in 0..64 (DecodeParams::l2_prefetch_slices).
+bool IsL2Prefetch(absl::string_view f) {
+  int n = 0;
+  return absl::ConsumePrefix(&f, "l2pf") && absl::SimpleAtoi(f, &n) && n >= 0 && n <= 64;
+}
+}  // namespace
 
 int KernelBenchMain(int argc, char** argv) {
   Args args("bench kernels",
@@ -34,7 +43,8 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("ab", "",
               "comma list of INT2 launch option sets (shared_rotation, early_copies, rotation_kernel, "
               "cta_rotation, cta_fragments, two_per_sm, no_cap, early_rotation, late_rotation, bulk_merge, "
-              "copy_merge, frags_first, frags_after; joined by +) "
+              "copy_merge, frags_first, frags_after, l2pfN = prefetch N slices per warp into L2 in the "
+              "prologue, l2pf0 = off; joined by +) "
               "timed beside the default launch (use --rounds to alternate)")
       .Option("csv", "", "write the CSV here")
       .Option("plot", "", "write an SVG plot here")
@@ -108,7 +118,7 @@ int KernelBenchMain(int argc, char** argv) {
       if (f != "shared_rotation" && f != "early_copies" && f != "rotation_kernel" && f != "cta_rotation" &&
           f != "cta_fragments" && f != "two_per_sm" && f != "no_cap" &&
           f != "early_rotation" && f != "late_rotation" && f != "bulk_merge" && f != "copy_merge" &&
-          f != "frags_first" && f != "frags_after") {
+          f != "frags_first" && f != "frags_after" && !IsL2Prefetch(f)) {
         std::fprintf(stderr, "bad --ab entry '%s'\n", std::string(t).c_str());
         return 2;
       }

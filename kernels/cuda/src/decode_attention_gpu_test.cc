@@ -114,6 +114,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     int bulk_merge = -1;           // DecodeParams::bulk_merge (-1: PagedDecoder's choice)
     bool frags_first = false;      // DecodeParams::fragments_before_copies on
     int tail_items = 0;            // PlanDecode's tail_items
+    int l2_prefetch = 0;           // DecodeParams::l2_prefetch_slices
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
@@ -183,6 +184,17 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
       r.tail_items = 6;
       runs.push_back(r);
     }
+    // Slices prefetched into L2 in the prologue (l2_prefetch_slices), with the rotation kernel
+    // (fragments after and before the first copies) and with the rotation in every CTA.
+    for (int rot : {1, 2}) {
+      r = Run{DecodeParams{}.variant, 7, false, rot};
+      r.l2_prefetch = 4;
+      runs.push_back(r);
+    }
+    r = Run{DecodeParams{}.variant, 0, false, 2};
+    r.l2_prefetch = 64;
+    r.frags_first = true;
+    runs.push_back(r);
   }
   if (long_items) {
     runs.clear();
@@ -204,7 +216,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
                  (run.early_rotation >= 0 ? " early rotation " + std::to_string(run.early_rotation) : "") +
                  (run.bulk_merge >= 0 ? " bulk merge " + std::to_string(run.bulk_merge) : "") +
                  (run.frags_first ? " fragments before copies" : "") +
-                 (run.tail_items > 0 ? " tail items " + std::to_string(run.tail_items) : ""));
+                 (run.tail_items > 0 ? " tail items " + std::to_string(run.tail_items) : "") +
+                 (run.l2_prefetch > 0 ? " l2 prefetch " + std::to_string(run.l2_prefetch) : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target,
                                     false, run.tail_items);
     ASSERT_TRUE(dec.ok()) << dec.status();
@@ -218,6 +231,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     if (run.early_rotation >= 0) p.early_rotation = run.early_rotation == 1;
     if (run.bulk_merge >= 0) p.bulk_merge = run.bulk_merge == 1;
     if (run.frags_first) p.fragments_before_copies = true;
+    p.l2_prefetch_slices = run.l2_prefetch;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();
     p.table.page_token_counts = d_counts->as<uint16_t>();

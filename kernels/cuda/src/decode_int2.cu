@@ -320,6 +320,27 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
   }
   if (!late_copies) first_copies();
+  // l2_prefetch_slices: this warp's next slices after the first copies are prefetched into L2
+  // while the CTA waits for its queries (HBM otherwise idles in that prologue); lanes 0-15 take
+  // the K code lines, 16-31 the V code lines, lanes 0-1 / 2-3 the K / V parameter lines.
+  if (p.l2_prefetch_slices > 0) {
+    const int last = min(mine, kInt2WarpStages - 1 + p.l2_prefetch_slices);
+    for (int k = kInt2WarpStages - 1; k < last; ++k) {
+      const int sl = warp + kWarps * k;
+      const int info = tab.info[sl], tok0 = info >> 16, valid = info & 0xffff;
+      const uint8_t* pk = tab.ptr[sl] + seg_k;
+      const int line = 128 * (lane & 15);
+      if (line < valid * 32) {
+        const uint8_t* a = pk + tok0 * 32 + line + (lane >= 16 ? v_minus_k : 0);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+      }
+      const int pline = 128 * (lane & 1);
+      if (lane < 4 && pline < valid * 4 * NG) {
+        const uint8_t* a = pk + codes_bytes + tok0 * 4 * NG + pline + (lane >= 2 ? v_minus_k : 0);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+      }
+    }
+  }
   if (frags_first) {
   } else if (prepared) {
     asm volatile("griddepcontrol.wait;" ::: "memory");

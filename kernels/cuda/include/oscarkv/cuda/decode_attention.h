@@ -256,6 +256,11 @@ struct DecodeParams {
   // sets 2 for plans of at most 2 per SM (B=1 with the rotation kernel: without it the BF16
   // items of 8 SMs ran as third CTAs beside two INT2 items, 32.4 vs 30.7 µs at B=1 x 100K).
   int32_t int2_ctas_per_sm = 0;
+  // INT2 items: each warp prefetches its next this-many slices after its first K/V copies into
+  // L2 (prefetch.global.L2, fire and forget) before the CTA waits for its queries (the rotation
+  // kernel, or its own rotation), so HBM streams during that prologue instead of idling. 0: off.
+  // Same results.
+  int32_t l2_prefetch_slices = 0;
   // The W exchange of the fp16 value product (every variant but kPackedInt8Values) with query
   // head h in row h of its group, as before session 9. false (default): head h in row
   // ((h & 1) << 2) | (h >> 1), rows 72 halves apart, so the W stores and the B-fragment loads
