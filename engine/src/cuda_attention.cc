@@ -53,6 +53,7 @@ class CudaAttention final : public AttentionBackend {
   bool codec_ready_ = false;
   uint32_t layers_ = 0;
   DeviceBuffer mats_, fragments_, clips_, modes_;
+  bool clips_active_ = false;  // some clip ratio < 1
   // Window state, rebuilt when the window length or head counts change.
   uint32_t tokens_ = 0, q_heads_ = 0, kv_heads_ = 0;
   WindowPageLayout layout_;
@@ -89,6 +90,8 @@ absl::Status CudaAttention::PrepareCodec(const AttentionInputs& in) {
     const uint32_t H = rot->kv_heads();
     OSCARKV_RETURN_IF_ERROR(Upload(mats_, rot->matrices()));
     OSCARKV_RETURN_IF_ERROR(Upload(clips_, rot->clips()));
+    clips_active_ = false;
+    for (float c : rot->clips()) clips_active_ = clips_active_ || c < 1.0f;
     OSCARKV_RETURN_IF_ERROR(Upload(modes_, RangeModeBytes(*rot)));
     const int count = static_cast<int>(layers_ * 2 * H);
     OSCARKV_ASSIGN_OR_RETURN(fragments_, DeviceBuffer::Create(count * cuda::kRotationFragmentBytes));
@@ -181,12 +184,10 @@ absl::Status CudaAttention::Attend(const AttentionInputs& in, float* out) {
   b.dst_slot = dst_slot_.as<int32_t>();
   if (codec_.int2) {
     b.rot_fragments = fragments_.as<uint8_t>();
-    // The clip table is passed even when no ratio clips (< 1): without it the write kernel runs
-    // its variant compiled without the clip code (169 vs 174 us for the default codec write on an
-    // H200, bench/results/NOTES.md session 13), but the engine's launch of that variant has not
-    // run on the device yet (the first attempt offset the null table per layer: fixed in
-    // WindowWriteParams, test NullTablesStayNullAtEveryLayer).
-    b.clips = clips_.as<float>();
+    // No clip table when no ratio clips (< 1; ratios >= 1 leave rows as they are, in the write
+    // kernel and the CPU codec alike): the write kernel then runs its variant compiled without
+    // the clip code (169 vs 174 us for the default codec write on an H200, NOTES session 13).
+    b.clips = clips_active_ ? clips_.as<float>() : nullptr;
     b.range_modes = modes_.as<uint8_t>();
   }
   for (size_t s = 0; s < layout_.sets.size(); ++s) {
