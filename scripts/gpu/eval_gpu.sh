@@ -13,7 +13,8 @@
 #   device: run(command="scripts/gpu/eval_gpu.sh", carry=["build-eng/carry"], timeout_s=300)
 # Time on the 32-core H200 x2 host: GPU test 15 s; with 4+4 shards of 4 threads the GPU path
 # finished its 16 windows within 120 s and the CPU path needed ~140 s (32/40 passes at 110 s),
-# so the whole call takes ~170 s (EVAL_TIMEOUT defaults to 240). SKIP_TEST=1 skips the test.
+# so the whole call takes ~170 s (EVAL_TIMEOUT defaults to 240). SKIP_TEST=1 skips the test; a
+# failed test stops the call before the eval (EVAL_EVEN_IF_TEST_FAILS=1: eval anyway).
 # The reference model comes from <root>/shared/refmodel (the checkout's shared/ travels with the
 # tree) or $OSCARKV_REFMODEL; `INCLUDE_MODEL=1 ... pack` puts it into the payload instead.
 # Environment: WINDOWS (default 16), SEED (1), CODECS (all five), BUILD (build-eng).
@@ -88,6 +89,13 @@ if [ -f "$out/gpu_test.log" ]; then
          if (!(key in m) || r > m[key]) m[key] = r; if (!(key in f) || o > f[key]) f[key] = o }
        END { for (k in m) printf "  worst %-50s rel_rms %.2e outside %.4f%%\n", k, m[k], f[k] }' \
     "$out/gpu_test.log" | sort
+fi
+
+# A failed GPU test ends the call here (the eval would spend ~170 s on a broken path);
+# EVAL_EVEN_IF_TEST_FAILS=1 runs it anyway.
+if [ "$test_rc" -ne 0 ] && [ "${EVAL_EVEN_IF_TEST_FAILS:-0}" != 1 ]; then
+  echo "== the GPU test failed (rc=$test_rc): no eval (EVAL_EVEN_IF_TEST_FAILS=1 runs it anyway)"
+  exit 1
 fi
 
 # 2. The same eval on both paths. Each path runs as SHARDS processes (window i in shard i % N,
