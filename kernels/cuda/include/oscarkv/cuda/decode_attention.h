@@ -258,8 +258,11 @@ struct DecodeParams {
   int32_t int2_ctas_per_sm = 0;
   // INT2 items: each warp prefetches its next this-many slices after its first K/V copies into
   // L2 (prefetch.global.L2, fire and forget) before the CTA waits for its queries (the rotation
-  // kernel, or its own rotation), so HBM streams during that prologue instead of idling. 0: off.
-  // Same results.
+  // kernel, or its own rotation), hoping that HBM would otherwise idle in that prologue. 0: off
+  // (the default). Same results. Measured slower at every shape (H200, 13:50 UTC 2026-11-30, two
+  // rounds beside the default: B=1 x 100K 28.8-28.9 -> 29.3 / 29.8 / 31.7 / 33.2 us with 2 / 4 /
+  // 8 / 16 slices, B=32 x 32K 170-171 -> 170-172 / 171-172 / 177 / 198): the first copies
+  // already keep HBM busy during the wait (bench/results/NOTES.md session 18). Kept for A/B.
   int32_t l2_prefetch_slices = 0;
   // The W exchange of the fp16 value product (every variant but kPackedInt8Values) with query
   // head h in row h of its group, as before session 9. false (default): head h in row
