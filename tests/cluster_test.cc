@@ -5,6 +5,7 @@
 // `ip netns add` works here.
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 
 #include <atomic>
 #include <cstdio>
@@ -159,6 +160,25 @@ class ClusterTest : public ::testing::TestWithParam<int> {
   void TearDown() override {
     daemons_.clear();
     for (const std::string& n : shm_names_) ::shm_unlink(("/" + n).c_str());
+  }
+
+  // SIGSTOPs daemon i and returns once every one of its threads is stopped (false after 5 s).
+  // kill() only queues the signal: the group stop begins when the thread it was delivered to
+  // (oscarkvd's main thread, in sigwait) next runs, and until then the daemon's other threads
+  // keep answering. On a loaded machine that took long enough for a whole Lookup, pin and
+  // transfer to be served right after kill() returned. waitpid(WUNTRACED) reports a child
+  // stopped only when its group stop is complete.
+  bool StopAndWait(int i) {
+    const pid_t pid = daemons_[i]->pid();
+    if (::kill(pid, SIGSTOP) != 0) return false;
+    const auto t0 = Clock::now();
+    for (;;) {
+      int st = 0;
+      const pid_t r = ::waitpid(pid, &st, WUNTRACED | WNOHANG);
+      if (r == pid) return WIFSTOPPED(st);
+      if (r != 0 || MsSince(t0) > 5000) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
   size_t OwnerIndexOf(const std::string& addr) const {
@@ -317,7 +337,8 @@ TEST_P(ClusterTest, HungMemberIsAMissWithinTheBound) {
   const auto groups = cluster::GroupByOwner(addrs_, keys_);
   const int victim = 1;
   ASSERT_FALSE(groups[victim].empty());
-  ASSERT_EQ(::kill(daemons_[victim]->pid(), SIGSTOP), 0);
+  // The member must be hung before the load starts: one still finishing its stop answers.
+  ASSERT_TRUE(StopAndWait(victim)) << "the victim did not stop within 5 s";
   const auto t0 = Clock::now();
   auto r = b->Load(*codec, keys_);
   const int64_t ms = MsSince(t0);
