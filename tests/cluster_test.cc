@@ -1,12 +1,14 @@
 // Three oscarkvd processes as one cluster: store through one ClusterClient, load through
 // another; kill -9 a member during batch loads (misses within the bound, no hang, every returned
-// page byte-identical to what was stored and checksum-verified); rejoin after restart. Runs on
+// page byte-identical to what was stored and checksum-verified); rejoin after restart; a member
+// that hangs between a transfer and its lease release is reported down by that call. Runs on
 // loopback ports, and with each daemon in its own network namespace ("host") when
 // `ip netns add` works here.
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <set>
@@ -15,10 +17,13 @@
 #include <initializer_list>
 #include <thread>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "oscarkv/client/cluster_client.h"
+#include "oscarkv/v1/oscarkv.grpc.pb.h"
 #include "test_util.h"
 
 namespace oscarkv::testing {
@@ -64,6 +69,128 @@ class NetnsHosts {
 
  private:
   std::vector<std::string> names_, links_, addrs_;
+};
+
+namespace pb = ::oscarkv::v1;
+
+// A member seen through a gRPC proxy that forwards every call to one real daemon and can make
+// lease releases hang until the caller's deadline: the member serves a Load's lookup and pages,
+// then stops answering. (SIGSTOP cannot be timed to land between the transfer and the release.)
+// It presents itself as a remote member -- no local socket, no shared memory -- so every call
+// of a client goes through it. UCX page gets still go straight to the daemon's worker.
+class ReleaseHangProxy final : public pb::KvCache::Service {
+ public:
+  static std::unique_ptr<ReleaseHangProxy> Start(const std::string& upstream) {
+    auto p = std::unique_ptr<ReleaseHangProxy>(new ReleaseHangProxy(upstream));
+    int port = 0;
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(p.get());
+    p->server_ = b.BuildAndStart();
+    if (p->server_ == nullptr || port == 0) return nullptr;
+    p->address_ = absl::StrCat("127.0.0.1:", port);
+    return p;
+  }
+  ~ReleaseHangProxy() override {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+
+  const std::string& address() const { return address_; }
+  void HangReleases(bool on) { hang_releases_ = on; }
+  int hung_releases() const { return hung_releases_.load(); }
+  int calls() const { return calls_.load(); }  // every call that reached the proxy
+
+  grpc::Status Handshake(grpc::ServerContext* ctx, const pb::HandshakeRequest* req,
+                         pb::HandshakeResponse* resp) override {
+    grpc::Status s = Forward(ctx, &pb::KvCache::Stub::Handshake, *req, resp);
+    resp->clear_local_socket();
+    resp->clear_shm_path();
+    resp->clear_shm_bytes();
+    return s;
+  }
+  grpc::Status Release(grpc::ServerContext* ctx, const pb::ReleaseRequest* req,
+                       pb::ReleaseResponse* resp) override {
+    if (!hang_releases_) return Forward(ctx, &pb::KvCache::Stub::Release, *req, resp);
+    ++calls_;
+    ++hung_releases_;
+    while (!ctx->IsCancelled() && std::chrono::system_clock::now() < ctx->deadline()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "release hung (test proxy)");
+  }
+#define OSCARKV_FORWARD(M)                                                               \
+  grpc::Status M(grpc::ServerContext* ctx, const pb::M##Request* req, pb::M##Response* resp) \
+      override {                                                                          \
+    return Forward(ctx, &pb::KvCache::Stub::M, *req, resp);                               \
+  }
+  OSCARKV_FORWARD(RegisterCodec)
+  OSCARKV_FORWARD(Lookup)
+  OSCARKV_FORWARD(Reserve)
+  OSCARKV_FORWARD(Commit)
+  OSCARKV_FORWARD(Abort)
+  OSCARKV_FORWARD(RenewLease)
+  OSCARKV_FORWARD(Delete)
+  OSCARKV_FORWARD(Stats)
+  OSCARKV_FORWARD(PublishHandle)
+  OSCARKV_FORWARD(OpenHandle)
+  OSCARKV_FORWARD(CloseHandle)
+  OSCARKV_FORWARD(GetDataPlane)
+#undef OSCARKV_FORWARD
+  grpc::Status ReadPages(grpc::ServerContext* ctx, const pb::ReadRequest* req,
+                         grpc::ServerWriter<pb::ReadChunk>* out) override {
+    ++calls_;
+    grpc::ClientContext c;
+    c.set_deadline(ctx->deadline());
+    auto in = upstream_->ReadPages(&c, *req);
+    pb::ReadChunk chunk;
+    while (in->Read(&chunk)) {
+      if (!out->Write(chunk)) {
+        c.TryCancel();
+        break;
+      }
+    }
+    return in->Finish();
+  }
+  grpc::Status WritePages(grpc::ServerContext* ctx, grpc::ServerReader<pb::WriteChunk>* in,
+                          pb::WriteResponse* resp) override {
+    ++calls_;
+    grpc::ClientContext c;
+    c.set_deadline(ctx->deadline());
+    auto out = upstream_->WritePages(&c, resp);
+    pb::WriteChunk chunk;
+    bool open = true;
+    while (open && in->Read(&chunk)) open = out->Write(chunk);
+    if (open) out->WritesDone();
+    return out->Finish();
+  }
+
+ private:
+  explicit ReleaseHangProxy(const std::string& upstream)
+      : upstream_(pb::KvCache::NewStub(
+            grpc::CreateChannel(upstream, grpc::InsecureChannelCredentials()))) {}
+
+  template <typename Req, typename Resp>
+  grpc::Status Forward(grpc::ServerContext* ctx,
+                       grpc::Status (pb::KvCache::Stub::*call)(grpc::ClientContext*, const Req&,
+                                                               Resp*),
+                       const Req& req, Resp* resp) {
+    ++calls_;
+    grpc::ClientContext c;
+    c.set_deadline(ctx->deadline());
+    return (upstream_.get()->*call)(&c, req, resp);
+  }
+
+  std::unique_ptr<pb::KvCache::Stub> upstream_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::atomic<bool> hang_releases_{false};
+  std::atomic<int> hung_releases_{0}, calls_{0};
+};
+
+// Every member answers every probe: membership changes only when a call reports a failure.
+class AlwaysUpProber final : public cluster::Prober {
+ public:
+  bool Probe(const std::string&, absl::Duration) override { return true; }
 };
 
 // Modes: 0 loopback ports (gRPC page path), 1 network namespaces (gRPC), 2 loopback with pages
@@ -363,6 +490,66 @@ TEST_P(ClusterTest, HungMemberIsAMissWithinTheBound) {
               static_cast<long long>(MsSince(resumed)));
   EXPECT_TRUE(full) << "member did not rejoin after SIGCONT; last error: " << last
                     << "; live members: " << b->membership().Live().size();
+}
+
+// A member that serves a Load's lookup and pages, then hangs before the lease release: that
+// Load still returns every verified page (at the cost of one owner_timeout_ms), and reports the
+// member down, so the next call neither reaches it nor waits for it again: its keys are misses.
+TEST_P(ClusterTest, HangAfterTheTransferMarksTheOwnerDown) {
+  auto proxy = ReleaseHangProxy::Start(addrs_[0]);
+  ASSERT_NE(proxy, nullptr);
+  const std::vector<std::string> members = {proxy->address(), addrs_[1], addrs_[2]};
+  client::ClusterOptions o;
+  o.membership.static_members = members;
+  o.membership.probe_interval = absl::Seconds(60);  // only the synchronous first round
+  o.owner_timeout_ms = 600;
+  o.client_name = "reader";
+  if (GetParam() == 2) {
+    o.ucx = true;
+    o.ucx_tls = "tcp";
+    o.ucx_net_devices = "lo";
+  }
+  auto c = ClusterClient::Connect(o, std::make_unique<AlwaysUpProber>());
+  ASSERT_TRUE(c.ok()) << c.status();
+  ClusterClient& cc = **c;
+  auto codec = cc.RegisterCodec(*BuiltinProfile("refmodel"));
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  MakeRequest(*codec, 555, 24);
+  auto stored = cc.Store(*codec, writes_);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->stored, 24u);
+  const auto groups = cluster::GroupByOwner(members, keys_);
+  ASSERT_FALSE(groups[0].empty()) << "the proxied member should own some of 24 keys";
+  auto warm = cc.Load(*codec, keys_);  // connections made, releases answered
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  ASSERT_EQ(warm->matched, 24u);
+  ASSERT_EQ(cc.membership().Live().size(), 3u);
+
+  proxy->HangReleases(true);
+  const auto t0 = Clock::now();
+  auto r = cc.Load(*codec, keys_);
+  const int64_t ms = MsSince(t0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->matched, 24u) << "the pages were served and verified before the hang";
+  for (size_t j = 0; j < r->matched; ++j) EXPECT_EQ(r->pages[j], pages_[j]) << j;
+  EXPECT_GE(proxy->hung_releases(), 1);
+  EXPECT_LT(ms, 2000);
+  const auto live = cc.membership().Live();
+  EXPECT_EQ(std::count(live.begin(), live.end(), proxy->address()), 0)
+      << "the member that hung on the release is still live";
+
+  const int calls_before = proxy->calls();
+  const auto t1 = Clock::now();
+  auto next = cc.Load(*codec, keys_);
+  const int64_t next_ms = MsSince(t1);
+  ASSERT_TRUE(next.ok()) << next.status();
+  std::printf("hang after transfer: load %lld ms (release hung), next load %lld ms, matched %u"
+              " (hung member's first key %zu)\n",
+              static_cast<long long>(ms), static_cast<long long>(next_ms), next->matched,
+              groups[0][0]);
+  EXPECT_EQ(proxy->calls(), calls_before) << "the next call went to the hung member";
+  EXPECT_EQ(next->matched, groups[0][0]);
+  for (size_t j = 0; j < next->matched; ++j) EXPECT_EQ(next->pages[j], pages_[j]) << j;
 }
 
 // Membership from a DNS name (the headless-service pattern) with the resolver seam standing in

@@ -375,7 +375,8 @@ class GrpcClient final : public Client {
 
   absl::StatusOr<LoadResult> Load(const Codec& codec, std::span<const BlockKey> keys) override {
     LoadResult out;
-    OSCARKV_RETURN_IF_ERROR(LoadChunks(codec, keys, nullptr, &out.pages, &out.kinds));
+    OSCARKV_RETURN_IF_ERROR(LoadChunks(codec, keys, nullptr, &out.pages, &out.kinds,
+                                       /*sizes=*/nullptr, &out.release_status));
     out.matched = static_cast<uint32_t>(out.pages.size());
     for (const auto& p : out.pages) out.bytes += p.size();
     return out;
@@ -620,10 +621,12 @@ class GrpcClient final : public Client {
 
   // Copies the longest cached prefix of `keys` out of the daemon: into (*dst)[i] when dst is
   // given, else into owned vectors. Leases are held only for the copy of their chunk.
+  // `release_status` (optional) receives the first failure to release a lease after a copy.
   absl::Status LoadChunks(const Codec& codec, std::span<const BlockKey> keys,
                           const std::span<const std::span<uint8_t>>* dst,
                           std::vector<std::vector<uint8_t>>* owned, std::vector<PageKind>* kinds,
-                          std::vector<uint64_t>* sizes = nullptr) {
+                          std::vector<uint64_t>* sizes = nullptr,
+                          absl::Status* release_status = nullptr) {
     size_t loaded = 0;
     for (size_t begin = 0; begin < keys.size(); begin += server_.max_batch) {
       const size_t n = std::min<size_t>(server_.max_batch, keys.size() - begin);
@@ -652,8 +655,9 @@ class GrpcClient final : public Client {
                                : ReadStream(resp, keys.subspan(begin, m), out);
       // Synchronous on purpose: when Load returns, the pages are no longer pinned (a Delete or
       // Clear right after it behaves as expected). A failed release only means the lease runs
-      // to its deadline.
-      Release(resp.lease_id()).IgnoreError();
+      // to its deadline; the caller learns of it through `release_status`.
+      absl::Status released = Release(resp.lease_id());
+      if (release_status != nullptr && release_status->ok()) *release_status = released;
       OSCARKV_RETURN_IF_ERROR(s);
       for (size_t j = 0; j < m; ++j) {
         const PageKind kind = resp.pages(static_cast<int>(j)).kind() == pb::PAGE_KIND_BF16

@@ -45,6 +45,14 @@ bool IsTransportFailure(const absl::Status& s) {
   }
 }
 
+// A member failure that a successful call saw after it had its answer: Load's pages verified,
+// then the lease release timed out. OK for calls that have none.
+template <typename T>
+absl::Status FailureAfterAnswer(const T&) {
+  return absl::OkStatus();
+}
+absl::Status FailureAfterAnswer(const LoadResult& r) { return r.release_status; }
+
 bool IsUnknownCodec(const absl::Status& s) {
   return s.code() == absl::StatusCode::kNotFound && absl::StrContains(s.message(), "unknown codec");
 }
@@ -349,7 +357,8 @@ class ClusterClientImpl final : public ClusterClient {
 
   // Runs `fn` against member `addr` with the codec registered there; retries once when the
   // member forgot the codec (restart); drops the connection and marks the member down on a
-  // transport failure.
+  // transport failure, also one that came after a successful answer (FailureAfterAnswer): the
+  // answer is returned, but the member is hung or gone, and the next call must not wait on it.
   template <typename T, typename Fn>
   absl::StatusOr<T> OnMember(const std::string& addr, const Codec& codec, Fn fn) {
     for (int attempt = 0;; ++attempt) {
@@ -364,7 +373,10 @@ class ClusterClientImpl final : public ClusterClient {
         if (!c.ok()) return c.status();
       }
       absl::StatusOr<T> r = fn(*conn);
-      if (r.ok()) return r;
+      if (r.ok()) {
+        if (IsTransportFailure(FailureAfterAnswer(*r))) Drop(addr, conn);
+        return r;
+      }
       if (IsUnknownCodec(r.status()) && attempt == 0) {
         absl::MutexLock lock(&conn->mu);
         conn->codecs.clear();

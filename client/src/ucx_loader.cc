@@ -70,8 +70,10 @@ class UcxLoaderImpl final : public UcxLoader {
     OSCARKV_ASSIGN_OR_RETURN(LookupResult lookup, hc_->client().Lookup(codec, keys, lo));
     LoadResult out;
     absl::Status s = Fetch(codec, lookup.pages, &out.pages);
-    hc_->client().Release(lookup).IgnoreError();  // a dead daemon's leases die with it
+    // A dead daemon's leases die with it; a failure after good pages is still reported.
+    absl::Status released = hc_->client().Release(lookup);
     if (!s.ok()) return s;
+    out.release_status = std::move(released);
     out.matched = lookup.matched;
     for (const PageRef& r : lookup.pages) {
       out.kinds.push_back(r.kind);

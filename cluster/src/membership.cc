@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -120,7 +121,11 @@ class MembershipImpl final : public Membership {
   void MarkDown(const std::string& address) override {
     absl::MutexLock l(&mu_);
     auto it = members_.find(address);
-    if (it == members_.end() || !it->second.live) return;
+    if (it == members_.end()) return;
+    // Even when it is already down: a probe round that started before this failure must not
+    // bring it back (see ProbeNow).
+    ++it->second.down_epoch;
+    if (!it->second.live) return;
     it->second.live = false;
     it->second.failures = std::max(it->second.failures, opts_.failures_to_dead);
     RebuildLiveLocked();
@@ -140,6 +145,17 @@ class MembershipImpl final : public Membership {
     } else {
       addrs = opts_.static_members;
     }
+    // Each member's down epoch when the round starts. A probe answer is only as fresh as the
+    // moment it was obtained: a member that answered and then hung may be marked down by a
+    // failing call before this round applies its answers, and that newer verdict wins.
+    std::vector<std::optional<uint64_t>> epoch(addrs.size());
+    {
+      absl::MutexLock l(&mu_);
+      for (size_t i = 0; i < addrs.size(); ++i) {
+        auto it = members_.find(addrs[i]);
+        if (it != members_.end()) epoch[i] = it->second.down_epoch;
+      }
+    }
     // Probe without holding the lock (network I/O); probes run in parallel.
     std::vector<char> ok(addrs.size(), 0);
     std::vector<std::thread> probes;
@@ -150,7 +166,12 @@ class MembershipImpl final : public Membership {
     absl::MutexLock l(&mu_);
     std::map<std::string, State> next;
     for (size_t i = 0; i < addrs.size(); ++i) {
-      State st = members_.count(addrs[i]) ? members_[addrs[i]] : State{};
+      auto it = members_.find(addrs[i]);
+      State st = it != members_.end() ? it->second : State{};
+      if (it != members_.end() && epoch[i] != st.down_epoch) {
+        next[addrs[i]] = st;  // marked down while this round probed: its answer is stale
+        continue;
+      }
       if (ok[i]) {
         st.failures = 0;
         st.live = true;
@@ -168,6 +189,7 @@ class MembershipImpl final : public Membership {
   struct State {
     bool live = false;
     int failures = 0;
+    uint64_t down_epoch = 0;  // MarkDown calls so far; a probe answer applies only if unchanged
   };
   void RebuildLiveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     live_.clear();

@@ -3,8 +3,10 @@
 #include <atomic>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "oscarkv/cluster/grpc_prober.h"
 
@@ -116,6 +118,76 @@ TEST(Membership, MarkDownIsImmediate) {
   m->MarkDown("a:1");
   EXPECT_EQ(m->Live(), std::vector<std::string>{"b:1"});
   m->ProbeNow();  // it still answers probes, so it comes back
+  EXPECT_EQ(m->Live().size(), 2u);
+}
+
+// Answers every probe at once, except that once armed, the next probe of `address` answers
+// "up" and then waits for Resume() before returning: an answer obtained just before the member
+// hung, held while a failing call marks the member down.
+class HeldAnswerProber : public Prober {
+ public:
+  struct Gate {
+    std::string address;
+    absl::Notification armed, answered, resume;
+  };
+  explicit HeldAnswerProber(std::shared_ptr<Gate> gate) : gate_(std::move(gate)) {}
+  bool Probe(const std::string& address, absl::Duration) override {
+    if (address == gate_->address && gate_->armed.HasBeenNotified() &&
+        !gate_->answered.HasBeenNotified()) {
+      gate_->answered.Notify();
+      gate_->resume.WaitForNotification();
+    }
+    return true;
+  }
+
+ private:
+  std::shared_ptr<Gate> gate_;
+};
+
+TEST(Membership, ProbeAnswerFromBeforeMarkDownDoesNotUndoIt) {
+  auto gate = std::make_shared<HeldAnswerProber::Gate>();
+  gate->address = "a:1";
+  MembershipOptions o;
+  o.static_members = {"a:1", "b:1"};
+  o.probe_interval = absl::Seconds(60);  // only the rounds this test runs
+  auto m = *Membership::Start(o, std::make_unique<HeldAnswerProber>(gate));
+  ASSERT_EQ(m->Live().size(), 2u);
+  gate->armed.Notify();
+  std::thread round([&] { m->ProbeNow(); });
+  gate->answered.WaitForNotification();  // a:1 answered "up"; the round has not applied it
+  m->MarkDown("a:1");                    // then a call to a:1 failed
+  EXPECT_EQ(m->Live(), std::vector<std::string>{"b:1"});
+  gate->resume.Notify();
+  round.join();
+  EXPECT_EQ(m->Live(), std::vector<std::string>{"b:1"}) << "a stale probe answer revived a:1";
+  for (const auto& st : m->All()) {
+    if (st.address == "a:1") {
+      EXPECT_FALSE(st.live);
+    }
+  }
+  // A round that starts after the mark-down brings it back (it still answers).
+  m->ProbeNow();
+  EXPECT_EQ(m->Live().size(), 2u);
+}
+
+// The same when the member was already down (marked by an earlier call, or by the prober) and
+// a call through a stale route fails on it again while a round is under way.
+TEST(Membership, MarkDownOfADownMemberAlsoOutranksARoundUnderWay) {
+  auto gate = std::make_shared<HeldAnswerProber::Gate>();
+  gate->address = "a:1";
+  MembershipOptions o;
+  o.static_members = {"a:1", "b:1"};
+  o.probe_interval = absl::Seconds(60);
+  auto m = *Membership::Start(o, std::make_unique<HeldAnswerProber>(gate));
+  m->MarkDown("a:1");
+  gate->armed.Notify();
+  std::thread round([&] { m->ProbeNow(); });
+  gate->answered.WaitForNotification();
+  m->MarkDown("a:1");
+  gate->resume.Notify();
+  round.join();
+  EXPECT_EQ(m->Live(), std::vector<std::string>{"b:1"});
+  m->ProbeNow();
   EXPECT_EQ(m->Live().size(), 2u);
 }
 

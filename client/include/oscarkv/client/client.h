@@ -141,6 +141,11 @@ struct LoadResult {
   std::vector<std::vector<uint8_t>> pages;
   std::vector<PageKind> kinds;
   uint64_t bytes = 0;
+  // Why releasing the lease after the copy failed (OK when it did not). The pages are verified
+  // and valid either way, and the lease then runs to its deadline; but an error here (e.g.
+  // DEADLINE_EXCEEDED) says the daemon stopped answering after it served them, which a caller
+  // that routes around failed daemons (ClusterClient) must learn.
+  absl::Status release_status;
 };
 
 struct Stats {

@@ -77,7 +77,9 @@ class Membership {
   // Owner of `key` among live members; UNAVAILABLE if none is live.
   virtual absl::StatusOr<std::string> OwnerOf(const BlockKey& key) const = 0;
   // A caller saw `address` fail (RPC error or timeout): mark it down now instead of waiting
-  // for the next probe round. The prober brings it back when it answers.
+  // for the next probe round. The prober brings it back when it answers in a probe round that
+  // starts after this call; the answers of a round already under way (one may have been
+  // obtained just before the member hung) are discarded for it, so they cannot undo this.
   virtual void MarkDown(const std::string& address) = 0;
   // Runs one probe round now (tests; normally the background thread does this).
   virtual void ProbeNow() = 0;
