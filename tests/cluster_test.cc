@@ -36,7 +36,10 @@ int64_t MsSince(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
 }
 
-// Network namespaces "hosts": ns i has veth peer 10.213.<i>.2/30, the root side 10.213.<i>.1.
+// Network namespaces "hosts": ns i has veth peer 10.213.<p>.<4i+2>/30, the root side
+// 10.213.<p>.<4i+1>, p = pid % 256: test processes that run at the same time (ctest -j, or two
+// checkouts on one machine) get distinct subnets (with one fixed subnet for every process, two
+// concurrent netns tests routed each other's daemons away and failed: members never live).
 // Every namespace and link is created and deleted by this test.
 class NetnsHosts {
  public:
@@ -48,15 +51,16 @@ class NetnsHosts {
       const std::string a = absl::StrCat("okv", tag, "a", i), b = absl::StrCat("okv", tag, "b", i);
       h->names_.push_back(ns);
       h->links_.push_back(a);
-      const std::string net = absl::StrCat("10.213.", 10 + i, ".");
+      const std::string net = absl::StrCat("10.213.", ::getpid() % 256, ".");
+      const std::string root_ip = absl::StrCat(net, 4 * i + 1), peer_ip = absl::StrCat(net, 4 * i + 2);
       const std::string cmd = absl::StrCat(
           "ip netns add ", ns, " && ip link add ", a, " type veth peer name ", b,
-          " && ip link set ", b, " netns ", ns, " && ip addr add ", net, "1/30 dev ", a,
-          " && ip link set ", a, " up && ip netns exec ", ns, " ip addr add ", net, "2/30 dev ", b,
+          " && ip link set ", b, " netns ", ns, " && ip addr add ", root_ip, "/30 dev ", a,
+          " && ip link set ", a, " up && ip netns exec ", ns, " ip addr add ", peer_ip, "/30 dev ", b,
           " && ip netns exec ", ns, " ip link set ", b, " up && ip netns exec ", ns,
           " ip link set lo up");
       if (std::system((cmd + " 2>/dev/null").c_str()) != 0) return nullptr;
-      h->addrs_.push_back(net + "2");
+      h->addrs_.push_back(peer_ip);
     }
     return h;
   }
