@@ -499,6 +499,7 @@ TEST_P(ClusterTest, HungMemberIsAMissWithinTheBound) {
 // A member that serves a Load's lookup and pages, then hangs before the lease release: that
 // Load still returns every verified page (at the cost of one owner_timeout_ms), and reports the
 // member down, so the next call neither reaches it nor waits for it again: its keys are misses.
+// Likewise a LoadHandle of a handle that member owns.
 TEST_P(ClusterTest, HangAfterTheTransferMarksTheOwnerDown) {
   auto proxy = ReleaseHangProxy::Start(addrs_[0]);
   ASSERT_NE(proxy, nullptr);
@@ -554,6 +555,34 @@ TEST_P(ClusterTest, HangAfterTheTransferMarksTheOwnerDown) {
   EXPECT_EQ(proxy->calls(), calls_before) << "the next call went to the hung member";
   EXPECT_EQ(next->matched, groups[0][0]);
   for (size_t j = 0; j < next->matched; ++j) EXPECT_EQ(next->pages[j], pages_[j]) << j;
+
+  // The same for a transfer handle owned by that member: back (a probe round), a handle it owns
+  // published, then a LoadHandle whose release hangs returns every page and marks it down.
+  proxy->HangReleases(false);
+  cc.membership().ProbeNow();
+  ASSERT_EQ(cc.membership().Live().size(), 3u);
+  std::string handle;
+  for (int i = 0; i < 256 && handle.empty(); ++i) {
+    const std::string name = absl::StrCat("hang-after-transfer-", i);
+    const BlockKey owner_key = ClusterClient::HandleOwnerKey(*codec, name);
+    if (!cluster::GroupByOwner(members, std::span<const BlockKey>(&owner_key, 1))[0].empty()) handle = name;
+  }
+  ASSERT_FALSE(handle.empty()) << "no handle name owned by the proxied member";
+  auto published = cc.PublishHandle(*codec, handle, writes_, "meta");
+  ASSERT_TRUE(published.ok()) << published.status();
+  proxy->HangReleases(true);
+  const auto t2 = Clock::now();
+  auto h = cc.LoadHandle(*codec, handle);
+  const int64_t handle_ms = MsSince(t2);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->pages.size(), pages_.size());
+  for (size_t j = 0; j < h->pages.size(); ++j) EXPECT_EQ(h->pages[j], pages_[j]) << j;
+  EXPECT_LT(handle_ms, 2000);
+  const auto live_after = cc.membership().Live();
+  EXPECT_EQ(std::count(live_after.begin(), live_after.end(), proxy->address()), 0)
+      << "the member that hung on the handle's release is still live";
+  std::printf("hang after transfer: handle load %lld ms (release hung)\n",
+              static_cast<long long>(handle_ms));
 }
 
 // Membership from a DNS name (the headless-service pattern) with the resolver seam standing in

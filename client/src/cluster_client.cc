@@ -45,13 +45,14 @@ bool IsTransportFailure(const absl::Status& s) {
   }
 }
 
-// A member failure that a successful call saw after it had its answer: Load's pages verified,
-// then the lease release timed out. OK for calls that have none.
+// A member failure that a successful call saw after it had its answer: Load's or LoadHandle's
+// pages verified, then the lease release timed out. OK for calls that have none.
 template <typename T>
 absl::Status FailureAfterAnswer(const T&) {
   return absl::OkStatus();
 }
 absl::Status FailureAfterAnswer(const LoadResult& r) { return r.release_status; }
+absl::Status FailureAfterAnswer(const HandlePages& r) { return r.release_status; }
 
 bool IsUnknownCodec(const absl::Status& s) {
   return s.code() == absl::StatusCode::kNotFound && absl::StrContains(s.message(), "unknown codec");

@@ -119,9 +119,10 @@ class HandleClientImpl final : public HandleClient {
     OSCARKV_ASSIGN_OR_RETURN(HandleInfo info, Open(handle, 0));
     HandlePages out;
     absl::Status s = Copy(codec, info, &out);
-    client_->Release(info.lease_id).IgnoreError();  // expires by itself if this fails
+    absl::Status released = client_->Release(info.lease_id);  // expires by itself if this fails
     info.lease_id = 0;
     if (!s.ok()) return s;
+    out.release_status = std::move(released);
     out.info = std::move(info);
     return out;
   }

@@ -116,8 +116,9 @@ class UcxLoaderImpl final : public UcxLoader {
                          ? Fetch(codec, info.pages, &out.pages)
                          : absl::InvalidArgumentError(absl::StrCat(
                                "handle '", handle, "' holds codec ", info.codec_id.Hex()));
-    hc_->client().Release(info.lease_id).IgnoreError();
+    absl::Status released = hc_->client().Release(info.lease_id);
     if (!s.ok()) return s;
+    out.release_status = std::move(released);
     info.lease_id = 0;
     for (const auto& p : out.pages) out.bytes += p.size();
     out.info = std::move(info);

@@ -8,9 +8,9 @@
 // * Bounded failure: every per-owner call runs under `owner_timeout_ms`. An owner that fails
 //   (UNAVAILABLE, DEADLINE_EXCEEDED, a broken stream) is marked down at once: its keys count as
 //   misses for that call and route elsewhere afterwards; the prober brings it back when it
-//   answers again (rejoin). An owner that fails only after answering -- a Load's pages arrived
-//   and verified, then the lease release timed out -- is marked down the same way; that call
-//   still returns its pages. A Lookup or Load therefore returns within about owner_timeout_ms
+//   answers again (rejoin). An owner that fails only after answering -- a Load's or a
+//   LoadHandle's pages arrived and verified, then the lease release timed out -- is marked down
+//   the same way; that call still returns its pages. A Lookup or Load therefore returns within about owner_timeout_ms
 //   (+ connect time), never hangs, and never returns a page that did not verify (checksums on).
 // * Prefix semantics: keys are a chained prefix; the matched prefix across owners is the longest
 //   run keys[0..m) of which every key was found on its owner.

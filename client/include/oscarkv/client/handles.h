@@ -43,6 +43,10 @@ struct HandlePages {
   HandleInfo info;  // lease already released
   std::vector<std::vector<uint8_t>> pages;  // page i of info.pages, verified
   uint64_t bytes = 0;
+  // OK unless releasing the lease after the copy failed (the pages are verified and returned
+  // either way; the lease expires by itself). ClusterClient marks the owner down on a transport
+  // failure here, as for LoadResult::release_status.
+  absl::Status release_status;
 };
 
 class HandleClient {
