@@ -162,14 +162,11 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
     cfg.blockDim = dim3(kThreads);
     cfg.dynamicSmemBytes = SmemBytes<false>();
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
     // A programmatic dependent of this launch's INT2 kernel only: without INT2 items the
     // previous kernel on the stream is another launch's (with the fused merge, its decode
     // kernel, whose CTAs may still be merging in the same workspace).
-    cfg.numAttrs = n2 > 0 ? 1 : 0;
+    cudaLaunchAttribute attr;
+    SetProgrammaticDependent(cfg, attr, n2 > 0);
     DecodeParams pb = p;
     pb.debug_timeline = nullptr;  // the timeline records the INT2 kernel's CTAs only
     if (absl::Status st = CudaStatus(cudaLaunchKernelEx(&cfg, DecodeBf16Kernel, pb), "bf16 decode launch");
@@ -182,11 +179,8 @@ absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
     cfg.gridDim = dim3(sq);
     cfg.blockDim = dim3(128);
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    SetProgrammaticDependent(cfg, attr, true);
     if (absl::Status st = CudaStatus(cudaLaunchKernelEx(&cfg, MergeKernel, p), "merge launch"); !st.ok()) {
       return st;
     }

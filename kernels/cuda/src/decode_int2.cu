@@ -1195,11 +1195,8 @@ void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
   cfg.stream = stream;
   // A programmatic dependent of the rotation kernel (launched just before it unless
   // rotate_in_cta): CTAs start while it runs and wait for its output in CtaQueries.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.rotate_in_cta ? 0 : 1;
+  cudaLaunchAttribute attr;
+  SetProgrammaticDependent(cfg, attr, !p.rotate_in_cta);
   cudaLaunchKernelEx(&cfg, DecodeInt2Kernel<G, kPack, kSplit, kI8, kV8>, p);
 }
 
@@ -1220,11 +1217,8 @@ void LaunchDecodeInt2Kernels(const DecodeParams& p, int n2, cudaStream_t stream)
     cfg.blockDim = dim3(kPrepThreads);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = p.early_rotation ? 1 : 0;
+    cudaLaunchAttribute attr;
+    SetProgrammaticDependent(cfg, attr, p.early_rotation);
     if (p.shape.group_size == 128) {
       cudaLaunchKernelEx(&cfg, QueryPrepKernel<128>, p, fragments);
     } else {

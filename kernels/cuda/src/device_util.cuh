@@ -11,6 +11,16 @@
 
 namespace oscarkv::cuda::detail {
 
+// `cfg` launches as a programmatic dependent of the kernel before it on its stream (PDL: its CTAs
+// may start before that kernel ends; griddepcontrol.wait orders their reads) when `dependent`.
+// `attr` holds the attribute and must outlive the launch.
+inline void SetProgrammaticDependent(cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr, bool dependent) {
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = dependent ? 1 : 0;
+}
+
 // One adapter from cudaError_t to absl::Status, used at every call site.
 inline absl::Status CudaStatus(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
