@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Summarises a `kernel_bench --timeline` CSV (one row per INT2-kernel CTA, DecodeTimelineSlot
+words w0..w15) for one configuration label, e.g. `default/1x100000`.
+
+Usage: scripts/gpu/timeline_summary.py TIMELINE.csv LABEL [SM_CLOCK_MHZ]
+
+Prints per-phase quantiles (µs from the first CTA's entry; per-SM clocks converted at
+SM_CLOCK_MHZ, default 1790), the spread of loop ends inside a CTA and between the two CTAs of an
+SM, the number of warps in their main loop over time, and the loop end if every warp had run to
+a common end (the loops' warp-µs over the peak warp count)."""
+import csv
+import statistics as st
+import sys
+
+
+def main():
+    if len(sys.argv) < 3:
+        print(__doc__)
+        return 2
+    path, label = sys.argv[1], sys.argv[2]
+    clk = float(sys.argv[3]) if len(sys.argv) > 3 else 1790.0  # clocks per µs
+    rows = [r for r in csv.DictReader(open(path)) if r['config'] == label]
+    if not rows:
+        print('no rows for', label, '; labels:', sorted({r['config'] for r in csv.DictReader(open(path))}))
+        return 1
+    t0 = min(int(r['w0']) for r in rows)
+    ctas = []
+    for r in rows:
+        w = [int(r['w%d' % i]) for i in range(14)]
+        if w[2] == 0 or w[5] < w[2]:  # a CTA without a main loop (BF16 item): skip
+            continue
+        entry = (w[0] - t0) / 1000.0
+        rel = lambda c: (c - w[2]) / clk + entry
+        ctas.append(dict(sm=w[1] & 0xff, entry=entry, table=rel(w[3]), loop=rel(w[5]),
+                         wend=[rel(x) for x in w[6:10]], part=rel(w[10]), end=rel(w[11])))
+    q = lambda v: 'min %.2f  med %.2f  max %.2f' % (min(v), st.median(v), max(v))
+    print('%d INT2 CTAs with a main loop' % len(ctas))
+    for k in ('table', 'loop', 'part', 'end'):
+        print('%-6s %s' % (k, q([c[k] for c in ctas])))
+    print('warp loop ends inside a CTA: spread', q([max(c['wend']) - min(c['wend']) for c in ctas]))
+    print('last warp end -> partial:', q([c['part'] - max(c['wend']) for c in ctas]))
+    sms = {}
+    for c in ctas:
+        sms.setdefault(c['sm'], []).append(c)
+    gaps = [abs(max(a['wend']) - max(b['wend'])) for a, b in (v for v in sms.values() if len(v) == 2)]
+    print('SMs: %d, CTAs per SM %s' % (len(sms), {n: sum(1 for v in sms.values() if len(v) == n) for n in (1, 2, 3)}))
+    if gaps:
+        print('loop-end gap between the two CTAs of an SM:', q(gaps))
+    ends = sorted(max(c['wend']) for c in ctas)
+    print('CTA loop ends, quantiles 0/10/25/50/75/90/100%:',
+          ' '.join('%.1f' % ends[int(f * (len(ends) - 1))] for f in (0, .1, .25, .5, .75, .9, 1)))
+    step = 0.25
+    bins = [0] * int(max(c['end'] for c in ctas) / step + 2)
+    for c in ctas:
+        for we in c['wend']:
+            for b in range(int(c['loop'] / step), int(we / step)):
+                bins[b] += 1
+    print('warps in their main loop every 0.5 µs:', ' '.join(str(b) for b in bins[::2]))
+    area, peak = sum(bins) * step, max(bins)
+    start = st.median(c['loop'] for c in ctas)
+    print('loop warp-µs %.0f; all %d warps to a common end from %.2f µs: %.2f µs' % (area, peak, start, start + area / peak))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
