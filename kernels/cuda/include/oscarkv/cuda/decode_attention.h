@@ -105,7 +105,9 @@ struct DecodePlan {
 // tail_items / 2 INT2 runs is split in two halves that are dispatched after every other INT2
 // item, so the SMs that would run one item fewer than the rest (H200: 24 of 132 SMs ran 5 items
 // and 108 ran 6, those finishing ~12 us earlier) get half items instead -- an experiment for the
-// bench (`--target-ctas tailN`), not yet measured. Errors: InvalidArgument on a malformed table.
+// bench (`--target-ctas tailN`); measured no faster (H200, 13:50 UTC 2026-11-30: B=32 x 32K
+// 171.2 / 171.4 us with 132 / 264 halves vs 169.5 us without). Errors: InvalidArgument on a
+// malformed table.
 absl::StatusOr<DecodePlan> PlanDecode(const DecodeShape& shape,
                                       const std::vector<int32_t>& seq_page_indptr,
                                       const std::vector<int32_t>& seq_page_ids,
