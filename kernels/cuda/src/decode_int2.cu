@@ -136,8 +136,10 @@ constexpr float kV8Magic = 8388608.f;  // 2^23: fma(w, s, 2^23)'s low 16 bits ho
 // kI8: the int8 query fragments of lane `lane` from the rotated queries qrot ([gqa][128]):
 // qb[v][hh][rr], the B operands of the score product (see kI8QMax), and for the heads the lane
 // owns after the packed exchange, 1 / (4·S) (qinv) and Σ q per group (Q0i). The whole warp takes
-// part (shuffles). Used by the INT2 kernel (built per CTA) and by QueryPrepKernel (built once
-// per (sequence, KV head), DecodeParams::prepared_fragments).
+// part (shuffles). Used by the INT2 kernel (built per CTA); QueryPrepKernel builds the same
+// words on its 8 warps (PrepFragments, from the helpers below: this function stays as it was,
+// because any change to the INT2 kernel's prologue code moves ptxas' schedule of its main loop,
+// which has measured up to 5-7% slower per slice; bench/results/NOTES.md sessions 16, 19, 20).
 template <int G>
 __device__ __forceinline__ void Int8QueryFragments(const float* qrot, int gqa, int lane, uint32_t (&qb)[2][2][2],
                                                    float (&qinv)[2], float (&Q0i)[2][128 / G]) {
@@ -197,6 +199,84 @@ __device__ __forceinline__ void Int8QueryFragments(const float* qrot, int gqa, i
       }
     }
   }
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int h = 2 * (tig & 1) + e;
+    const float sh = h == 0 ? S[0] : h == 1 ? S[1] : h == 2 ? S[2] : S[3];
+    qinv[e] = __fdividef(0.25f, sh);
+#pragma unroll
+    for (int g = 0; g < NG; ++g)
+      Q0i[e][g] = h == 0 ? qsum[0][g] : h == 1 ? qsum[1][g] : h == 2 ? qsum[2][g] : qsum[3][g];
+  }
+}
+
+// kI8, per head h < 4 (zero past gqa): S[h] = kI8QMax / max |q| (1 for a zero row) and Σ q in
+// sum[h] (G = 64: per 16-lane half, lanes 0..15 holding channels 0..63, group 0), lane l holding
+// channels 4l..4l+3 of each head; the four heads' shuffle chains interleaved. The whole warp
+// takes part.
+template <int G>
+__device__ __forceinline__ void Int8QueryScales(const float* qrot, int gqa, int lane, float (&S)[4], float (&sum)[4]) {
+  float mx[4];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    const float4 x = h < gqa ? reinterpret_cast<const float4*>(qrot + h * 128)[lane]
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+    mx[h] = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
+    sum[h] = (x.x + x.y) + (x.z + x.w);
+  }
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], off));
+      if (G == 128 || off < 16) sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], off);
+    }
+  }
+  // Any S with |q·S| <= ~8160 is exact to split (see kI8QMax); the approximate division (no slow
+  // path) is within 2 ulp.
+#pragma unroll
+  for (int h = 0; h < 4; ++h) S[h] = mx[h] > 0.f ? __fdividef(kI8QMax, mx[h]) : 1.f;
+}
+
+// kI8: fragment word qb[v][hh][rr] of lane (gid, tig): bytes i = 0..3 from channel
+// 4·(KWordByte(tig, v) + i) + 2·hh + rr of head gid & 3, scaled by its S and rounded (4·q for rr
+// = 0); columns gid < 4 take the high int8 part, gid >= 4 the low part.
+template <int G>
+__device__ __forceinline__ uint32_t Int8QueryWord(const float* qrot, int gqa, int lane, const float (&S)[4], int v,
+                                                  int hh, int rr) {
+  using Lay = Int2Layout<G>;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int head = gid & 3;
+  const bool lo_col = gid >= 4;
+  const float s_head = head == 0 ? S[0] : head == 1 ? S[1] : head == 2 ? S[2] : S[3];
+  uint32_t word = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int ch = 4 * (Lay::KWordByte(tig, v) + i) + 2 * hh + rr;
+    int bf = 0;
+    if (head < gqa) {
+      const int qi = __float2int_rn(qrot[head * 128 + ch] * s_head);
+      bf = rr == 0 ? 4 * qi : qi;
+    }
+    const int hi = (bf + 128) >> 8;
+    const int part = lo_col ? bf - 256 * hi : hi;
+    word |= (static_cast<uint32_t>(part) & 0xffu) << (8 * i);
+  }
+  return word;
+}
+
+// kI8: for the heads lane (gid, tig) owns after the packed exchange (2·(tig & 1) + e), 1 / (4·S)
+// and Σ q of group g (lane 16g's sum after Int8QueryScales). The whole warp takes part.
+template <int G>
+__device__ __forceinline__ void Int8QueryHeadWords(const float (&S)[4], const float (&sum)[4], int lane,
+                                                   float (&qinv)[2], float (&Q0i)[2][128 / G]) {
+  constexpr int NG = Int2Layout<G>::NG;
+  const int tig = lane & 3;
+  float qsum[4][NG];
+#pragma unroll
+  for (int h = 0; h < 4; ++h)
+#pragma unroll
+    for (int g = 0; g < NG; ++g) qsum[h][g] = __shfl_sync(0xffffffffu, sum[h], 16 * g);
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int h = 2 * (tig & 1) + e;
@@ -1113,12 +1193,41 @@ __device__ __forceinline__ void PrepRotate(const DecodeParams& p, int kv_head, c
   }
 }
 
+// The rotation kernel's int8 query fragments (the words Int8QueryFragments gives every lane,
+// in QueryFragmentArea's layout), built by its 8 warps at once: each warp computes the heads'
+// scales and sums (max |q| and Σ q: the same shuffle chains in every warp), warp w then word w
+// (qb[w >> 2][(w >> 1) & 1][w & 1]) of every lane and warp 0 also the scale and sum words --
+// one warp's chain of 32 element conversions becomes 4 per warp. Same bits.
+static_assert(kPrepThreads == 256, "PrepFragments: one fragment word per warp");
+template <int G>
+__device__ __forceinline__ void PrepFragments(const float* qrot, int gqa, uint4* f) {
+  constexpr int NG = Int2Layout<G>::NG;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float S[4], sum[4];
+  Int8QueryScales<G>(qrot, gqa, lane, S, sum);
+  uint32_t* fl = reinterpret_cast<uint32_t*>(f + lane);  // chunk c of this lane at f[32c + lane]
+  fl[128 * (warp >> 2) + (warp & 3)] = Int8QueryWord<G>(qrot, gqa, lane, S, warp >> 2, (warp >> 1) & 1, warp & 1);
+  if (warp == 0) {
+    // Words 8..15: qinv[e] (8 + e), Q0i[e][g] (10 + e + 2g), zeros after.
+    float qinv[2], Q0i[2][NG];
+    Int8QueryHeadWords<G>(S, sum, lane, qinv, Q0i);
+    uint32_t w[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      w[e] = __float_as_uint(qinv[e]);
+#pragma unroll
+      for (int g = 0; g < NG; ++g) w[2 + e + 2 * g] = __float_as_uint(Q0i[e][g]);
+    }
+    f[32 * 2 + lane] = make_uint4(w[0], w[1], w[2], w[3]);
+    f[32 * 3 + lane] = make_uint4(w[4], w[5], w[6], w[7]);
+  }
+}
+
 // Shared memory: (2 + kPrepThreads / 32) · gqa · 128 floats (query rows, rotated queries, the
 // warps' partial sums). blockIdx.x = seq · num_kv_heads + kv head.
 template <int G>
 __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodeParams p, bool fragments) {
   extern __shared__ __align__(16) float psm[];
-  constexpr int NG = 128 / G;
   const int gqa = static_cast<int>(p.shape.gqa()), H = static_cast<int>(p.shape.num_kv_heads);
   const int seq = static_cast<int>(blockIdx.x) / H, h = static_cast<int>(blockIdx.x) % H;
   const int t = threadIdx.x;
@@ -1154,25 +1263,9 @@ __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodePara
       dst[i] = v * scale;
     }
   }
-  if (fragments) __syncthreads();
-  if (fragments && t < 32) {
-    uint32_t qb[2][2][2];
-    float qinv[2], Q0i[2][NG];
-    Int8QueryFragments<G>(qs, gqa, t, qb, qinv, Q0i);
-    uint32_t w[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) w[i] = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[i] = qb[i >> 2][(i >> 1) & 1][i & 1];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      w[8 + e] = __float_as_uint(qinv[e]);
-#pragma unroll
-      for (int g = 0; g < NG; ++g) w[10 + e + 2 * g] = __float_as_uint(Q0i[e][g]);
-    }
-    uint4* f = QueryFragmentArea(p) + size_t(blockIdx.x) * 128 + t;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) f[32 * c] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
+  if (fragments) {
+    __syncthreads();
+    PrepFragments<G>(qs, gqa, QueryFragmentArea(p) + size_t(blockIdx.x) * 128);
   }
 }
 
