@@ -113,6 +113,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     int early_rotation = -1;       // DecodeParams::early_rotation (-1: PagedDecoder's choice)
     int bulk_merge = -1;           // DecodeParams::bulk_merge (-1: PagedDecoder's choice)
     bool frags_first = false;      // DecodeParams::fragments_before_copies on
+    bool frags_after = false;      // ... off (PagedDecoder sets it with the rotation kernel)
     int tail_items = 0;            // PlanDecode's tail_items
     int l2_prefetch = 0;           // DecodeParams::l2_prefetch_slices
   };
@@ -177,6 +178,13 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     r.frags_first = true;
     r.cta_fragments = true;
     runs.push_back(r);
+    // And after them (fragments_before_copies off), with either merge and the 2-per-SM cap.
+    for (bool mk : {false, true}) {
+      r = Run{DecodeParams{}.variant, 0, mk, 2};
+      r.frags_after = true;
+      r.ctas_per_sm = 2;
+      runs.push_back(r);
+    }
     // A multi-wave plan whose last parts are split in halves dispatched last (tail_items), with
     // either merge.
     for (bool mk : {false, true}) {
@@ -216,6 +224,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
                  (run.early_rotation >= 0 ? " early rotation " + std::to_string(run.early_rotation) : "") +
                  (run.bulk_merge >= 0 ? " bulk merge " + std::to_string(run.bulk_merge) : "") +
                  (run.frags_first ? " fragments before copies" : "") +
+                 (run.frags_after ? " fragments after copies" : "") +
                  (run.tail_items > 0 ? " tail items " + std::to_string(run.tail_items) : "") +
                  (run.l2_prefetch > 0 ? " l2 prefetch " + std::to_string(run.l2_prefetch) : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target,
@@ -231,6 +240,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     if (run.early_rotation >= 0) p.early_rotation = run.early_rotation == 1;
     if (run.bulk_merge >= 0) p.bulk_merge = run.bulk_merge == 1;
     if (run.frags_first) p.fragments_before_copies = true;
+    if (run.frags_after) p.fragments_before_copies = false;
     p.l2_prefetch_slices = run.l2_prefetch;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();

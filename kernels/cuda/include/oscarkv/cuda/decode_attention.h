@@ -234,8 +234,11 @@ struct DecodeParams {
   // issue their first K/V copies instead of after them -- a load issued after them waits
   // behind the SM's outstanding copy bytes (H200, B=32 x 32K timeline, branch h-b32 of session
   // 15: the query phase of an INT2 item 3.7 -> 2.2 µs). The CTAs of the first wave then issue
-  // their copies only once the rotation kernel is done, so PagedDecoder::Params() sets it for
-  // plans of several waves only. Same results.
+  // their copies only once the rotation kernel is done; since the rotation kernel builds its
+  // fragments on 8 warps (session 20) that is the better order for one-wave plans too (H200,
+  // B=1 x 100K 28.9 -> 28.5-28.7 µs, 1 x 32K 18.8 -> 18.4; the timeline's wait for the rotation
+  // kernel returns ~1.7 µs sooner without the CTA's own copies in flight), so
+  // PagedDecoder::Params() sets it whenever it chooses the rotation kernel. Same results.
   bool fragments_before_copies = false;
   // fused_merge: the merging CTA copies each chunk of partials (up to 64 KiB) into shared memory
   // with one bulk (TMA) copy instead of 16-byte cp.async copies by every thread. Same results.

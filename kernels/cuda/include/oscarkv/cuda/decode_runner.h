@@ -84,8 +84,9 @@ class PagedDecoder {
     p.rotate_in_cta = n2 > 2 * num_sms_ && n2 <= 3 * num_sms_;
     if (n2 <= 2 * num_sms_) p.int2_ctas_per_sm = 2;
     p.early_rotation = !p.rotate_in_cta && p.fused_merge && n2 == p.num_items;
-    // Several waves: the fragments (and BF16 items' queries) are loaded before the first copies.
-    p.fragments_before_copies = n2 > 3 * num_sms_;
+    // With the rotation kernel, the fragments (and BF16 items' queries) are loaded before the
+    // first copies (several waves: session 15; one wave: session 20).
+    p.fragments_before_copies = !p.rotate_in_cta;
     p.bulk_merge = true;
     p.table.num_seqs = num_seqs_;
     return p;
