@@ -26,19 +26,42 @@ def main():
     t0 = min(int(r['w0']) for r in rows)
     ctas = []
     for r in rows:
-        w = [int(r['w%d' % i]) for i in range(14)]
+        w = [int(r.get('w%d' % i) or 0) for i in range(24)]
         if w[2] == 0 or w[5] < w[2]:  # a CTA without a main loop (BF16 item): skip
             continue
         entry = (w[0] - t0) / 1000.0
         rel = lambda c: (c - w[2]) / clk + entry
-        ctas.append(dict(sm=w[1] & 0xff, entry=entry, table=rel(w[3]), loop=rel(w[5]),
-                         wend=[rel(x) for x in w[6:10]], part=rel(w[10]), end=rel(w[11])))
+        # Warps 0..3 in words 6..9, warps 4..11 of larger CTAs in words 16..23 (when written).
+        # (8-warp CTAs: words 20, 21 are the epilogue / states marks, not warp ends.)
+        wend = [rel(x) for x in w[6:10]] + [rel(x) for x in w[16:20 if w[21] else 24] if x]
+        ctas.append(dict(sm=w[1] & 0xff, entry=entry, table=rel(w[3]), loop=rel(w[5]), wend=wend,
+                         part=rel(w[10]), end=rel(w[11]), done=rel(w[14]) if w[14] else None,
+                         merge=rel(w[15]) if w[15] else None,
+                         epi=rel(w[20]) if w[20] and not w[21] == 0 else None,
+                         states=rel(w[21]) if w[21] else None))
     q = lambda v: 'min %.2f  med %.2f  max %.2f' % (min(v), st.median(v), max(v))
     print('%d INT2 CTAs with a main loop' % len(ctas))
     for k in ('table', 'loop', 'part', 'end'):
         print('%-6s %s' % (k, q([c[k] for c in ctas])))
     print('warp loop ends inside a CTA: spread', q([max(c['wend']) - min(c['wend']) for c in ctas]))
     print('last warp end -> partial:', q([c['part'] - max(c['wend']) for c in ctas]))
+    if all(c['done'] is not None for c in ctas):
+        print('last warp end -> CTA barrier after the loops:', q([c['done'] - max(c['wend']) for c in ctas]))
+        print('barrier -> partial:', q([c['part'] - c['done'] for c in ctas]))
+    if all(c['states'] is not None for c in ctas):
+        print('barrier -> epilogue done %s -> states in smem %s -> partial %s' % (
+            q([c['epi'] - c['done'] for c in ctas]), q([c['states'] - c['epi'] for c in ctas]),
+            q([c['part'] - c['states'] for c in ctas])))
+    mg = [c for c in ctas if c['merge'] is not None]
+    if mg:
+        print('merging CTAs: %d; partial -> merge start %s; merge start -> end %s' % (
+            len(mg), q([c['merge'] - c['part'] for c in mg]), q([c['end'] - c['merge'] for c in mg])))
+        print('last partial %.2f, merge starts %s' % (max(c['part'] for c in ctas), q([c['merge'] for c in mg])))
+    if ctas and len(ctas[0]['wend']) > 4:
+        # Mean loop end of each warp index relative to its CTA's first warp end.
+        nw = min(len(c['wend']) for c in ctas)
+        print('mean loop end per warp index (µs after the CTA\'s first):',
+              ' '.join('%.2f' % st.mean(c['wend'][i] - min(c['wend']) for c in ctas) for i in range(nw)))
     sms = {}
     for c in ctas:
         sms.setdefault(c['sm'], []).append(c)

@@ -9,6 +9,7 @@
 // cp.async in a multi-stage ring; each warp keeps its own online-softmax state for all GQA
 // query heads of the KV head (the n = 8 columns of the mma tiles), and the 4 warps' states are
 // merged before the item's partial result is written.
+#include "absl/strings/str_cat.h"
 #include "decode_bf16.cuh"
 
 namespace oscarkv::cuda {
@@ -133,7 +134,16 @@ __global__ void __launch_bounds__(128) MergeKernel(const DecodeParams p) {
 
 }  // namespace
 
-absl::Status LaunchDecodeAttention(const DecodeParams& p, cudaStream_t stream) {
+absl::Status LaunchDecodeAttention(const DecodeParams& params, cudaStream_t stream) {
+  if (params.int2_warps != 4 && params.int2_warps != 8) {
+    return absl::InvalidArgumentError(absl::StrCat("int2_warps must be 4 or 8, got ", params.int2_warps));
+  }
+  DecodeParams p = params;
+  // The larger CTAs exist for one path only; other options run the 4-warp kernel.
+  if (p.variant != DecodeVariant::kPackedInt8Values || p.shape.gqa() > 4 || p.rotate_in_cta ||
+      !p.prepared_fragments) {
+    p.int2_warps = kWarps;
+  }
   if (absl::Status s = ValidateDecodeShape(p.shape); !s.ok()) return s;
   if (p.table.num_seqs <= 0) return absl::OkStatus();
   if (p.num_items > 0 && (p.items == nullptr || p.item_order == nullptr)) {

@@ -116,6 +116,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     bool frags_after = false;      // ... off (PagedDecoder sets it with the rotation kernel)
     int tail_items = 0;            // PlanDecode's tail_items
     int l2_prefetch = 0;           // DecodeParams::l2_prefetch_slices
+    int warps = 0;                 // DecodeParams::int2_warps (0: PagedDecoder's choice)
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
@@ -203,6 +204,23 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     r.l2_prefetch = 64;
     r.frags_first = true;
     runs.push_back(r);
+    // 8 warps per INT2 CTA (the rotation kernel, fragments before the copies): one
+    // wave, one CTA per item of many slices, several waves; either merge.
+    for (int warps : {8})
+      for (int target : {0, 7, 600})
+        for (bool mk : {false, true}) {
+          r = Run{DecodeParams{}.variant, target, mk, 2};
+          r.frags_first = true;
+          r.warps = warps;
+          runs.push_back(r);
+        }
+    // 8 warps with the fragments loaded after the first copies.
+    for (int target : {0, 7}) {
+      r = Run{DecodeParams{}.variant, target, false, 2};
+      r.frags_after = true;
+      r.warps = 8;
+      runs.push_back(r);
+    }
   }
   if (long_items) {
     runs.clear();
@@ -212,6 +230,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
   auto stats = DeviceBuffer::Create(3 * sizeof(uint32_t));
   ASSERT_TRUE(stats.ok()) << stats.status();
   for (const Run& run : runs) {
+    if (run.warps > 4 && Hq / H > 4) continue;  // int2_warps > 4 runs at GQA <= 4 only
     const DecodeVariant variant = run.variant;
     const int target = run.target;
     SCOPED_TRACE(std::string("variant ") + DecodeVariantName(variant) + " target_ctas " +
@@ -226,7 +245,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
                  (run.frags_first ? " fragments before copies" : "") +
                  (run.frags_after ? " fragments after copies" : "") +
                  (run.tail_items > 0 ? " tail items " + std::to_string(run.tail_items) : "") +
-                 (run.l2_prefetch > 0 ? " l2 prefetch " + std::to_string(run.l2_prefetch) : ""));
+                 (run.l2_prefetch > 0 ? " l2 prefetch " + std::to_string(run.l2_prefetch) : "") +
+                 (run.warps > 0 ? " warps " + std::to_string(run.warps) : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target,
                                     false, run.tail_items);
     ASSERT_TRUE(dec.ok()) << dec.status();
@@ -242,6 +262,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     if (run.frags_first) p.fragments_before_copies = true;
     if (run.frags_after) p.fragments_before_copies = false;
     p.l2_prefetch_slices = run.l2_prefetch;
+    if (run.warps > 0) p.int2_warps = run.warps;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();
     p.table.page_token_counts = d_counts->as<uint16_t>();
@@ -281,11 +302,16 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
       }
     }
     // The measured error of each variant (bench/results/NOTES.md quotes the maxima).
-    std::printf("[ error ] %s target_ctas %d%s%s%s%s: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g%s)\n",
+    std::string warps_tag;
+    if (p.int2_warps != 4) {
+      warps_tag = " int2_warps ";
+      warps_tag += std::to_string(p.int2_warps);
+    }
+    std::printf("[ error ] %s target_ctas %d%s%s%s%s%s: max |out - ref| / (1 + |ref|) = %.3g (tolerance %.3g%s)\n",
                 DecodeVariantName(variant), target, p.fused_merge ? "" : " merge kernel",
                 p.rotate_in_cta ? "" : (p.prepared_fragments ? " rotation kernel" : " rotation kernel, cta fragments"),
                 run.linear_w_rows ? " linear w rows" : "", p.int2_ctas_per_sm ? " capped ctas/sm" : "",
-                max_scaled, double(tol), checked ? "" : ", not checked: long items");
+                warps_tag.c_str(), max_scaled, double(tol), checked ? "" : ", not checked: long items (fp16 value product)");
     auto st = stats->ToHost<uint32_t>();
     ASSERT_TRUE(st.ok());
     if (variant == DecodeVariant::kPackedInt8Values && Hq / H <= 4) {
@@ -359,6 +385,27 @@ void RunCase(const Case& c) {
 
   CompareGpuWithReference(prof, rot, pages, kinds, counts, host, q, layer, Hq, c.unrotate, c.precise,
                           c.long_items);
+}
+
+// int2_warps: 4 or 8 (checked before any CUDA call).
+TEST(DecodeAttentionOptions, Int2WarpsMustBeACompiledCount) {
+  DecodeParams p;
+  p.shape = DecodeShape{1, 8, 32, 128, 128, 64, 0};
+  p.table.num_seqs = 1;
+  p.num_items = 1;
+  DecodeWorkItem item{};
+  int32_t word = 0;
+  float f = 0;
+  p.items = &item;
+  p.item_order = &word;
+  p.item_indptr = &word;
+  p.q = &f;
+  p.out = &f;
+  p.workspace = &f;
+  for (int warps : {0, 5, 6, 12, 16, -4}) {
+    p.int2_warps = warps;
+    EXPECT_EQ(LaunchDecodeAttention(p, nullptr).code(), absl::StatusCode::kInvalidArgument) << warps;
+  }
 }
 
 TEST(DecodeAttentionGpu, MixedPagesGqa4) {

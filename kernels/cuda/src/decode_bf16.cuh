@@ -18,7 +18,9 @@ namespace {
 // fits the INT2 kernel's shared memory (64 KiB of stages, then the P exchange; the query
 // staging and the rotation scratch live in stage 1 until the loop first issues it), so the INT2
 // kernel runs the few BF16 items of an INT2-dominated batch itself.
-template <int kStages>
+// kW: warps of the CTA (the INT2 kernel's DecodeParams::int2_warps, only with the rotation
+// kernel's queries loaded ahead); warps past the fourth take no tokens (a slice is 4 x 16).
+template <int kStages, int kW = kWarps>
 __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& it, uint8_t* smem,
                          SliceTable tab) {
   static_assert(kStages == 2 || kStages == 3, "BF16 stages");
@@ -36,7 +38,7 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     uint8_t* sbase = smem + stage * kBf16Stage;
     const int info = tab.info[unit], tok0 = info >> 16, valid = info & 0xffff;
     const uint8_t* page = tab.ptr[unit];
-    for (int c = tid; c < 2048; c += kThreads) {
+    for (int c = tid; c < 2048; c += 32 * kW) {
       const int kv = c >> 10, t = (c >> 4) & 63, j = c & 15;
       const uint8_t* src = page + (kv ? seg_v : seg_k) + size_t(tok0 + t) * 256 + j * 16;
       const bool ok = t < valid;
@@ -45,7 +47,8 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   };
   // fragments_before_copies with the rotation kernel (INT2 kernel, kStages 2): the rotated
   // queries are loaded into registers before the first copies are issued, not behind them.
-  const bool ahead = kStages == 2 && !p.rotate_in_cta && p.fragments_before_copies;
+  // (CTAs of more than 4 warps always: the rotation kernel's queries are their only source.)
+  const bool ahead = kStages == 2 && !p.rotate_in_cta && (p.fragments_before_copies || kW != kWarps);
   float4 qa[2];
   if (ahead) {
     const float4* pub = reinterpret_cast<const float4*>(
@@ -53,7 +56,7 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int i = tid + kThreads * j;
+      const int i = tid + 32 * kW * j;
       if (i < gqa * 32) {
         asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
                      : "=f"(qa[j].x), "=f"(qa[j].y), "=f"(qa[j].z), "=f"(qa[j].w)
@@ -75,10 +78,12 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   if (ahead) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int i = tid + kThreads * j;
+      const int i = tid + 32 * kW * j;
       if (i < gqa * 32) reinterpret_cast<float4*>(qs)[i] = qa[j];
     }
     __syncthreads();
+  } else if constexpr (kW != kWarps) {
+    __trap();  // the launch checks: more warps only with the queries loaded ahead
   } else if (kStages == 2) {
     CtaQueries(p, it, qs + 8 * 128, qs, scratch, 8 * 128);
   } else {
@@ -182,8 +187,8 @@ __device__ void Bf16Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   }
   CpAsyncWait<0>();
   __syncthreads();
-  FinishItem(p, item, it, st, smem,
-             [&](int i, int r) { return 16 * i + gid + 8 * r; });
+  FinishItem<kW>(p, item, it, st, smem,
+                 [&](int i, int r) { return 16 * i + gid + 8 * r; });
 }
 
 }  // namespace

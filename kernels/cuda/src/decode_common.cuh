@@ -35,6 +35,13 @@ template <bool kInt2>
 constexpr int SmemBytes() {
   return (kInt2 ? kInt2StageArea : kBf16StageArea) + kWarps * kWarpXchg + kMaxItemSlices * 12;
 }
+// The INT2 kernel with kW warps per CTA (DecodeParams::int2_warps; 4 is the layout above):
+// kW rings of 3 slots, kW W exchanges, the slice table.
+template <int kW>
+constexpr int Int2StageArea() { return kW * 3 * kInt2Slot; }
+template <int kW>
+constexpr int Int2SmemBytes() { return Int2StageArea<kW>() + kW * kWarpXchg + kMaxItemSlices * 12; }
+static_assert(Int2SmemBytes<kWarps>() == SmemBytes<true>(), "4-warp INT2 layout");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -163,7 +170,11 @@ __device__ __forceinline__ void MbarWait(uint32_t mbar, int phase) {
       : "memory");
 }
 
+// kW: warps of the CTA (kWarps, or DecodeParams::int2_warps in the INT2 kernel): warp w takes heads
+// w, w + kW; warps past the fourth idle in the R_Vᵀ product.
+template <int kW = kWarps>
 __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* smem, int i0, int i1) {
+  constexpr int kT = 32 * kW, kJ = (8 + kW - 1) / kW;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
   const int gqa = static_cast<int>(p.shape.gqa());
   const float* part_o = static_cast<const float*>(p.workspace);
@@ -175,7 +186,7 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
   float4* stage = reinterpret_cast<float4*>(smem);
   if (unrot) {  // R_V[h] (64 KiB) into L2 while the partials are merged
     const uint8_t* r = reinterpret_cast<const uint8_t*>(p.rot_v + size_t(h) * 128 * 128);
-    for (int i = t; i < 512; i += kThreads) asm volatile("prefetch.global.L2 [%0];" ::"l"(r + 128 * i));
+    for (int i = t; i < 512; i += kT) asm volatile("prefetch.global.L2 [%0];" ::"l"(r + 128 * i));
   }
   // bulk_merge: one bulk (TMA) copy per chunk, completing on an mbarrier after the stage area
   // (the slice table's place in the INT2 kernel, stage space in the BF16 kernel: both idle now).
@@ -207,13 +218,13 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
             : "memory");
       }
     } else {
-      for (int i = t; i < n * gqa * 32; i += kThreads) CpAsync16(stage + i, src + i, true);
+      for (int i = t; i < n * gqa * 32; i += kT) CpAsync16(stage + i, src + i, true);
       CpAsyncCommit();
     }
     float2 ml[2];
 #pragma unroll
-    for (int jj = 0; jj < 2; ++jj) {
-      const int j = warp + kWarps * jj;
+    for (int jj = 0; jj < kJ; ++jj) {
+      const int j = warp + kW * jj;
       ml[jj] = j < gqa && lane < n ? __ldcg(part_ml + size_t(c0 + lane) * gqa + j)
                                    : make_float2(-INFINITY, 0.f);
     }
@@ -225,8 +236,8 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
     }
     __syncthreads();
 #pragma unroll
-    for (int jj = 0; jj < 2; ++jj) {
-      const int j = warp + kWarps * jj;
+    for (int jj = 0; jj < kJ; ++jj) {
+      const int j = warp + kW * jj;
       const float m = ml[jj].y > 0.f ? ml[jj].x : -INFINITY, l = ml[jj].y > 0.f ? ml[jj].y : 0.f;
       float cm = m;
 #pragma unroll
@@ -257,8 +268,8 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
   }
   float* os = reinterpret_cast<float*>(smem);  // [gqa][128] merged rows for the R_Vᵀ product
 #pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
-    const int j = warp + kWarps * jj;
+  for (int jj = 0; jj < kJ; ++jj) {
+    const int j = warp + kW * jj;
     if (j >= gqa) continue;
     float Lj = L[jj];
 #pragma unroll
@@ -286,7 +297,7 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
 #pragma unroll
     for (int u = 0; u < 4; ++u) acc[j][u] = 0.f;
 #pragma unroll 1
-  for (int quarter = 0; quarter < 4; ++quarter) {
+  for (int quarter = 0; quarter < ((kW == kWarps || warp < kWarps) ? 4 : 0); ++quarter) {
     const int k0 = 32 * warp + 8 * quarter;
     float4 rv[4][2];  // [row u][k piece m]
 #pragma unroll
@@ -313,10 +324,11 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j)
-    if (j < gqa)
+    if (j < gqa && (kW == kWarps || warp < kWarps))
       reinterpret_cast<float4*>(part + (warp * 8 + j) * 128)[lane] =
           make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
   __syncthreads();
+  if (kW != kWarps && t >= 128) return;
   for (int j = 0; j < gqa; ++j) {
     float v = 0.f;
 #pragma unroll
@@ -328,7 +340,9 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
 // Merges the 4 warps' states (written to smem by each warp) and writes the item's partial;
 // with fused_merge, the last CTA of the item's (seq, kv head) then merges the pair.
 // chan(i, r) is the channel of accumulator tile i, row half r (0: c0/c1, 1: c2/c3).
-template <typename ChanFn>
+// kW: warps of the CTA (the INT2 kernel's DecodeParams::int2_warps); threads past 128 idle in
+// the partial's write.
+template <int kW = kWarps, typename ChanFn>
 __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem& it,
                            WarpState& st, uint8_t* smem, ChanFn chan) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tig = lane & 3;
@@ -344,7 +358,7 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
     i1 = __ldg(p.item_indptr + pair + 1);
   }
   float* osm = reinterpret_cast<float*>(smem);                   // [warp][8][128]
-  float* mlsm = osm + kWarps * 8 * 128;                          // [warp][8][2]
+  float* mlsm = osm + kW * 8 * 128;                          // [warp][8][2]
   #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const float l = WarpSumOverGid(st.l[e]);
@@ -363,27 +377,35 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
     }
   }
   __syncthreads();
+  if (kW == 8 && threadIdx.x == 0) MarkClock(p, kTlStates);
   const int t = threadIdx.x;  // channel
   float* part_o = static_cast<float*>(p.workspace);
   float* part_ml = reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) + PartialOBytes(p));
-  for (int qh = 0; qh < gqa; ++qh) {
+  // The item's partial of query head qh, channel c, from the kW warps' states.
+  auto partial = [&](int qh, int c) {
     float mx = -INFINITY;
     #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, mlsm[(w * 8 + qh) * 2]);
+    for (int w = 0; w < kW; ++w) mx = fmaxf(mx, mlsm[(w * 8 + qh) * 2]);
     float L = 0.f, O = 0.f;
     if (mx != -INFINITY) {
       #pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
+      for (int w = 0; w < kW; ++w) {
         const float f = exp2f(mlsm[(w * 8 + qh) * 2] - mx);
         L += f * mlsm[(w * 8 + qh) * 2 + 1];
-        O += f * osm[(w * 8 + qh) * 128 + t];
+        O += f * osm[(w * 8 + qh) * 128 + c];
       }
     }
-    part_o[(size_t(item) * gqa + qh) * 128 + t] = L > 0.f ? O / L : 0.f;
-    if (t == 0) {
+    part_o[(size_t(item) * gqa + qh) * 128 + c] = L > 0.f ? O / L : 0.f;
+    if (c == 0) {
       part_ml[(size_t(item) * gqa + qh) * 2 + 0] = mx;
       part_ml[(size_t(item) * gqa + qh) * 2 + 1] = L;
     }
+  };
+  if constexpr (kW == kWarps) {
+    for (int qh = 0; qh < gqa; ++qh) partial(qh, t);
+  } else {
+    // More warps: the (head, channel) units spread over all threads.
+    for (int u = t; u < gqa * 128; u += 32 * kW) partial(u >> 7, u & 127);
   }
   if (t == 0) MarkClock(p, kTlPartial);
   if (!p.fused_merge) return;
@@ -397,7 +419,7 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
   // shift the dynamic area -- the K/V stages -- off its alignment (measured: BF16 pages 15%
   // slower, the INT2 kernel 3%).
   // With the pair's item range (the merge needs it: one L2 round trip fewer on its path).
-  int* is_last = reinterpret_cast<int*>(mlsm + kWarps * 8 * 2);
+  int* is_last = reinterpret_cast<int*>(mlsm + kW * 8 * 2);
   if (t == 0) {
     const int pair = it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head;
     const int n = i1 - i0;
@@ -411,7 +433,9 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
       last = atomicAdd(ctr, 1) == n - 1;
       if (last) {
         *ctr = 0;
-        __threadfence();
+        // The next launch's arrivals are ordered by the kernel boundary; the 4-warp kernel
+        // keeps the fence (its code is unchanged since its last measurements).
+        if (kW == kWarps || (p.debug_flags & kDecodeDebugResetFence) != 0) __threadfence();
       }
     }
     // Every CTA of the pair is past its queries: re-arm share_rotation's ticket for the next
@@ -427,9 +451,10 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
   const bool merge = is_last[0] != 0;
   const int mi0 = is_last[1], mi1 = is_last[2];
   if (t == 0 && merge) MarkMeta(p, uint64_t{1} << 32);
+  if (kW != kWarps && t == 0 && merge) MarkClock(p, kTlMerge);
   if (merge && (p.debug_flags & kDecodeDebugNoMerge) == 0) {
     __syncthreads();  // every thread has read the flag, which lies in the merge's staging area
-    MergePairInCta(p, it.seq, it.kv_head, smem, mi0, mi1);
+    MergePairInCta<kW>(p, it.seq, it.kv_head, smem, mi0, mi1);
   }
 }
 
@@ -440,10 +465,11 @@ __device__ __forceinline__ DecodeWorkItem FetchItem(const DecodeParams& p, int s
 }
 
 // Fills the per-slice page pointer / token info of the item (smem) for all threads.
+template <int kW = kWarps>
 __device__ void LoadSliceTable(const DecodeParams& p, const DecodeWorkItem& it, SliceTable tab) {
   const int spp = static_cast<int>(p.shape.slices_per_page());
   const int32_t p0 = it.page_entry;  // == seq_page_indptr[it.seq]
-  for (int s = threadIdx.x; s < it.num_slices; s += kThreads) {
+  for (int s = threadIdx.x; s < it.num_slices; s += 32 * kW) {
     const int gs = it.first_slice + s;
     const int32_t pid = p.table.seq_page_ids[p0 + gs / spp];
     const int tok0 = (gs % spp) * static_cast<int>(kSliceTokens);

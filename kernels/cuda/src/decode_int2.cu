@@ -291,7 +291,9 @@ __device__ __forceinline__ void Int8QueryHeadWords(const float (&S)[4], const fl
 // kPack (DecodeVariant::kPackedHeads, GQA <= 4), kSplit (kPackedSplitAcc), kI8
 // (kPackedInt8, implies kPack) and kV8 (kPackedInt8Values, implies kI8): see
 // decode_attention.h.
-template <int G, bool kPack, bool kSplit, bool kI8, bool kV8>
+// kW: warps of the CTA (DecodeParams::int2_warps); more than 4 only with prepared fragments
+// (the launch falls back to 4 warps otherwise).
+template <int G, bool kPack, bool kSplit, bool kI8, bool kV8, int kW = kWarps>
 __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& it, uint8_t* smem,
                          SliceTable tab) {
   using Lay = Int2Layout<G>;
@@ -324,11 +326,11 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 #pragma unroll
     for (int g = 0; g < NG; ++g) pm[e][g] = 0.f;
   }
-  __half* wx = reinterpret_cast<__half*>(smem + kInt2StageArea + warp * kWarpXchg);
+  __half* wx = reinterpret_cast<__half*>(smem + Int2StageArea<kW>() + warp * kWarpXchg);
   uint8_t* ring = smem + warp * (kInt2WarpStages * kInt2Slot);
 
   const int n = it.num_slices;
-  const int mine = n > warp ? (n - warp + kWarps - 1) / kWarps : 0;  // slices of this warp
+  const int mine = n > warp ? (n - warp + kW - 1) / kW : 0;  // slices of this warp
   const size_t v_minus_k = seg_v - seg_k;
   const uint32_t ring_addr = SmemAddr(ring) + lane * 16;
   // kV8: V code chunk c (token c >> 1, half c & 1) lands at chunk c ^ ((c >> 4) & 1), so the
@@ -339,7 +341,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   // (Bulk/TMA copies issued by one lane, with an mbarrier per stage, measured 7-11% slower here:
   // the single-lane issue and the barrier wait cost as many instructions per slice and add latency.)
   auto issue = [&](int k, int stage) {
-    const int sl = warp + kWarps * k;
+    const int sl = warp + kW * k;
     const int info = tab.info[sl], tok0 = info >> 16, valid = info & 0xffff;
     const uint8_t* pk = tab.ptr[sl] + seg_k;
     const uint8_t* ck = pk + tok0 * 32 + lane * 16;
@@ -372,7 +374,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   // first). copies_after_queries: the first slices are issued after the queries, so the
   // rotation's R_K loads do not queue behind every CTA's first copies.
   static_assert(kInt2WarpStages == 3, "RotateQueries' q_staged wait counts 2 slice groups");
-  float* qs = reinterpret_cast<float*>(smem + kInt2StageArea);
+  float* qs = reinterpret_cast<float*>(smem + Int2StageArea<kW>());
   auto first_copies = [&]() {
 #pragma unroll
     for (int k = 0; k < kInt2WarpStages - 1; ++k) {
@@ -406,7 +408,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   if (p.l2_prefetch_slices > 0) {
     const int last = min(mine, kInt2WarpStages - 1 + p.l2_prefetch_slices);
     for (int k = kInt2WarpStages - 1; k < last; ++k) {
-      const int sl = warp + kWarps * k;
+      const int sl = warp + kW * k;
       const int info = tab.info[sl], tok0 = info >> 16, valid = info & 0xffff;
       const uint8_t* pk = tab.ptr[sl] + seg_k;
       const int line = 128 * (lane & 15);
@@ -424,6 +426,8 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   if (frags_first) {
   } else if (prepared) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
+  } else if constexpr (kW != kWarps) {
+    __trap();  // the launch checks: more warps only with prepared fragments
   } else {
     // Query fragments (B operand of the score product): lane (gid, tig) holds query head gid.
     CtaQueries(p, it, qs + 8 * 128, qs,
@@ -513,7 +517,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 #pragma unroll
       for (int g = 0; g < NG; ++g) Q0i[e][g] = __uint_as_float(wv[10 + e + 2 * g]);
     }
-  } else {
+  } else if constexpr (kW == kWarps) {
     Int8QueryFragments<G>(qrot, gqa, lane, qb, qinv, Q0i);
   }
   if (!prepared) __syncthreads();  // the query area becomes the W exchange
@@ -572,7 +576,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     if (k + kInt2WarpStages - 1 < mine) issue(k + kInt2WarpStages - 1, stage_i);
     CpAsyncCommit();
     stage_i = stage_i + 1 == kInt2WarpStages ? 0 : stage_i + 1;
-    const int sl = warp + kWarps * k;
+    const int sl = warp + kW * k;
     const uint8_t* slot = ring + stage_c * kInt2Slot;
     stage_c = stage_c + 1 == kInt2WarpStages ? 0 : stage_c + 1;
     const uint8_t* kc = slot;
@@ -1017,9 +1021,14 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     }
     __syncwarp();
   }
-  if (lane == 0) MarkClock(p, kTlWarpEnd + warp);
+  if constexpr (kW == kWarps) {
+    if (lane == 0) MarkClock(p, kTlWarpEnd + warp);
+  } else if (lane == 0) {
+    MarkClock(p, warp < 4 ? kTlWarpEnd + warp : kTlWarpEnd4 + warp - 4);
+  }
   CpAsyncWait<0>();
   __syncthreads();
+  if (kW != kWarps && tid == 0) MarkClock(p, kTlLoopsDone);
 
   // Remove the code offsets and factors, add Σ p·min.
 #pragma unroll
@@ -1054,7 +1063,8 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
         }
       }
     }
-    FinishItem(p, item, it, st, smem, [&](int i, int r) { return 64 * (i >> 2) + 8 * gid + 2 * (i & 3) + r; });
+    if (kW == 8 && tid == 0) MarkClock(p, kTlEpilogue);
+    FinishItem<kW>(p, item, it, st, smem, [&](int i, int r) { return 64 * (i >> 2) + 8 * gid + 2 * (i & 3) + r; });
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -1071,7 +1081,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
         }
       }
     }
-    FinishItem(p, item, it, st, smem, [&](int i, int r) {
+    FinishItem<kW>(p, item, it, st, smem, [&](int i, int r) {
       const int half = i >> 2, cidx = 2 * (i & 3) + r;
       return G == 128 ? 16 * gid + 8 * half + cidx : 64 * half + 8 * gid + cidx;
     });
@@ -1079,8 +1089,12 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 }
 
 // One CTA per work item; blockIdx.x indexes the plan's order (its first num_int2_items entries).
-template <int G, bool kPack, bool kSplit, bool kI8, bool kV8>
-__global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodeParams p) {
+// kW warps per CTA (DecodeParams::int2_warps): 4 (3 CTAs per SM at most), or 8 for the
+// rotation kernel's path (one CTA per SM: 142 registers per thread, no spills).
+template <int kW>
+constexpr int Int2MinBlocks() { return kW == 4 ? 3 : 1; }
+template <int G, bool kPack, bool kSplit, bool kI8, bool kV8, int kW = kWarps>
+__global__ void __launch_bounds__(32 * kW, Int2MinBlocks<kW>()) DecodeInt2Kernel(const DecodeParams p) {
   extern __shared__ __align__(16) uint8_t smem[];
   // The BF16 kernel or the merge kernel (launched next, programmatic serialization) may start
   // now (the BF16 kernel does not depend on this one: it starts as soon as SMs free up);
@@ -1097,17 +1111,17 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
   const bool int2_item = it.kind == static_cast<int32_t>(PageKind::kInt2);
   PrefetchSharedRotation(p, it, item);
   int ticket = -1;
-  if (int2_item && p.rotate_in_cta) {
+  if (kW == kWarps && int2_item && p.rotate_in_cta) {
     // INT2 items: the query rows (into Int2Item's query area) start loading, and the rotation
     // ticket is taken, before the slice table's dependent loads.
     StageQueries(p, it, reinterpret_cast<float*>(smem + kInt2StageArea) + 8 * 128);
     CpAsyncCommit();
     ticket = TakeRotationTicket(p, it);
   }
-  uint8_t* t = smem + kInt2StageArea + kWarps * kWarpXchg;
+  uint8_t* t = smem + Int2StageArea<kW>() + kW * kWarpXchg;
   SliceTable tab{reinterpret_cast<const uint8_t**>(t), reinterpret_cast<int32_t*>(t + kMaxItemSlices * 8)};
-  LoadSliceTable(p, it, tab);
-  if (int2_item && threadIdx.x == 0) *reinterpret_cast<int*>(smem + kTicketSmemOffset) = ticket;
+  LoadSliceTable<kW>(p, it, tab);
+  if (kW == kWarps && int2_item && threadIdx.x == 0) *reinterpret_cast<int*>(smem + kTicketSmemOffset) = ticket;
   __syncthreads();
   if (threadIdx.x == 0) {
     MarkClock(p, kTlTable);
@@ -1122,12 +1136,14 @@ __global__ void __launch_bounds__(kThreads, 3) DecodeInt2Kernel(const DecodePara
   // An INT2-dominated plan runs its few BF16 items (sink, recent tokens) here too, in the
   // 2-stage layout that fits this kernel's shared memory, instead of in a BF16 kernel whose
   // CTAs could start only as INT2 CTAs leave (a tail after the INT2 work).
-  static_assert(2 * kBf16Stage + kWarps * 2 * 8 * 24 * 2 <= kInt2StageArea + kWarps * kWarpXchg,
+  static_assert(2 * kBf16Stage + kW * 2 * 8 * 24 * 2 <= Int2StageArea<kW>() + kW * kWarpXchg,
                 "2-stage BF16 layout must fit below the slice table");
+  static_assert(kW == kWarps || kMergeStageBytes + 16 <= Int2StageArea<kW>(),
+                "the merge's stage and mbarrier lie in the stage area");
   if (it.kind == static_cast<int32_t>(PageKind::kBf16)) {
-    Bf16Item<2>(p, item, it, smem, tab);
+    Bf16Item<2, kW>(p, item, it, smem, tab);
   } else {
-    Int2Item<G, kPack, kSplit, kI8, kV8>(p, item, it, smem, tab);
+    Int2Item<G, kPack, kSplit, kI8, kV8, kW>(p, item, it, smem, tab);
   }
   if (threadIdx.x == 0) {
     MarkClock(p, kTlEnd);
@@ -1274,25 +1290,25 @@ __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodePara
 // int2_ctas_per_sm: dynamic shared memory of 228 KiB / (cap + 1) per CTA keeps a (cap + 1)-th
 // CTA (with its 1 KiB of reserved shared memory) off every SM.
 constexpr int kSmPaddedSmem = 228 * 1024;
-template <int G, bool kPack, bool kSplit, bool kI8 = false, bool kV8 = false>
+template <int G, bool kPack, bool kSplit, bool kI8 = false, bool kV8 = false, int kW = kWarps>
 void LaunchInt2(const DecodeParams& p, int blocks, cudaStream_t stream) {
+  constexpr int kSmem = Int2SmemBytes<kW>();
   static const bool once =
-      SetSmem(DecodeInt2Kernel<G, kPack, kSplit, kI8, kV8>, std::max(SmemBytes<true>(), kSmPaddedSmem / 2));
+      SetSmem(DecodeInt2Kernel<G, kPack, kSplit, kI8, kV8, kW>, std::max(kSmem, kSmPaddedSmem / 2));
   (void)once;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
-  const int cap = p.int2_ctas_per_sm;
-  cfg.dynamicSmemBytes = cap == 1 || cap == 2 ? std::max(SmemBytes<true>(), kSmPaddedSmem / (cap + 1))
-                                              : SmemBytes<true>();
+  cfg.blockDim = dim3(32 * kW);
+  // 8 warps per CTA: the registers already keep a second CTA off an SM.
+  const int cap = kW == kWarps ? p.int2_ctas_per_sm : 0;
+  cfg.dynamicSmemBytes = cap == 1 || cap == 2 ? std::max(kSmem, kSmPaddedSmem / (cap + 1)) : kSmem;
   cfg.stream = stream;
   // A programmatic dependent of the rotation kernel (launched just before it unless
   // rotate_in_cta): CTAs start while it runs and wait for its output in CtaQueries.
   cudaLaunchAttribute attr;
   SetProgrammaticDependent(cfg, attr, !p.rotate_in_cta);
-  cudaLaunchKernelEx(&cfg, DecodeInt2Kernel<G, kPack, kSplit, kI8, kV8>, p);
+  cudaLaunchKernelEx(&cfg, DecodeInt2Kernel<G, kPack, kSplit, kI8, kV8, kW>, p);
 }
-
 }  // namespace
 
 void LaunchDecodeInt2Kernels(const DecodeParams& p, int n2, cudaStream_t stream) {
@@ -1318,7 +1334,13 @@ void LaunchDecodeInt2Kernels(const DecodeParams& p, int n2, cudaStream_t stream)
       cudaLaunchKernelEx(&cfg, QueryPrepKernel<64>, p, fragments);
     }
   }
-  if (p.shape.group_size == 128) {
+  if (p.int2_warps != kWarps) {  // 8 warps: LaunchDecodeAttention checked the options
+    if (p.shape.group_size == 128) {
+      LaunchInt2<128, true, false, true, true, 8>(p, n2, stream);
+    } else {
+      LaunchInt2<64, true, false, true, true, 8>(p, n2, stream);
+    }
+  } else if (p.shape.group_size == 128) {
     if (!pack) {
       LaunchInt2<128, false, false>(p, n2, stream);
     } else if (v8) {

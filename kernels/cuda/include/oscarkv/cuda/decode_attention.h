@@ -12,7 +12,8 @@
 //   * PlanDecode splits every (sequence, KV head) into work items: runs of consecutive
 //     64-token slices of one page kind, sized so the whole batch fills the GPU (split-KV).
 //   * LaunchDecodeAttention runs one CTA per work item (an INT2 kernel and a BF16 kernel that
-//     overlap): the CTA rotates its GQA queries (q' = q·R_K, times the softmax scale; or a small
+//     overlap; INT2 CTAs of 4 warps, or of 8 at about one per SM for B=1-like batches, see
+//     int2_warps): the CTA rotates its GQA queries (q' = q·R_K, times the softmax scale; or a small
 //     kernel ahead of the INT2 kernel rotates them once per (sequence, KV head), see
 //     rotate_in_cta, and builds their int8 fragments), then all query heads of the KV head are served from one read of each K/V
 //     slice, INT2 codes turned into tensor-core operands in registers (no dequantization pass);
@@ -261,6 +262,17 @@ struct DecodeParams {
   // sets 2 for plans of at most 2 per SM (B=1 with the rotation kernel: without it the BF16
   // items of 8 SMs ran as third CTAs beside two INT2 items, 32.4 vs 30.7 µs at B=1 x 100K).
   int32_t int2_ctas_per_sm = 0;
+  // Warps per INT2-kernel CTA: 4 or 8 (InvalidArgument otherwise). 8 only takes effect for
+  // packed_int8_values at GQA <= 4 with the rotation kernel and its prepared fragments (other
+  // launches run the 4-warp kernel). Each warp streams its own slices through its own 3-slot
+  // ring as in the 4-warp CTA; the registers (142 per thread) allow one 8-warp CTA per SM. With
+  // a plan of about one CTA per SM, the one-wave batch keeps 8 warps per SM but has half the
+  // items (half the partials to merge) and no second CTA on the SM whose warps compete for issue
+  // and ends later (H200, B=1: 100K 28.4 -> 26.8-26.9 µs, 32K 18.2 -> 17.0-17.1; 6-warp CTAs two
+  // per SM 28.6, 12-warp CTAs one per SM 29.0; bench/results/NOTES.md session 21). PagedDecoder
+  // picks 8, with a plan for one CTA per SM, for batches whose default plan has at most 2 INT2
+  // CTAs per SM (B=1). Same results.
+  int32_t int2_warps = 4;
   // INT2 items: each warp prefetches its next this-many slices after its first K/V copies into
   // L2 (prefetch.global.L2, fire and forget) before the CTA waits for its queries (the rotation
   // kernel, or its own rotation), hoping that HBM would otherwise idle in that prologue. 0: off
@@ -301,7 +313,10 @@ struct DecodeParams {
 };
 
 inline constexpr uint32_t kDecodeDebugNoMerge = 1;
-inline constexpr int kDecodeTimelineWords = 16;
+// CTAs of more than 4 warps: the pair's last CTA fences after re-zeroing its arrival counter
+// (as the 4-warp kernel does; the next launch is ordered by the kernel boundary anyway).
+inline constexpr uint32_t kDecodeDebugResetFence = 2;
+inline constexpr int kDecodeTimelineWords = 24;
 // Words of a CTA's debug_timeline record: clock64 values unless named *_ns (%globaltimer).
 enum DecodeTimelineSlot : int {
   kTlEntryNs = 0,
@@ -315,6 +330,11 @@ enum DecodeTimelineSlot : int {
   kTlEnd = 11,        // CTA done (after the merge, if it merged)
   kTlEndNs = 12,
   kTlLoopNs = 13,
+  kTlLoopsDone = 14,  // every warp's main loop done (thread 0, after the CTA barrier)
+  kTlMerge = 15,      // the merging CTA: its merge starts (the arrival told it it is last)
+  kTlWarpEnd4 = 16,   // 16..19: warps 4..7's main loops done (int2_warps 8)
+  kTlEpilogue = 20,   // int2_warps 8: the INT2 epilogue done (thread 0, before FinishItem)
+  kTlStates = 21,     // int2_warps 8: the warps' states in shared memory (after the barrier)
 };
 
 // Partial outputs and (max, sum) pairs per item, one int32 arrival counter per

@@ -22,6 +22,15 @@ class PagedDecoder {
                            session5_slots, tail_items);
     if (!plan.ok()) return plan.status();
     PagedDecoder d;
+    // Batches whose default plan has at most 2 INT2-kernel CTAs per SM (B=1; Params() then
+    // picks the rotation kernel): about one 8-warp CTA per SM instead (DecodeParams::int2_warps).
+    if (target_ctas <= 0 && !session5_slots && tail_items == 0 && shape.gqa() <= 4 &&
+        plan->num_int2_items <= 2 * num_sms) {
+      auto wide = PlanDecode(shape, seq_page_indptr, seq_page_ids, page_kinds, num_sms, num_sms, false, 0);
+      if (!wide.ok()) return wide.status();
+      plan = *std::move(wide);
+      d.int2_warps_ = 8;
+    }
     d.shape_ = shape;
     d.num_sms_ = num_sms;
     d.num_seqs_ = static_cast<int32_t>(seq_page_indptr.size() - 1);
@@ -88,6 +97,7 @@ class PagedDecoder {
     // first copies (several waves: session 15; one wave: session 20).
     p.fragments_before_copies = !p.rotate_in_cta;
     p.bulk_merge = true;
+    p.int2_warps = int2_warps_;
     p.table.num_seqs = num_seqs_;
     return p;
   }
@@ -98,6 +108,7 @@ class PagedDecoder {
   DecodeShape shape_;
   int32_t num_seqs_ = 0;
   int num_sms_ = 0;
+  int int2_warps_ = 4;
   DecodePlan plan_;
   DeviceBuffer items_, item_indptr_, order_, launch_items_, workspace_;
 };
