@@ -245,14 +245,14 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
       const float mn = fmaxf(M[jj], cm);
       // Heads past gqa, and no tokens so far (both warp-uniform).
       if (j >= gqa || mn == -INFINITY) continue;
-      const float f = exp2f(M[jj] - mn);  // 0 while M is -inf
+      const float f = kW == kWarps ? exp2f(M[jj] - mn) : Ex2(M[jj] - mn);  // 0 while M is -inf
       L[jj] *= f;
       O[jj].x *= f;
       O[jj].y *= f;
       O[jj].z *= f;
       O[jj].w *= f;
       M[jj] = mn;
-      const float w = l > 0.f ? exp2f(m - mn) * l : 0.f;
+      const float w = l > 0.f ? (kW == kWarps ? exp2f(m - mn) : Ex2(m - mn)) * l : 0.f;
       L[jj] += w;
 #pragma unroll 4
       for (int u = 0; u < n; ++u) {
@@ -274,7 +274,7 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
     float Lj = L[jj];
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) Lj += __shfl_xor_sync(0xffffffffu, Lj, off);
-    const float inv = Lj > 0.f ? 1.f / Lj : 0.f;
+    const float inv = Lj > 0.f ? (kW == kWarps ? 1.f / Lj : __fdividef(1.f, Lj)) : 0.f;
     const float4 o = make_float4(O[jj].x * inv, O[jj].y * inv, O[jj].z * inv, O[jj].w * inv);
     if (lane == 0 && p.lse != nullptr) p.lse[qh0 + j] = Lj > 0.f ? (M[jj] + log2f(Lj)) * kLn2 : -INFINITY;
     if (unrot) {
@@ -390,12 +390,12 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
     if (mx != -INFINITY) {
       #pragma unroll
       for (int w = 0; w < kW; ++w) {
-        const float f = exp2f(mlsm[(w * 8 + qh) * 2] - mx);
+        const float f = kW == kWarps ? exp2f(mlsm[(w * 8 + qh) * 2] - mx) : Ex2(mlsm[(w * 8 + qh) * 2] - mx);
         L += f * mlsm[(w * 8 + qh) * 2 + 1];
         O += f * osm[(w * 8 + qh) * 128 + c];
       }
     }
-    part_o[(size_t(item) * gqa + qh) * 128 + c] = L > 0.f ? O / L : 0.f;
+    part_o[(size_t(item) * gqa + qh) * 128 + c] = L > 0.f ? (kW == kWarps ? O / L : __fdividef(O, L)) : 0.f;
     if (c == 0) {
       part_ml[(size_t(item) * gqa + qh) * 2 + 0] = mx;
       part_ml[(size_t(item) * gqa + qh) * 2 + 1] = L;
