@@ -263,7 +263,6 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     if (options.find("late_rotation") != std::string::npos) p.early_rotation = false;
     if (options.find("frags_first") != std::string::npos) p.fragments_before_copies = true;
     if (options.find("frags_after") != std::string::npos) p.fragments_before_copies = false;
-    if (options.find("reset_fence") != std::string::npos) p.debug_flags |= cuda::kDecodeDebugResetFence;
     // warpsN: DecodeParams::int2_warps = N.
     if (size_t at = options.find("warps"); at != std::string::npos) p.int2_warps = std::atoi(options.c_str() + at + 5);
     // l2pfN: DecodeParams::l2_prefetch_slices = N.

@@ -429,13 +429,23 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
     if (n > 1) {
       int* ctr = reinterpret_cast<int*>(static_cast<uint8_t*>(p.workspace) + PartialOBytes(p) +
                                         PartialMlBytes(p)) + pair;
-      __threadfence();
-      last = atomicAdd(ctr, 1) == n - 1;
-      if (last) {
-        *ctr = 0;
-        // The next launch's arrivals are ordered by the kernel boundary; the 4-warp kernel
-        // keeps the fence (its code is unchanged since its last measurements).
-        if (kW == kWarps || (p.debug_flags & kDecodeDebugResetFence) != 0) __threadfence();
+      if constexpr (kW == kWarps) {
+        __threadfence();
+        last = atomicAdd(ctr, 1) == n - 1;
+        if (last) {
+          *ctr = 0;
+          __threadfence();
+        }
+      } else {
+        // One acquire-release atomic: the release orders the CTA's partial (every thread's
+        // writes, through the barrier above) before the count, the acquire the other CTAs'
+        // partials before the merge's loads. The reset needs no fence: the next launch is
+        // ordered by the kernel boundary. (The 4-warp kernel keeps its two fences: its code is
+        // unchanged since its last measurements.)
+        int old;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(ctr) : "memory");
+        last = old == n - 1;
+        if (last) *ctr = 0;
       }
     }
     // Every CTA of the pair is past its queries: re-arm share_rotation's ticket for the next

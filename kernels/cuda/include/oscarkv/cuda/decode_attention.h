@@ -314,9 +314,6 @@ struct DecodeParams {
 };
 
 inline constexpr uint32_t kDecodeDebugNoMerge = 1;
-// CTAs of more than 4 warps: the pair's last CTA fences after re-zeroing its arrival counter
-// (as the 4-warp kernel does; the next launch is ordered by the kernel boundary anyway).
-inline constexpr uint32_t kDecodeDebugResetFence = 2;
 inline constexpr int kDecodeTimelineWords = 24;
 // Words of a CTA's debug_timeline record: clock64 values unless named *_ns (%globaltimer).
 enum DecodeTimelineSlot : int {
