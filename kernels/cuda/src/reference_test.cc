@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "oscarkv/cuda/decode_runner.h"
 #include "oscarkv/cuda/reference.h"
 #include "oscarkv/kernels/numeric.h"
 #include "oscarkv/kernels/page_codec.h"
@@ -228,6 +229,41 @@ TEST(PlanDecode, TailItemsAreSplitHalvesDispatchedLast) {
     EXPECT_EQ(split->tail_items, 0);
     EXPECT_EQ(split->items.size(), base->items.size());
     EXPECT_EQ(split->order, base->order);
+  }
+}
+
+// PagedDecoder's choice of 8-warp CTAs: B=1 at 32K and 100K tokens (the bench's shapes), not a
+// short sequence, not B=32 x 32K (several waves), not GQA 8, not a BF16-heavy batch.
+TEST(WantsWideInt2Ctas, OneWaveInt2BatchesOfEnoughSlices) {
+  auto batch = [](int B, int L, std::vector<int32_t>* indptr, std::vector<int32_t>* ids,
+                  std::vector<uint8_t>* kinds) {
+    indptr->assign(1, 0);
+    ids->clear();
+    kinds->clear();
+    const int pages = (L + 63) / 64;
+    for (int b = 0; b < B; ++b) {
+      for (int i = 0; i < pages; ++i) {
+        ids->push_back(static_cast<int32_t>(kinds->size()));
+        kinds->push_back(i == 0 || i + 5 > pages ? 2 : 1);  // sink, history, recent
+      }
+      indptr->push_back(static_cast<int32_t>(ids->size()));
+    }
+  };
+  const DecodeShape gqa4{2, 8, 32, 128, 128, 64, 1}, gqa8{2, 4, 32, 128, 128, 64, 1};
+  std::vector<int32_t> indptr, ids;
+  std::vector<uint8_t> kinds;
+  struct Want {
+    int B, L;
+    const DecodeShape* shape;
+    bool wide;
+  };
+  for (const Want& w : {Want{1, 100000, &gqa4, true}, Want{1, 32768, &gqa4, true}, Want{1, 2048, &gqa4, false},
+                        Want{32, 32768, &gqa4, false}, Want{8, 32768, &gqa4, false}, Want{1, 100000, &gqa8, false},
+                        Want{16, 320, &gqa4, false}}) {
+    batch(w.B, w.L, &indptr, &ids, &kinds);
+    auto plan = PlanDecode(*w.shape, indptr, ids, kinds, 132);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(WantsWideInt2Ctas(*w.shape, *plan, 132), w.wide) << w.B << " x " << w.L << " gqa " << w.shape->gqa();
   }
 }
 

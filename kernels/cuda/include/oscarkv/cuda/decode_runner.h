@@ -2,6 +2,7 @@
 // PlanDecode and LaunchDecodeAttention. Plan once per batch composition, launch per layer.
 #pragma once
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -9,6 +10,18 @@
 #include "oscarkv/cuda/device_buffer.h"
 
 namespace oscarkv::cuda {
+
+// Whether PagedDecoder re-plans a batch for one 8-warp INT2 CTA per SM (DecodeParams::int2_warps)
+// given its default plan: GQA <= 4 (packed_int8_values' 8-warp kernel), at most 2 INT2 CTAs
+// per SM (one wave with the rotation kernel: B=1), every item in the INT2 kernel (an
+// INT2-dominated batch; a BF16-heavy one keeps its BF16 kernel's two CTAs per SM), and at least
+// 8 INT2 slices per SM (a slice per warp; shorter batches were not measured with 8 warps and keep
+// the 4-warp plan).
+inline bool WantsWideInt2Ctas(const DecodeShape& shape, const DecodePlan& plan, int num_sms) {
+  return shape.gqa() <= 4 && plan.num_int2_items <= 2 * num_sms &&
+         plan.num_int2_items == static_cast<int32_t>(plan.items.size()) &&
+         plan.int2_slices >= size_t{8} * static_cast<size_t>(std::max(num_sms, 1));
+}
 
 class PagedDecoder {
  public:
@@ -24,8 +37,7 @@ class PagedDecoder {
     PagedDecoder d;
     // Batches whose default plan has at most 2 INT2-kernel CTAs per SM (B=1; Params() then
     // picks the rotation kernel): about one 8-warp CTA per SM instead (DecodeParams::int2_warps).
-    if (target_ctas <= 0 && !session5_slots && tail_items == 0 && shape.gqa() <= 4 &&
-        plan->num_int2_items <= 2 * num_sms) {
+    if (target_ctas <= 0 && !session5_slots && tail_items == 0 && WantsWideInt2Ctas(shape, *plan, num_sms)) {
       auto wide = PlanDecode(shape, seq_page_indptr, seq_page_ids, page_kinds, num_sms, num_sms, false, 0);
       if (!wide.ok()) return wide.status();
       plan = *std::move(wide);
