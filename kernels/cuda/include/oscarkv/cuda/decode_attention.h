@@ -270,8 +270,9 @@ struct DecodeParams {
   // items (half the partials to merge) and no second CTA on the SM whose warps compete for issue
   // and ends later (H200, B=1: 100K 28.4 -> 26.7-26.8 µs, 32K 18.2 -> 16.8-16.9; 6-warp CTAs two
   // per SM 28.6, 12-warp CTAs one per SM 29.0; bench/results/NOTES.md session 21). PagedDecoder
-  // picks 8, with a plan for one CTA per SM, for batches whose default plan has at most 2 INT2
-  // CTAs per SM (B=1). Results within float rounding of the 4-warp kernel's (the 8-warp CTAs'
+  // picks 8, with a plan for one CTA per SM, for the batches WantsWideInt2Ctas (decode_runner.h)
+  // accepts: INT2-dominated, at most 2 INT2 CTAs per SM in the default plan, at least 8 INT2
+  // slices per SM (B=1 from ~9K tokens). Results within float rounding of the 4-warp kernel's (the 8-warp CTAs'
   // partials and merge use ex2.approx and fast division, 26.95 -> 26.7 µs at B=1 x 100K).
   int32_t int2_warps = 4;
   // INT2 items: each warp prefetches its next this-many slices after its first K/V copies into
