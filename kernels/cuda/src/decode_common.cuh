@@ -95,6 +95,25 @@ __device__ __forceinline__ float Ex2(float x) {
   return y;
 }
 
+// exp2 and division after the main loop: the 4-warp kernel's exact ones (its code as
+// measured), ex2.approx and fast division in CTAs of more warps (int2_warps 8).
+template <int kW>
+__device__ __forceinline__ float FinishExp2(float x) {
+  if constexpr (kW == kWarps) {
+    return exp2f(x);
+  } else {
+    return Ex2(x);
+  }
+}
+template <int kW>
+__device__ __forceinline__ float FinishDiv(float a, float b) {
+  if constexpr (kW == kWarps) {
+    return a / b;
+  } else {
+    return __fdividef(a, b);
+  }
+}
+
 // Online-softmax state of one warp: lane (gid, tig) owns query heads 2·tig and 2·tig+1.
 struct WarpState {
   float o[8][4];
@@ -245,14 +264,14 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
       const float mn = fmaxf(M[jj], cm);
       // Heads past gqa, and no tokens so far (both warp-uniform).
       if (j >= gqa || mn == -INFINITY) continue;
-      const float f = kW == kWarps ? exp2f(M[jj] - mn) : Ex2(M[jj] - mn);  // 0 while M is -inf
+      const float f = FinishExp2<kW>(M[jj] - mn);  // 0 while M is -inf
       L[jj] *= f;
       O[jj].x *= f;
       O[jj].y *= f;
       O[jj].z *= f;
       O[jj].w *= f;
       M[jj] = mn;
-      const float w = l > 0.f ? (kW == kWarps ? exp2f(m - mn) : Ex2(m - mn)) * l : 0.f;
+      const float w = l > 0.f ? FinishExp2<kW>(m - mn) * l : 0.f;
       L[jj] += w;
 #pragma unroll 4
       for (int u = 0; u < n; ++u) {
@@ -274,7 +293,7 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
     float Lj = L[jj];
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) Lj += __shfl_xor_sync(0xffffffffu, Lj, off);
-    const float inv = Lj > 0.f ? (kW == kWarps ? 1.f / Lj : __fdividef(1.f, Lj)) : 0.f;
+    const float inv = Lj > 0.f ? FinishDiv<kW>(1.f, Lj) : 0.f;
     const float4 o = make_float4(O[jj].x * inv, O[jj].y * inv, O[jj].z * inv, O[jj].w * inv);
     if (lane == 0 && p.lse != nullptr) p.lse[qh0 + j] = Lj > 0.f ? (M[jj] + log2f(Lj)) * kLn2 : -INFINITY;
     if (unrot) {
@@ -337,11 +356,11 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
   }
 }
 
-// Merges the 4 warps' states (written to smem by each warp) and writes the item's partial;
+// Merges the kW warps' states (written to smem by each warp) and writes the item's partial;
 // with fused_merge, the last CTA of the item's (seq, kv head) then merges the pair.
 // chan(i, r) is the channel of accumulator tile i, row half r (0: c0/c1, 1: c2/c3).
-// kW: warps of the CTA (the INT2 kernel's DecodeParams::int2_warps); threads past 128 idle in
-// the partial's write.
+// kW: warps of the CTA (the INT2 kernel's DecodeParams::int2_warps); with more than 4 the
+// partial's (head, channel) units spread over all threads.
 template <int kW = kWarps, typename ChanFn>
 __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem& it,
                            WarpState& st, uint8_t* smem, ChanFn chan) {
@@ -390,12 +409,12 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
     if (mx != -INFINITY) {
       #pragma unroll
       for (int w = 0; w < kW; ++w) {
-        const float f = kW == kWarps ? exp2f(mlsm[(w * 8 + qh) * 2] - mx) : Ex2(mlsm[(w * 8 + qh) * 2] - mx);
+        const float f = FinishExp2<kW>(mlsm[(w * 8 + qh) * 2] - mx);
         L += f * mlsm[(w * 8 + qh) * 2 + 1];
         O += f * osm[(w * 8 + qh) * 128 + c];
       }
     }
-    part_o[(size_t(item) * gqa + qh) * 128 + c] = L > 0.f ? (kW == kWarps ? O / L : __fdividef(O, L)) : 0.f;
+    part_o[(size_t(item) * gqa + qh) * 128 + c] = L > 0.f ? FinishDiv<kW>(O, L) : 0.f;
     if (c == 0) {
       part_ml[(size_t(item) * gqa + qh) * 2 + 0] = mx;
       part_ml[(size_t(item) * gqa + qh) * 2 + 1] = L;

@@ -1047,8 +1047,8 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     // with heads >= 4, which it ignores at GQA <= 4).
     if (p.int8_value_stats != nullptr && lane == 0) atomicAdd(p.int8_value_stats + 2, static_cast<uint32_t>(mine));
     const float c0 = __shfl_sync(0xffffffffu, cref[0], vsrc), c1 = __shfl_sync(0xffffffffu, cref[1], vsrc);
-    // c = inf: no weights (unit 0; __fdividef gives 0 for a divisor past 2^126).
-    const float unit = kW == kWarps ? 1.f / ((tig & 1) ? c1 : c0) : __fdividef(1.f, (tig & 1) ? c1 : c0);
+    // c = inf: no weights (unit 0; the fast division gives 0 for a divisor past 2^126 too).
+    const float unit = FinishDiv<kW>(1.f, (tig & 1) ? c1 : c0);
 #pragma unroll
     for (int mt = 0; mt < 8; ++mt) {
       const int g = (G == 64) ? mt >> 2 : 0;
