@@ -263,6 +263,8 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     if (options.find("late_rotation") != std::string::npos) p.early_rotation = false;
     if (options.find("frags_first") != std::string::npos) p.fragments_before_copies = true;
     if (options.find("frags_after") != std::string::npos) p.fragments_before_copies = false;
+    if (options.find("evict_first") != std::string::npos) p.stream_evict_first = true;
+    if (options.find("evict_normal") != std::string::npos) p.stream_evict_first = false;
     // warpsN: DecodeParams::int2_warps = N.
     if (size_t at = options.find("warps"); at != std::string::npos) p.int2_warps = std::atoi(options.c_str() + at + 5);
     // l2pfN: DecodeParams::l2_prefetch_slices = N.

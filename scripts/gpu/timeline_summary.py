@@ -46,10 +46,11 @@ def main():
     print('warp loop ends inside a CTA: spread', q([max(c['wend']) - min(c['wend']) for c in ctas]))
     print('last warp end -> partial:', q([c['part'] - max(c['wend']) for c in ctas]))
     if all(c['done'] is not None for c in ctas):
-        print('last warp end -> CTA barrier after the loops:', q([c['done'] - max(c['wend']) for c in ctas]))
-        print('barrier -> partial:', q([c['part'] - c['done'] for c in ctas]))
+        # Word 14: thread 0 after its warp's loop and copies (8-warp CTAs have no barrier there).
+        print('last warp end -> thread 0 past its loop:', q([c['done'] - max(c['wend']) for c in ctas]))
+        print('thread 0 past its loop -> partial:', q([c['part'] - c['done'] for c in ctas]))
     if all(c['states'] is not None for c in ctas):
-        print('barrier -> epilogue done %s -> states in smem %s -> partial %s' % (
+        print('thread 0 past its loop -> epilogue done %s -> states in smem %s -> partial %s' % (
             q([c['epi'] - c['done'] for c in ctas]), q([c['states'] - c['epi'] for c in ctas]),
             q([c['part'] - c['states'] for c in ctas])))
     mg = [c for c in ctas if c['merge'] is not None]

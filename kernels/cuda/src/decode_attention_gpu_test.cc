@@ -117,6 +117,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     int tail_items = 0;            // PlanDecode's tail_items
     int l2_prefetch = 0;           // DecodeParams::l2_prefetch_slices
     int warps = 0;                 // DecodeParams::int2_warps (0: PagedDecoder's choice)
+    int evict_first = -1;          // DecodeParams::stream_evict_first (-1: PagedDecoder's choice)
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
@@ -221,6 +222,15 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
       r.warps = 8;
       runs.push_back(r);
     }
+    // 8 warps with and without the evict_first copies, at the three plan sizes.
+    for (int evict : {0, 1})
+      for (int target : {0, 7, 600}) {
+        r = Run{DecodeParams{}.variant, target, target == 7, 2};
+        r.frags_first = true;
+        r.warps = 8;
+        r.evict_first = evict;
+        runs.push_back(r);
+      }
   }
   if (long_items) {
     runs.clear();
@@ -246,7 +256,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
                  (run.frags_after ? " fragments after copies" : "") +
                  (run.tail_items > 0 ? " tail items " + std::to_string(run.tail_items) : "") +
                  (run.l2_prefetch > 0 ? " l2 prefetch " + std::to_string(run.l2_prefetch) : "") +
-                 (run.warps > 0 ? " warps " + std::to_string(run.warps) : ""));
+                 (run.warps > 0 ? " warps " + std::to_string(run.warps) : "") +
+                 (run.evict_first >= 0 ? " evict first " + std::to_string(run.evict_first) : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target,
                                     false, run.tail_items);
     ASSERT_TRUE(dec.ok()) << dec.status();
@@ -263,6 +274,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     if (run.frags_after) p.fragments_before_copies = false;
     p.l2_prefetch_slices = run.l2_prefetch;
     if (run.warps > 0) p.int2_warps = run.warps;
+    if (run.evict_first >= 0) p.stream_evict_first = run.evict_first == 1;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();
     p.table.page_token_counts = d_counts->as<uint16_t>();
@@ -318,6 +330,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
       std::printf("[ stats ] packed_int8_values target_ctas %d: %u warp slices, %u warp items set "
                   "weight units, %u accumulator shifts\n",
                   target, (*st)[2], (*st)[0], (*st)[1]);
+      // Every INT2 slice computed once.
+      EXPECT_EQ((*st)[2], dec->plan().int2_slices);
     }
     for (size_t i = 0; i < lse->size(); ++i) {
       const float r = ref->lse[i], g = (*lse)[i];

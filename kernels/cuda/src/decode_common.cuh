@@ -217,6 +217,11 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
     }
     __syncthreads();
   }
+  // 8 warps at GQA <= 4: warps w and w + 4 take the two 64-channel halves of head w (2 channels
+  // per lane), so every warp merges.
+  const bool split = kW == 8 && gqa <= 4;
+  const int half = warp >> 2;
+  auto head = [&](int jj) { return split ? (warp & 3) : warp + kW * jj; };
   int phase = 0;
   float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.f, 0.f};
   float4 O[2] = {make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f)};
@@ -243,7 +248,7 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
     float2 ml[2];
 #pragma unroll
     for (int jj = 0; jj < kJ; ++jj) {
-      const int j = warp + kW * jj;
+      const int j = head(jj);
       ml[jj] = j < gqa && lane < n ? __ldcg(part_ml + size_t(c0 + lane) * gqa + j)
                                    : make_float2(-INFINITY, 0.f);
     }
@@ -256,7 +261,7 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
     __syncthreads();
 #pragma unroll
     for (int jj = 0; jj < kJ; ++jj) {
-      const int j = warp + kW * jj;
+      const int j = head(jj);
       const float m = ml[jj].y > 0.f ? ml[jj].x : -INFINITY, l = ml[jj].y > 0.f ? ml[jj].y : 0.f;
       float cm = m;
 #pragma unroll
@@ -273,14 +278,25 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
       M[jj] = mn;
       const float w = l > 0.f ? FinishExp2<kW>(m - mn) * l : 0.f;
       L[jj] += w;
+      if (split) {
+        const float2* stage2 = reinterpret_cast<const float2*>(stage) + 32 * half + lane;
 #pragma unroll 4
-      for (int u = 0; u < n; ++u) {
-        const float wu = __shfl_sync(0xffffffffu, w, u);
-        const float4 v = stage[(u * gqa + j) * 32 + lane];
-        O[jj].x = fmaf(wu, v.x, O[jj].x);
-        O[jj].y = fmaf(wu, v.y, O[jj].y);
-        O[jj].z = fmaf(wu, v.z, O[jj].z);
-        O[jj].w = fmaf(wu, v.w, O[jj].w);
+        for (int u = 0; u < n; ++u) {
+          const float wu = __shfl_sync(0xffffffffu, w, u);
+          const float2 v = stage2[(u * gqa + j) * 64];
+          O[jj].x = fmaf(wu, v.x, O[jj].x);
+          O[jj].y = fmaf(wu, v.y, O[jj].y);
+        }
+      } else {
+#pragma unroll 4
+        for (int u = 0; u < n; ++u) {
+          const float wu = __shfl_sync(0xffffffffu, w, u);
+          const float4 v = stage[(u * gqa + j) * 32 + lane];
+          O[jj].x = fmaf(wu, v.x, O[jj].x);
+          O[jj].y = fmaf(wu, v.y, O[jj].y);
+          O[jj].z = fmaf(wu, v.z, O[jj].z);
+          O[jj].w = fmaf(wu, v.w, O[jj].w);
+        }
       }
     }
     __syncthreads();  // the next chunk (or the R_Vᵀ product) overwrites the stage
@@ -288,15 +304,19 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
   float* os = reinterpret_cast<float*>(smem);  // [gqa][128] merged rows for the R_Vᵀ product
 #pragma unroll
   for (int jj = 0; jj < kJ; ++jj) {
-    const int j = warp + kW * jj;
+    const int j = head(jj);
     if (j >= gqa) continue;
     float Lj = L[jj];
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) Lj += __shfl_xor_sync(0xffffffffu, Lj, off);
     const float inv = Lj > 0.f ? FinishDiv<kW>(1.f, Lj) : 0.f;
     const float4 o = make_float4(O[jj].x * inv, O[jj].y * inv, O[jj].z * inv, O[jj].w * inv);
-    if (lane == 0 && p.lse != nullptr) p.lse[qh0 + j] = Lj > 0.f ? (M[jj] + log2f(Lj)) * kLn2 : -INFINITY;
-    if (unrot) {
+    if (lane == 0 && (!split || half == 0) && p.lse != nullptr)
+      p.lse[qh0 + j] = Lj > 0.f ? (M[jj] + log2f(Lj)) * kLn2 : -INFINITY;
+    if (split) {
+      float* row = unrot ? os + j * 128 : p.out + size_t(qh0 + j) * 128;
+      reinterpret_cast<float2*>(row + 64 * half)[lane] = make_float2(o.x, o.y);
+    } else if (unrot) {
       reinterpret_cast<float4*>(os + j * 128)[lane] = o;
     } else {
       reinterpret_cast<float4*>(p.out + size_t(qh0 + j) * 128)[lane] = o;
@@ -361,7 +381,12 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
 // chan(i, r) is the channel of accumulator tile i, row half r (0: c0/c1, 1: c2/c3).
 // kW: warps of the CTA (the INT2 kernel's DecodeParams::int2_warps); with more than 4 the
 // partial's (head, channel) units spread over all threads.
-template <int kW = kWarps, typename ChanFn>
+// kOwnArea (INT2 items of 8-warp CTAs): warp w writes its state into its own ring (bytes
+// [w, w + 1) · Int2StageArea / kW, free once its own copies have landed), so a warp may call
+// this as soon as its main loop is done, without a CTA barrier after the loops: the warps that
+// end first write their states while the others still stream. Otherwise the states lie at the
+// start of smem, which the caller's barrier must have freed.
+template <int kW = kWarps, bool kOwnArea = false, typename ChanFn>
 __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem& it,
                            WarpState& st, uint8_t* smem, ChanFn chan) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tig = lane & 3;
@@ -376,8 +401,14 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
     i0 = __ldg(p.item_indptr + pair);
     i1 = __ldg(p.item_indptr + pair + 1);
   }
-  float* osm = reinterpret_cast<float*>(smem);                   // [warp][8][128]
-  float* mlsm = osm + kW * 8 * 128;                          // [warp][8][2]
+  // Warp w's rows [8][128] at osm + oi(w, 0, 0) and (max, sum) pairs [8][2] at mlsm + mi(w, 0):
+  // [warp][8][128] and then [warp][8][2] at the start of smem, or kOwnArea in the warp's ring.
+  constexpr int kArea = Int2StageArea<kW>() / kW / 4;  // floats
+  static_assert(!kOwnArea || 8 * 128 + 16 <= kArea, "a warp's state fits its ring");
+  float* osm = reinterpret_cast<float*>(smem);
+  float* mlsm = kOwnArea ? osm + 8 * 128 : osm + kW * 8 * 128;
+  auto oi = [&](int w, int qh, int c) { return kOwnArea ? w * kArea + qh * 128 + c : (w * 8 + qh) * 128 + c; };
+  auto mi = [&](int w, int qh) { return kOwnArea ? w * kArea + qh * 2 : (w * 8 + qh) * 2; };
   #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const float l = WarpSumOverGid(st.l[e]);
@@ -387,12 +418,12 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
       #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int ch = chan(i, r);
-        osm[(warp * 8 + qh) * 128 + ch] = st.o[i][2 * r + e];
+        osm[oi(warp, qh, ch)] = st.o[i][2 * r + e];
       }
     }
     if ((lane >> 2) == 0) {
-      mlsm[(warp * 8 + qh) * 2 + 0] = st.m[e];
-      mlsm[(warp * 8 + qh) * 2 + 1] = l;
+      mlsm[mi(warp, qh) + 0] = st.m[e];
+      mlsm[mi(warp, qh) + 1] = l;
     }
   }
   __syncthreads();
@@ -404,14 +435,14 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
   auto partial = [&](int qh, int c) {
     float mx = -INFINITY;
     #pragma unroll
-    for (int w = 0; w < kW; ++w) mx = fmaxf(mx, mlsm[(w * 8 + qh) * 2]);
+    for (int w = 0; w < kW; ++w) mx = fmaxf(mx, mlsm[mi(w, qh)]);
     float L = 0.f, O = 0.f;
     if (mx != -INFINITY) {
       #pragma unroll
       for (int w = 0; w < kW; ++w) {
-        const float f = FinishExp2<kW>(mlsm[(w * 8 + qh) * 2] - mx);
-        L += f * mlsm[(w * 8 + qh) * 2 + 1];
-        O += f * osm[(w * 8 + qh) * 128 + c];
+        const float f = FinishExp2<kW>(mlsm[mi(w, qh)] - mx);
+        L += f * mlsm[mi(w, qh) + 1];
+        O += f * osm[oi(w, qh, c)];
       }
     }
     part_o[(size_t(item) * gqa + qh) * 128 + c] = L > 0.f ? FinishDiv<kW>(O, L) : 0.f;
@@ -438,7 +469,8 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
   // shift the dynamic area -- the K/V stages -- off its alignment (measured: BF16 pages 15%
   // slower, the INT2 kernel 3%).
   // With the pair's item range (the merge needs it: one L2 round trip fewer on its path).
-  int* is_last = reinterpret_cast<int*>(mlsm + kW * 8 * 2);
+  int* is_last = kOwnArea ? reinterpret_cast<int*>(smem + Int2StageArea<kW>())
+                          : reinterpret_cast<int*>(mlsm + kW * 8 * 2);
   if (t == 0) {
     const int pair = it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head;
     const int n = i1 - i0;

@@ -340,6 +340,24 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   // V codes, V params. Chunks past the valid tokens are zero-filled (src-size 0) and not read.
   // (Bulk/TMA copies issued by one lane, with an mbarrier per stage, measured 7-11% slower here:
   // the single-lane issue and the barrier wait cost as many instructions per slice and add latency.)
+  // 8-warp CTAs: the copies carry an L2 policy, evict_first with stream_evict_first, else
+  // evict_normal (as without a hint; one form of the copy either way).
+  uint64_t policy = 0;
+  if constexpr (kW != kWarps) {
+    if (p.stream_evict_first) {
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    } else {
+      asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+    }
+  }
+  auto copy16 = [&](uint32_t dst, const uint8_t* src, int bytes) {
+    if constexpr (kW != kWarps) {
+      asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+                   "r"(bytes), "l"(policy));
+    } else {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+    }
+  };
   auto issue = [&](int k, int stage) {
     const int sl = warp + kW * k;
     const int info = tab.info[sl], tok0 = info >> 16, valid = info & 0xffff;
@@ -351,18 +369,14 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int bytes = ((lane >> 1) + 16 * i) < valid ? 16 : 0;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + 512 * i),
-                   "l"(ck + 512 * i), "r"(bytes));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dv + Lay::kHalf + 512 * i),
-                   "l"(cv + 512 * i), "r"(bytes));
+      copy16(d + 512 * i, ck + 512 * i, bytes);
+      copy16(dv + Lay::kHalf + 512 * i, cv + 512 * i, bytes);
     }
     if (lane < 16 * NG) {  // params: 4·NG bytes per token, 16/(4·NG) tokens per chunk
       const int bytes = lane * 4 / NG < valid ? 16 : 0;
       const uint8_t* pp = pk + codes_bytes + tok0 * 4 * NG + lane * 16;
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + Lay::kCodes),
-                   "l"(pp), "r"(bytes));
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + Lay::kHalf + Lay::kCodes),
-                   "l"(pp + v_minus_k), "r"(bytes));
+      copy16(d + Lay::kCodes, pp, bytes);
+      copy16(d + Lay::kHalf + Lay::kCodes, pp + v_minus_k, bytes);
     }
   };
 
@@ -1027,7 +1041,10 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
     MarkClock(p, warp < 4 ? kTlWarpEnd + warp : kTlWarpEnd4 + warp - 4);
   }
   CpAsyncWait<0>();
-  __syncthreads();
+  // 4 warps: the states are written over the first rings (FinishItem), after every warp's loop.
+  // More warps: each warp writes its state into its own ring; the first barrier is FinishItem's
+  // after the states.
+  if constexpr (kW == kWarps) __syncthreads();
   if (kW != kWarps && tid == 0) MarkClock(p, kTlLoopsDone);
 
   // Remove the code offsets and factors, add Σ p·min.
@@ -1065,7 +1082,8 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
       }
     }
     if (kW == 8 && tid == 0) MarkClock(p, kTlEpilogue);
-    FinishItem<kW>(p, item, it, st, smem, [&](int i, int r) { return 64 * (i >> 2) + 8 * gid + 2 * (i & 3) + r; });
+    FinishItem<kW, kW != kWarps>(p, item, it, st, smem,
+                                 [&](int i, int r) { return 64 * (i >> 2) + 8 * gid + 2 * (i & 3) + r; });
   } else {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -1082,7 +1100,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
         }
       }
     }
-    FinishItem<kW>(p, item, it, st, smem, [&](int i, int r) {
+    FinishItem<kW, kW != kWarps>(p, item, it, st, smem, [&](int i, int r) {
       const int half = i >> 2, cidx = 2 * (i & 3) + r;
       return G == 128 ? 16 * gid + 8 * half + cidx : 64 * half + 8 * gid + cidx;
     });

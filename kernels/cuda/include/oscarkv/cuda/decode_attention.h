@@ -275,6 +275,14 @@ struct DecodeParams {
   // slices per SM (B=1 from ~9K tokens). Results within float rounding of the 4-warp kernel's (the 8-warp CTAs'
   // partials and merge use ex2.approx and fast division, 26.95 -> 26.7 µs at B=1 x 100K).
   int32_t int2_warps = 4;
+  // 8-warp INT2 CTAs: the K/V copies carry an L2 evict_first policy (else evict_normal), so the
+  // streamed pages (read once per launch; 57.6 MB at B=1 x 100K, more than the 50 MB L2) leave
+  // L2 before the data read again at every launch: R_K for the rotation kernel, the page and
+  // slice tables, the kernel's code, the partials. Same results. H200, B=1 x 100K: 26.7-26.8 ->
+  // 26.0 µs (slice tables loaded 0.6 µs sooner, the main loops start 0.3 µs sooner), 1 x 32K
+  // 16.8-16.9 -> 16.6-16.7 (bench/results/NOTES.md session 22); PagedDecoder::Params() sets it.
+  // Ignored by the 4-warp kernel.
+  bool stream_evict_first = false;
   // INT2 items: each warp prefetches its next this-many slices after its first K/V copies into
   // L2 (prefetch.global.L2, fire and forget) before the CTA waits for its queries (the rotation
   // kernel, or its own rotation), hoping that HBM would otherwise idle in that prologue. 0: off
@@ -329,7 +337,7 @@ enum DecodeTimelineSlot : int {
   kTlEnd = 11,        // CTA done (after the merge, if it merged)
   kTlEndNs = 12,
   kTlLoopNs = 13,
-  kTlLoopsDone = 14,  // every warp's main loop done (thread 0, after the CTA barrier)
+  kTlLoopsDone = 14,  // int2_warps 8: thread 0's main loop done and its copies landed (no barrier)
   kTlMerge = 15,      // the merging CTA: its merge starts (the arrival told it it is last)
   kTlWarpEnd4 = 16,   // 16..19: warps 4..7's main loops done (int2_warps 8)
   kTlEpilogue = 20,   // int2_warps 8: the INT2 epilogue done (thread 0, before FinishItem)

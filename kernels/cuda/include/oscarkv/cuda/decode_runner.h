@@ -110,6 +110,8 @@ class PagedDecoder {
     p.fragments_before_copies = !p.rotate_in_cta;
     p.bulk_merge = true;
     p.int2_warps = int2_warps_;
+    // 8-warp CTAs stream their pages with evict_first (R_K, the tables and the code stay in L2).
+    p.stream_evict_first = true;
     p.table.num_seqs = num_seqs_;
     return p;
   }
