@@ -263,6 +263,11 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     if (options.find("late_rotation") != std::string::npos) p.early_rotation = false;
     if (options.find("frags_first") != std::string::npos) p.fragments_before_copies = true;
     if (options.find("frags_after") != std::string::npos) p.fragments_before_copies = false;
+    // earlyN: DecodeParams::early_slices = N.
+    if (size_t at = options.find("early"); at != std::string::npos && options.compare(at, 14, "early_rotation") != 0 &&
+                                           options.compare(at, 12, "early_copies") != 0) {
+      p.early_slices = std::atoi(options.c_str() + at + 5);
+    }
     if (options.find("evict_first") != std::string::npos) p.stream_evict_first = true;
     if (options.find("evict_normal") != std::string::npos) p.stream_evict_first = false;
     // warpsN: DecodeParams::int2_warps = N.

@@ -45,7 +45,8 @@ int KernelBenchMain(int argc, char** argv) {
               "cta_rotation, cta_fragments, two_per_sm, no_cap, early_rotation, late_rotation, bulk_merge, "
               "copy_merge, frags_first, frags_after, l2pfN = prefetch N slices per warp into L2 in the "
               "prologue, l2pf0 = off, warpsN = N warps per INT2 CTA (4, 8), evict_first / evict_normal = "
-              "8-warp CTAs' K/V copies with an L2 evict_first / evict_normal policy; joined by +) "
+              "8-warp CTAs' K/V copies with an L2 evict_first / evict_normal policy, earlyN = 8-warp CTAs issue "
+              "their first N slices' copies (0..2) before the wait for the rotation kernel; joined by +) "
               "timed beside the default launch (use --rounds to alternate)")
       .Option("csv", "", "write the CSV here")
       .Option("plot", "", "write an SVG plot here")
@@ -120,7 +121,8 @@ int KernelBenchMain(int argc, char** argv) {
           f != "cta_fragments" && f != "two_per_sm" && f != "no_cap" &&
           f != "early_rotation" && f != "late_rotation" && f != "bulk_merge" && f != "copy_merge" &&
           f != "frags_first" && f != "frags_after" && !IsL2Prefetch(f) && f != "warps4" &&
-          f != "warps8" && f != "evict_first" && f != "evict_normal") {
+          f != "warps8" && f != "evict_first" && f != "evict_normal" &&
+          f != "early0" && f != "early1" && f != "early2") {
         std::fprintf(stderr, "bad --ab entry '%s'\n", std::string(t).c_str());
         return 2;
       }

@@ -31,17 +31,24 @@ def main():
             continue
         entry = (w[0] - t0) / 1000.0
         rel = lambda c: (c - w[2]) / clk + entry
-        # Warps 0..3 in words 6..9, warps 4..11 of larger CTAs in words 16..23 (when written).
-        # (8-warp CTAs: words 20, 21 are the epilogue / states marks, not warp ends.)
-        wend = [rel(x) for x in w[6:10]] + [rel(x) for x in w[16:20 if w[21] else 24] if x]
-        ctas.append(dict(sm=w[1] & 0xff, entry=entry, table=rel(w[3]), loop=rel(w[5]), wend=wend,
+        # Warps 0..3 in words 6..9, warps 4..7 of 8-warp CTAs in words 16..19 (words 20, 21: the
+        # epilogue / states marks; 22, 23 of the first records: the rotation kernel's marks).
+        wend = [rel(x) for x in w[6:10]] + [rel(x) for x in w[16:20] if x]
+        ctas.append(dict(sm=w[1] & 0xff, entry=entry, table=rel(w[3]), query=rel(w[4]), loop=rel(w[5]), wend=wend,
                          part=rel(w[10]), end=rel(w[11]), done=rel(w[14]) if w[14] else None,
                          merge=rel(w[15]) if w[15] else None,
                          epi=rel(w[20]) if w[20] and not w[21] == 0 else None,
                          states=rel(w[21]) if w[21] else None))
     q = lambda v: 'min %.2f  med %.2f  max %.2f' % (min(v), st.median(v), max(v))
     print('%d INT2 CTAs with a main loop' % len(ctas))
-    for k in ('table', 'loop', 'part', 'end'):
+    # Word 22 of the first records: the rotation kernel's CTAs' ends (%globaltimer).
+    rot = [(int(r.get('w22') or 0) - t0) / 1000.0 for r in rows if int(r.get('w22') or 0)]
+    if rot:
+        print('rotation kernel CTAs end', q(rot))
+        m = [int(r.get('w23') or 0) for r in rows if int(r.get('w22') or 0)]
+        for i, name in enumerate(('its wait returned', 'queries loaded', 'queries rotated')):
+            print('  %s (µs before its end)' % name, q([((x >> (21 * i)) & 0x1fffff) / 1000.0 for x in m]))
+    for k in ('table', 'query', 'loop', 'part', 'end'):
         print('%-6s %s' % (k, q([c[k] for c in ctas])))
     print('warp loop ends inside a CTA: spread', q([max(c['wend']) - min(c['wend']) for c in ctas]))
     print('last warp end -> partial:', q([c['part'] - max(c['wend']) for c in ctas]))

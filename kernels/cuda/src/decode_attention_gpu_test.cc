@@ -118,6 +118,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     int l2_prefetch = 0;           // DecodeParams::l2_prefetch_slices
     int warps = 0;                 // DecodeParams::int2_warps (0: PagedDecoder's choice)
     int evict_first = -1;          // DecodeParams::stream_evict_first (-1: PagedDecoder's choice)
+    int early = -1;                // DecodeParams::early_slices (-1: PagedDecoder's choice)
   };
   std::vector<Run> runs;
   for (int vi = 0; vi < kNumDecodeVariants; ++vi)
@@ -222,15 +223,18 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
       r.warps = 8;
       runs.push_back(r);
     }
-    // 8 warps with and without the evict_first copies, at the three plan sizes.
+    // 8 warps with and without the evict_first copies, with none or some of the first copies
+    // before the wait for the rotation kernel, at the three plan sizes.
     for (int evict : {0, 1})
-      for (int target : {0, 7, 600}) {
-        r = Run{DecodeParams{}.variant, target, target == 7, 2};
-        r.frags_first = true;
-        r.warps = 8;
-        r.evict_first = evict;
-        runs.push_back(r);
-      }
+      for (int early : {0, 1, 2})
+        for (int target : {0, 7, 600}) {
+          r = Run{DecodeParams{}.variant, target, target == 7, 2};
+          r.frags_first = true;
+          r.warps = 8;
+          r.evict_first = evict;
+          r.early = early;
+          runs.push_back(r);
+        }
   }
   if (long_items) {
     runs.clear();
@@ -257,7 +261,8 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
                  (run.tail_items > 0 ? " tail items " + std::to_string(run.tail_items) : "") +
                  (run.l2_prefetch > 0 ? " l2 prefetch " + std::to_string(run.l2_prefetch) : "") +
                  (run.warps > 0 ? " warps " + std::to_string(run.warps) : "") +
-                 (run.evict_first >= 0 ? " evict first " + std::to_string(run.evict_first) : ""));
+                 (run.evict_first >= 0 ? " evict first " + std::to_string(run.evict_first) : "") +
+                 (run.early >= 0 ? " early slices " + std::to_string(run.early) : ""));
     auto dec = PagedDecoder::Create(shape, host.seq_page_indptr, host.seq_page_ids, kinds, sms, target,
                                     false, run.tail_items);
     ASSERT_TRUE(dec.ok()) << dec.status();
@@ -275,6 +280,7 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
     p.l2_prefetch_slices = run.l2_prefetch;
     if (run.warps > 0) p.int2_warps = run.warps;
     if (run.evict_first >= 0) p.stream_evict_first = run.evict_first == 1;
+    if (run.early >= 0) p.early_slices = run.early;
     p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
     p.table.page_kinds = d_kinds->as<uint8_t>();
     p.table.page_token_counts = d_counts->as<uint16_t>();

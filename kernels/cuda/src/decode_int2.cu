@@ -342,13 +342,15 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   // the single-lane issue and the barrier wait cost as many instructions per slice and add latency.)
   // 8-warp CTAs: the copies carry an L2 policy, evict_first with stream_evict_first, else
   // evict_normal (as without a hint; one form of the copy either way).
+  // (Both policies are created and one is selected without a branch: with the creation under a
+  // branch, nvcc 13.0 issued some copies with a descriptor register it had not set, an illegal
+  // instruction on the device.)
   uint64_t policy = 0;
   if constexpr (kW != kWarps) {
-    if (p.stream_evict_first) {
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    } else {
-      asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-    }
+    uint64_t first, normal;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(normal));
+    policy = p.stream_evict_first ? first : normal;
   }
   auto copy16 = [&](uint32_t dst, const uint8_t* src, int bytes) {
     if constexpr (kW != kWarps) {
@@ -389,11 +391,13 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   // rotation's R_K loads do not queue behind every CTA's first copies.
   static_assert(kInt2WarpStages == 3, "RotateQueries' q_staged wait counts 2 slice groups");
   float* qs = reinterpret_cast<float*>(smem + Int2StageArea<kW>());
-  auto first_copies = [&]() {
+  auto first_copies = [&](int from) {
 #pragma unroll
     for (int k = 0; k < kInt2WarpStages - 1; ++k) {
-      if (k < mine) issue(k, k);
-      CpAsyncCommit();
+      if (kW == kWarps || k >= from) {  // (from is 0 with 4 warps)
+        if (k < mine) issue(k, k);
+        CpAsyncCommit();
+      }
     }
   };
   const bool late_copies = p.copies_after_queries && p.rotate_in_cta;
@@ -406,6 +410,17 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
   const uint4* frag_src =
       QueryFragmentArea(p) + size_t(it.seq * static_cast<int>(sh.num_kv_heads) + it.kv_head) * 128 + lane;
   uint4 fw[4] = {};
+  // early_slices (8-warp CTAs, fragments before the copies): each warp's first this-many
+  // slices go out before the wait for the rotation kernel, the rest of its first copies after
+  // the fragment loads.
+  const int early = kW != kWarps && frags_first ? min(p.early_slices, kInt2WarpStages - 1) : 0;
+#pragma unroll
+  for (int k = 0; k < kInt2WarpStages - 1; ++k) {
+    if (k < early) {
+      if (k < mine) issue(k, k);
+      CpAsyncCommit();
+    }
+  }
   if (frags_first) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #pragma unroll
@@ -415,7 +430,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
                    : "l"(frag_src + 32 * c));
     }
   }
-  if (!late_copies) first_copies();
+  if (!late_copies) first_copies(early);
   // l2_prefetch_slices: this warp's next slices after the first copies are prefetched into L2
   // while the CTA waits for its queries (HBM otherwise idles in that prologue); lanes 0-15 take
   // the K code lines, 16-31 the V code lines, lanes 0-1 / 2-3 the K / V parameter lines.
@@ -449,7 +464,7 @@ __device__ void Int2Item(const DecodeParams& p, int item, const DecodeWorkItem& 
                kInt2WarpStages * kInt2Slot / 4, late_copies ? 0 : kInt2WarpStages - 1,
                *reinterpret_cast<const int*>(smem + kTicketSmemOffset));
   }
-  if (late_copies) first_copies();
+  if (late_copies) first_copies(0);
   if (tid == 0) MarkClock(p, kTlQuery);
   const float* qrot = qs;
   uint32_t qhi[8][2], qlo[8][2];
@@ -1188,13 +1203,18 @@ __device__ __forceinline__ void PrepWait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
 }
+__device__ __forceinline__ uint64_t GlobalNs() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
 
 // The rotation for kHeads >= gqa heads: warp w sums input rows [16w, 16w+16) for output
 // channels [4·lane, 4·lane+4) into part[w][h][128]; its 16 R rows are loaded at once, before the
 // query rows (into qin, [gqa][128]), so both loads are in flight together.
 template <int kHeads>
 __device__ __forceinline__ void PrepRotate(const DecodeParams& p, int kv_head, const float* q, float* qin,
-                                           float* part) {
+                                           float* part, uint64_t (&marks)[3]) {
   const int gqa = static_cast<int>(p.shape.gqa());
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const float4* r = reinterpret_cast<const float4*>(p.rot_k + size_t(kv_head) * 128 * 128 +
@@ -1202,10 +1222,21 @@ __device__ __forceinline__ void PrepRotate(const DecodeParams& p, int kv_head, c
   float4 rv[16];
 #pragma unroll
   for (int i = 0; i < 16; ++i) rv[i] = __ldg(r + 32 * i);
+  // ptxas issued all but the first of these loads after griddepcontrol.wait, so R_K (64 KiB per
+  // CTA) was read after the previous kernel ended instead of while it ran (H200, B=1 x 100K: the
+  // rotation took 0.93 µs after the queries arrived). A branch on every loaded row keeps the
+  // wait behind them: its store (to the query rows, written again after the wait) happens only
+  // for one NaN payload of the sum, which changes nothing.
+  float probe = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) probe = fmaf(rv[i].x, 0.f, probe);
+  if (__float_as_uint(probe) == 0x7fc00001u) qin[threadIdx.x] = probe;
   PrepWait();
+  if (p.debug_timeline != nullptr) marks[0] = GlobalNs();
   for (int i = threadIdx.x; i < gqa * 32; i += kPrepThreads)
     reinterpret_cast<float4*>(qin)[i] = reinterpret_cast<const float4*>(q)[i];
   __syncthreads();
+  if (p.debug_timeline != nullptr) marks[1] = GlobalNs();
 #pragma unroll
   for (int h = 0; h < kHeads; ++h) {
     if (h < gqa) {
@@ -1273,6 +1304,7 @@ __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodePara
   float* part = qs + gqa * 128;
   float* dst = RotatedQueries(p) + row0;
   const float scale = (p.softmax_scale > 0 ? p.softmax_scale : 0.08838834764831845f) * kLog2e;
+  uint64_t marks[3] = {0, 0, 0};  // diagnostics: wait returned, queries loaded, rotated
   if (p.rot_k == nullptr) {
     PrepWait();
     for (int i = t; i < gqa * 128; i += kPrepThreads) {
@@ -1281,13 +1313,13 @@ __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodePara
     }
   } else {
     if (gqa <= 1) {
-      PrepRotate<1>(p, h, q, qin, part);
+      PrepRotate<1>(p, h, q, qin, part, marks);
     } else if (gqa <= 2) {
-      PrepRotate<2>(p, h, q, qin, part);
+      PrepRotate<2>(p, h, q, qin, part, marks);
     } else if (gqa <= 4) {
-      PrepRotate<4>(p, h, q, qin, part);
+      PrepRotate<4>(p, h, q, qin, part, marks);
     } else {
-      PrepRotate<8>(p, h, q, qin, part);
+      PrepRotate<8>(p, h, q, qin, part, marks);
     }
     __syncthreads();
     for (int i = t; i < gqa * 128; i += kPrepThreads) {
@@ -1298,9 +1330,21 @@ __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodePara
       dst[i] = v * scale;
     }
   }
+  if (p.debug_timeline != nullptr) marks[2] = GlobalNs();
   if (fragments) {
     __syncthreads();
     PrepFragments<G>(qs, gqa, QueryFragmentArea(p) + size_t(blockIdx.x) * 128);
+  }
+  if (p.debug_timeline != nullptr && t == 0 && blockIdx.x < p.num_int2_items) {
+    // Diagnostics, in INT2 CTA blockIdx.x's record: this CTA's end (%globaltimer) in word 22,
+    // and how long before it the wait returned / the queries were loaded / rotated (ns, 21 bits
+    // each) in word 23.
+    const uint64_t end = GlobalNs();
+    uint64_t* rec = p.debug_timeline + size_t(blockIdx.x) * kDecodeTimelineWords;
+    rec[kTlRotationEndNs] = end;
+    uint64_t packed = 0;
+    for (int i = 0; i < 3; ++i) packed |= (std::min<uint64_t>(end - marks[i], 0x1fffff)) << (21 * i);
+    rec[kTlRotationMarks] = packed;
   }
 }
 

@@ -275,6 +275,14 @@ struct DecodeParams {
   // slices per SM (B=1 from ~9K tokens). Results within float rounding of the 4-warp kernel's (the 8-warp CTAs'
   // partials and merge use ex2.approx and fast division, 26.95 -> 26.7 µs at B=1 x 100K).
   int32_t int2_warps = 4;
+  // 8-warp INT2 CTAs with prepared fragments loaded before the copies: each warp issues the
+  // copies of its first this-many slices (0..2) before it waits for the rotation kernel, the
+  // rest of its first copies after the fragment loads. 0: all after (fragments_before_copies).
+  // Same results. H200, B=1 x 100K, three rounds in one call: 1 slice 25.5-25.7 µs vs 0 slices
+  // 25.7-26.1 and 2 slices 26.5-26.7 (the flood of copies delays the rotation kernel's end and
+  // the wait); 1 x 32K 16.3-16.6 vs 16.5-16.7 vs 17.0 (bench/results/NOTES.md session 22).
+  // PagedDecoder::Params() sets 1.
+  int32_t early_slices = 0;
   // 8-warp INT2 CTAs: the K/V copies carry an L2 evict_first policy (else evict_normal), so the
   // streamed pages (read once per launch; 57.6 MB at B=1 x 100K, more than the 50 MB L2) leave
   // L2 before the data read again at every launch: R_K for the rotation kernel, the page and
@@ -342,6 +350,8 @@ enum DecodeTimelineSlot : int {
   kTlWarpEnd4 = 16,   // 16..19: warps 4..7's main loops done (int2_warps 8)
   kTlEpilogue = 20,   // int2_warps 8: the INT2 epilogue done (thread 0, before FinishItem)
   kTlStates = 21,     // int2_warps 8: the warps' states in shared memory (after the barrier)
+  kTlRotationEndNs = 22,  // the rotation kernel's CTA blockIdx.x (pair) done (%globaltimer)
+  kTlRotationMarks = 23,  // ns before that: its wait returned | queries loaded << 21 | rotated << 42
 };
 
 // Partial outputs and (max, sum) pairs per item, one int32 arrival counter per

@@ -112,6 +112,7 @@ class PagedDecoder {
     p.int2_warps = int2_warps_;
     // 8-warp CTAs stream their pages with evict_first (R_K, the tables and the code stay in L2).
     p.stream_evict_first = true;
+    p.early_slices = 1;
     p.table.num_seqs = num_seqs_;
     return p;
   }
