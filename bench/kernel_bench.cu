@@ -11,8 +11,12 @@
 #include <numeric>
 #include <random>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "oscarkv/cuda/decode_runner.h"
 #include "oscarkv/cuda/extend_attention.h"
 #include "oscarkv/cuda/quantize_write.h"
@@ -263,10 +267,10 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     if (options.find("late_rotation") != std::string::npos) p.early_rotation = false;
     if (options.find("frags_first") != std::string::npos) p.fragments_before_copies = true;
     if (options.find("frags_after") != std::string::npos) p.fragments_before_copies = false;
-    // earlyN: DecodeParams::early_slices = N.
-    if (size_t at = options.find("early"); at != std::string::npos && options.compare(at, 14, "early_rotation") != 0 &&
-                                           options.compare(at, 12, "early_copies") != 0) {
-      p.early_slices = std::atoi(options.c_str() + at + 5);
+    // earlyN: DecodeParams::early_slices = N (a whole '+' entry: early_rotation / early_copies
+    // share the prefix).
+    for (absl::string_view f : absl::StrSplit(options, '+')) {
+      if (absl::ConsumePrefix(&f, "early") && f.size() == 1 && absl::ascii_isdigit(f[0])) p.early_slices = f[0] - '0';
     }
     if (options.find("evict_first") != std::string::npos) p.stream_evict_first = true;
     if (options.find("evict_normal") != std::string::npos) p.stream_evict_first = false;

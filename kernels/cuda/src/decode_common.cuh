@@ -58,11 +58,14 @@ __device__ __forceinline__ void MarkClock(const DecodeParams& p, int slot) {
   asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
   p.debug_timeline[size_t(blockIdx.x) * kDecodeTimelineWords + slot] = c;
 }
+__device__ __forceinline__ uint64_t GlobalNs() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
 __device__ __forceinline__ void MarkNs(const DecodeParams& p, int slot) {
   if (p.debug_timeline == nullptr) return;
-  uint64_t c;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(c)::"memory");
-  p.debug_timeline[size_t(blockIdx.x) * kDecodeTimelineWords + slot] = c;
+  p.debug_timeline[size_t(blockIdx.x) * kDecodeTimelineWords + slot] = GlobalNs();
 }
 __device__ __forceinline__ void MarkMeta(const DecodeParams& p, uint64_t bits) {
   if (p.debug_timeline == nullptr) return;

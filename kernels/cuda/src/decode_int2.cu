@@ -1203,11 +1203,6 @@ __device__ __forceinline__ void PrepWait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;");
 }
-__device__ __forceinline__ uint64_t GlobalNs() {
-  uint64_t ns;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  return ns;
-}
 
 // The rotation for kHeads >= gqa heads: warp w sums input rows [16w, 16w+16) for output
 // channels [4·lane, 4·lane+4) into part[w][h][128]; its 16 R rows are loaded at once, before the
@@ -1225,8 +1220,8 @@ __device__ __forceinline__ void PrepRotate(const DecodeParams& p, int kv_head, c
   // ptxas issued all but the first of these loads after griddepcontrol.wait, so R_K (64 KiB per
   // CTA) was read after the previous kernel ended instead of while it ran (H200, B=1 x 100K: the
   // rotation took 0.93 µs after the queries arrived). A branch on every loaded row keeps the
-  // wait behind them: its store (to the query rows, written again after the wait) happens only
-  // for one NaN payload of the sum, which changes nothing.
+  // wait behind them: its store (into this CTA's shared memory, written again after the wait)
+  // happens only for one NaN payload of the sum, which changes nothing.
   float probe = 0.f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) probe = fmaf(rv[i].x, 0.f, probe);
