@@ -643,8 +643,9 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         }
         const int target = o.target_ctas[ti];
         const int tail = target <= kTailTarget ? kTailTarget - target : 0;
-        auto dec = cuda::PagedDecoder::Create(shape, indptr, ids, kinds, r.sms, std::max(target, 0),
-                                              target < 0 && tail == 0, tail);
+        const int wide = target >= kWideTarget ? target - kWideTarget : 0;
+        auto dec = cuda::PagedDecoder::Create(shape, indptr, ids, kinds, r.sms, wide > 0 ? 0 : std::max(target, 0),
+                                              target < 0 && tail == 0, tail, wide);
         if (!dec.ok()) return dec.status();
         pb.decoder = std::make_unique<cuda::PagedDecoder>(*std::move(dec));
         // The reported (fastest default-tolerance) variant, re-planned.

@@ -83,6 +83,9 @@ struct DecodeRow {
 
 // target_ctas entry for the default target with PlanDecode's tail_items = N: kTailTarget - N.
 inline constexpr int kTailTarget = -1000;
+// target_ctas entry for the 8-warp plan (where PagedDecoder picks it) aimed at N CTAs instead of
+// one per SM: kWideTarget + N.
+inline constexpr int kWideTarget = 1000000;
 
 struct QuantRow {
   std::string name;

@@ -32,7 +32,8 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("target-ctas", "0",
               "decode plan CTA targets, comma list; the first is reported (0 = default; s5 = the "
               "default target on the session-5 planner, tailN = the default target with the "
-              "last N INT2 items as split halves dispatched last; both not as the first)")
+              "last N INT2 items as split halves dispatched last, wideN = where the decoder picks "
+              "8-warp CTAs, their plan aimed at N CTAs instead of one per SM; all three not as the first)")
       .Option("extend", "32768x512", "extend attention bench: PREFIXxNEW tokens (B=1; '' to skip)")
       .Option("rounds", "1",
               "time the INT2 configurations this many times in turn (A B .. A B ..) and report "
@@ -86,6 +87,15 @@ int KernelBenchMain(int argc, char** argv) {
     int v = 0;
     if (t == "s5" && !o.target_ctas.empty()) {
       o.target_ctas.push_back(-1);
+      continue;
+    }
+    if (absl::StartsWith(t, "wide")) {
+      if (o.target_ctas.empty() || !absl::SimpleAtoi(t.substr(4), &v) || v < 8 || v > 100000) {
+        std::fprintf(stderr, "bad --target-ctas entry '%s' (wideN: 8 <= N <= 100000, not first)\n",
+                     std::string(t).c_str());
+        return 2;
+      }
+      o.target_ctas.push_back(kWideTarget + v);
       continue;
     }
     if (absl::StartsWith(t, "tail")) {

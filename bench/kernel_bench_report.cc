@@ -89,6 +89,7 @@ std::string FormatTable(const KernelBenchReport& r) {
       const std::string how =
           target == -2 ? std::string("session-5 default (its planner, merge kernel, rotation in every CTA)")
           : target <= kTailTarget ? absl::StrCat("with tail_items=", kTailTarget - target)
+          : target >= kWideTarget ? absl::StrCat("with the 8-warp plan aimed at ", target - kWideTarget, " CTAs")
           : target < 0 ? std::string("on the session-5 planner")
                        : absl::StrCat("with target_ctas=", target);
       s += absl::StrFormat("  INT2 B=%d L=%d (reported variant) %s: %.1f us (%.2fx SDPA)\n", d.batch,

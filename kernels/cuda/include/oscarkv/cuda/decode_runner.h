@@ -30,15 +30,19 @@ class PagedDecoder {
                                              const std::vector<int32_t>& seq_page_ids,
                                              const std::vector<uint8_t>& page_kinds, int num_sms,
                                              int target_ctas = 0, bool session5_slots = false,
-                                             int tail_items = 0) {
+                                             int tail_items = 0, int wide_target = 0) {
     auto plan = PlanDecode(shape, seq_page_indptr, seq_page_ids, page_kinds, num_sms, target_ctas,
                            session5_slots, tail_items);
     if (!plan.ok()) return plan.status();
     PagedDecoder d;
     // Batches whose default plan has at most 2 INT2-kernel CTAs per SM (B=1; Params() then
     // picks the rotation kernel): about one 8-warp CTA per SM instead (DecodeParams::int2_warps).
+    // wide_target (bench only): that plan aimed at this many CTAs instead of num_sms (H200, B=1 x
+    // 100K: 112 / 120 / 128 / 136 / 144 CTAs in the INT2 kernel, 16 of them BF16 items,
+    // 28.3 / 27.1 / 26.2 / 25.6 (the default's 136) / 33.1 µs; bench/results/NOTES.md session 23).
     if (target_ctas <= 0 && !session5_slots && tail_items == 0 && WantsWideInt2Ctas(shape, *plan, num_sms)) {
-      auto wide = PlanDecode(shape, seq_page_indptr, seq_page_ids, page_kinds, num_sms, num_sms, false, 0);
+      auto wide = PlanDecode(shape, seq_page_indptr, seq_page_ids, page_kinds, num_sms,
+                             wide_target > 0 ? wide_target : num_sms, false, 0);
       if (!wide.ok()) return wide.status();
       plan = *std::move(wide);
       d.int2_warps_ = 8;
