@@ -216,6 +216,16 @@ void CompareGpuWithReference(const CodecProfile& prof, const RotationSet& rot,
           r.warps = warps;
           runs.push_back(r);
         }
+    // 8 warps with the merge's partials copied by cp.async (PagedDecoder's choice for 8 warps)
+    // and by bulk copies, at the three plan sizes.
+    for (int bulk : {0, 1})
+      for (int target : {0, 7, 600}) {
+        r = Run{DecodeParams{}.variant, target, false, 2};
+        r.frags_first = true;
+        r.warps = 8;
+        r.bulk_merge = bulk;
+        runs.push_back(r);
+      }
     // 8 warps with the fragments loaded after the first copies.
     for (int target : {0, 7}) {
       r = Run{DecodeParams{}.variant, target, false, 2};
