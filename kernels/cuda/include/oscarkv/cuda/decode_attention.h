@@ -245,10 +245,11 @@ struct DecodeParams {
   // with one bulk (TMA) copy instead of 16-byte cp.async copies by every thread. Same results.
   // Measured (H200) within ~1% either way with 4-warp CTAs (B=1 x 100K 28.7-28.8 vs 29.0 us with
   // early_rotation; the merge is latency-bound, ~4 µs from the last partial to the output);
-  // PagedDecoder::Params() sets it for 4-warp CTAs. With 8-warp CTAs (256 threads issuing the
-  // cp.async copies) the cp.async merge is faster: B=1 x 100K 25.3-25.4 vs 25.6-25.7 µs, 1 x 32K
-  // 16.0-16.2 vs 16.1-16.4 (three rounds in one call, bench/results/NOTES.md session 23), so
-  // Params() leaves it off there.
+  // PagedDecoder::Params() sets it for plans of 4-warp CTAs. With 8-warp CTAs (256 threads issuing
+  // the cp.async copies) the cp.async merge is faster: B=1 x 100K 25.3-25.4 vs 25.6-25.7 µs, 1 x
+  // 32K 16.0-16.2 vs 16.1-16.4 (three rounds in one call, bench/results/NOTES.md session 23), so
+  // Params() leaves it off for 8-warp plans (also when LaunchDecodeAttention then falls back to 4
+  // warps for another variant or option).
   bool bulk_merge = false;
   // With rotate_in_cta = false: the rotation kernel is launched as a programmatic dependent of
   // the kernel before it on the stream, so its CTAs can start (and load R_K) while that kernel's
