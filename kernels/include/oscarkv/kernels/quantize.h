@@ -51,13 +51,32 @@ void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, uint8_t* codes,
 // first candidate with the smallest score wins. Value 2 was the earlier rule ("unbiased v1":
 // per-candidate codes from the fp16 range parameters, fp32/fp64 sums in a fixed order); it is
 // retired and artifacts that carry it are rejected (re-run `oscarkv calibrate`).
-enum class RangeMode : uint8_t { kMinMax = 0, kSearch = 1, kUnbiased = 3 };
+//
+// UnbiasedFixed(i) = 16 + i, i = 0..7 ("unbiased-fixed i", docs/FORMAT.md §1.3.1): unbiased v2
+// restricted to candidate i, chosen per (layer, K|V, head) at calibration time instead of per
+// group at write time: the same positions, levels and codes [L >= 8+i] + [L >= 24] + [L >= 40-i],
+// the same refit (or candidate i's range parameters when it does not apply), no score. Its
+// output is bit for bit kUnbiased's whenever kUnbiased's winner is i.
+enum class RangeMode : uint8_t { kMinMax = 0, kSearch = 1, kUnbiased = 3, kUnbiasedFixed0 = 16 };
 inline constexpr uint32_t kRangeSearchCandidates = 8;
 inline constexpr uint32_t kUnbiasedSteps = 98304;        // positions v in [0, kUnbiasedSteps]
 inline constexpr uint32_t kUnbiasedStepsPerLevel = 2048;  // L = v / 2048 in [0, 48]
 inline constexpr uint32_t kUnbiasedLevels = 49;
-// True for the byte values of RangeMode (0, 1, 3).
-inline constexpr bool IsRangeMode(uint8_t m) { return m == 0 || m == 1 || m == 3; }
+// The byte of "unbiased-fixed i" (i in [0, 8)).
+inline constexpr RangeMode UnbiasedFixed(int i) {
+  return static_cast<RangeMode>(static_cast<uint8_t>(RangeMode::kUnbiasedFixed0) + i);
+}
+inline constexpr bool IsUnbiasedFixed(RangeMode m) {
+  return static_cast<uint8_t>(m) >= 16 && static_cast<uint8_t>(m) < 16 + kRangeSearchCandidates;
+}
+// The candidate i of an unbiased-fixed mode (only meaningful when IsUnbiasedFixed(m)).
+inline constexpr int FixedCandidate(RangeMode m) { return static_cast<int>(m) - 16; }
+// True for the byte values of RangeMode (0, 1, 3, 16..23).
+inline constexpr bool IsRangeMode(uint8_t m) {
+  return m == 0 || m == 1 || m == 3 || IsUnbiasedFixed(static_cast<RangeMode>(m));
+}
+// A short name: "minmax", "search", "unbiased", "fixed0".."fixed7"; "?" for other bytes.
+const char* RangeModeName(RangeMode m);
 
 void QuantizeRowInt2(const float* x, uint32_t d, uint32_t group, RangeMode mode, uint8_t* codes,
                      uint16_t* scale_min);
@@ -74,5 +93,12 @@ struct GroupParams {
 GroupParams ComputeGroupParams(const float* x, uint32_t n);
 // Parameters for an explicit range [lo, hi] with the same directed rounding and saturation.
 GroupParams ComputeRangeParams(float lo, float hi);
+
+// Calibration of the unbiased-fixed modes: adds to scores[i], i = 0..7, candidate i's unbiased
+// v2 score E (docs/FORMAT.md §1.3.1, what kUnbiased minimises per group) summed over the row's
+// d/group groups; best (if not null) gets the sum of each group's smallest score, i.e. the
+// score of kUnbiased itself. A NaN score counts as +inf.
+void AddUnbiasedScores(const float* x, uint32_t d, uint32_t group, double* scores,
+                       double* best = nullptr);
 
 }  // namespace oscarkv
