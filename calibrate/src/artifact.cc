@@ -142,7 +142,10 @@ absl::StatusOr<RotationArtifact> ReadArtifact(const std::string& dir_or_file) {
                     "docs/FORMAT.md 1.3.1); re-run `oscarkv calibrate` to write a current artifact"));
         }
         if (!IsRangeMode(m)) {
-          return absl::DataLossError(absl::StrCat(path, ": unknown range mode ", m));
+          return absl::DataLossError(absl::StrCat(
+              path, ": ", name, " of layer ", l, " head ", h, " is ", m,
+              ", not a known range mode (0 minmax, 1 search, 3 unbiased, 16..23 unbiased-fixed "
+              "0..7; docs/FORMAT.md 1.3.1)"));
         }
         a.rotations.set_range_mode(l, tag[0] == 'k' ? KV::kKey : KV::kValue, h,
                                    static_cast<RangeMode>(m));

@@ -83,5 +83,53 @@ TEST(ArtifactTest, RejectsTheRetiredUnbiasedV1Mode) {
   std::filesystem::remove_all(dir);
 }
 
+// Unbiased-fixed modes (bytes 16..23) round-trip and enter the digest; the digest of an artifact
+// without them is unchanged (Sample()'s search mode only).
+TEST(ArtifactTest, RoundTripsUnbiasedFixedModes) {
+  const std::string dir = TempDir("fixed");
+  RotationArtifact a = Sample();
+  const Sha256Digest before = a.rotations.Digest();
+  int i = 0;
+  for (uint32_t l = 0; l < 3; ++l) {
+    for (KV kv : {KV::kKey, KV::kValue}) {
+      for (uint32_t h = 0; h < 2; ++h) a.rotations.set_range_mode(l, kv, h, UnbiasedFixed(i++ % 8));
+    }
+  }
+  a.rotations.set_range_mode(0, KV::kKey, 1, RangeMode::kUnbiased);
+  EXPECT_NE(a.rotations.Digest(), before);
+  ASSERT_TRUE(WriteArtifact(a, dir).ok());
+  auto b = ReadArtifact(dir);
+  ASSERT_TRUE(b.ok()) << b.status();
+  i = 0;
+  for (uint32_t l = 0; l < 3; ++l) {
+    for (KV kv : {KV::kKey, KV::kValue}) {
+      for (uint32_t h = 0; h < 2; ++h, ++i) {
+        const RangeMode want = l == 0 && kv == KV::kKey && h == 1 ? RangeMode::kUnbiased : UnbiasedFixed(i % 8);
+        EXPECT_EQ(b->rotations.range_mode(l, kv, h), want) << l << " " << h;
+      }
+    }
+  }
+  EXPECT_EQ(b->rotations.Digest(), a.rotations.Digest());
+  std::filesystem::remove_all(dir);
+}
+
+// Bytes that are no range mode are refused with a message naming the byte and the known modes.
+TEST(ArtifactTest, RejectsUnknownRangeModes) {
+  const std::string dir = TempDir("unknown");
+  for (int m : {4, 5, 15, 24, 31, 255}) {
+    RotationArtifact a = Sample();
+    a.rotations.set_range_mode(2, KV::kKey, 0, static_cast<RangeMode>(m));
+    ASSERT_TRUE(WriteArtifact(a, dir).ok());
+    auto r = ReadArtifact(dir);
+    ASSERT_FALSE(r.ok()) << m;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_NE(r.status().message().find("is " + std::to_string(m) + ", not a known range mode"),
+              std::string::npos)
+        << r.status();
+    EXPECT_NE(r.status().message().find("k_range_mode"), std::string::npos) << r.status();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace oscarkv::calibrate

@@ -6,7 +6,8 @@
 //                            layers.{l}.k_eigenvalues, layers.{l}.v_eigenvalues  f32 [kv_heads, d]
 //                          and k_clip, v_clip f32 [layers, kv_heads] (1 = no clip);
 //                          k_range_mode, v_range_mode u8 [layers, kv_heads] (quantize.h
-//                          RangeMode) only when some mode is not min-max;
+//                          RangeMode: 0, 1, 3 or 16..23; other bytes are rejected on read)
+//                          only when some mode is not min-max;
 //                          __metadata__["oscarkv"] = the JSON below, serialised
 //   rotations.json         JSON metadata: format, model, layers, kv_heads, head_dim, objective,
 //                          c_s, calibration tokens/windows, text sha256, clip search table,
