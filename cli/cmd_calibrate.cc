@@ -47,8 +47,12 @@ int RunCalibrate(int argc, char** argv) {
       .Option("clip-k", "0.96", "fixed key clip ratio (with --clip fixed)")
       .Option("clip-v", "0.92", "fixed value clip ratio (with --clip fixed)")
       .Option("range", "unbiased", "INT2 write-time range per group (docs/FORMAT.md 1.3.1): "
-                                   "minmax, search (least squared error) or unbiased (range "
-                                   "search with a refit that keeps logits unbiased)")
+                                   "minmax, search (least squared error), unbiased (8 candidate "
+                                   "ranges per group, each refit so logits stay unbiased, the "
+                                   "smallest error kept) or fixed (unbiased with one candidate "
+                                   "per layer, K|V and head, chosen here: the smallest total "
+                                   "unbiased score over the rotated held-out rows; needs "
+                                   "--heldout > 0; cheaper to write)")
       .Option("sink", "64", "BF16 sink tokens assumed by the clip search")
       .Option("recent", "256", "BF16 recent tokens assumed by the clip search")
       .Option("group", "128", "quantization group size")
@@ -76,8 +80,9 @@ int RunCalibrate(int argc, char** argv) {
     return Fail("calibrate", absl::InvalidArgumentError("--clip must be none, search or fixed"), 2);
   }
   const std::string range = args.str("range");
-  if (range != "search" && range != "minmax" && range != "unbiased") {
-    return Fail("calibrate", absl::InvalidArgumentError("--range must be minmax, search or unbiased"), 2);
+  if (range != "search" && range != "minmax" && range != "unbiased" && range != "fixed") {
+    return Fail("calibrate",
+                absl::InvalidArgumentError("--range must be minmax, search, unbiased or fixed"), 2);
   }
   if (*threads > 0) omp_set_num_threads(static_cast<int>(*threads));
   o.windows = *windows;
@@ -87,9 +92,10 @@ int RunCalibrate(int argc, char** argv) {
   o.sink = *sink;
   o.recent = *recent;
   o.group = *group;
-  o.range_mode = range == "search"     ? RangeMode::kSearch
-                 : range == "unbiased" ? RangeMode::kUnbiased
-                                       : RangeMode::kMinMax;
+  o.range_mode = range == "search"                         ? RangeMode::kSearch
+                 : range == "unbiased" || range == "fixed" ? RangeMode::kUnbiased
+                                                           : RangeMode::kMinMax;
+  o.fixed_range = range == "fixed";
   if (clip == "fixed") {
     o.clip_candidates.clear();
     o.fixed_clip_k = static_cast<float>(*clip_k);
@@ -117,9 +123,13 @@ int RunCalibrate(int argc, char** argv) {
     if (!text.ok()) return Fail("calibrate", text.status());
     std::fprintf(stderr, "calibrate: %s, %zu bytes of text, %u windows of %u bytes%s\n",
                  (*model)->config().model_id.c_str(), text->size(), o.windows, o.window_bytes,
-                 o.clip_candidates.empty()
+                 o.clip_candidates.empty() && !o.fixed_range
                      ? ""
-                     : (" + " + std::to_string(o.heldout) + " held-out for the clip search").c_str());
+                     : (" + " + std::to_string(o.heldout) + " held-out for the " +
+                        (o.clip_candidates.empty() ? "" : "clip search") +
+                        (!o.clip_candidates.empty() && o.fixed_range ? " and " : "") +
+                        (o.fixed_range ? "range candidates" : ""))
+                           .c_str());
     artifact = calibrate::CalibrateModel(**model, std::string(text->begin(), text->end()), o,
                                          progress);
     if (artifact.ok()) artifact->metadata["text"] = std::filesystem::path(args.str("text")).filename().string();
@@ -134,13 +144,22 @@ int RunCalibrate(int argc, char** argv) {
               calibrate::kArtifactJson);
   const Sha256Digest digest = artifact->rotations.Digest();
   std::printf("digest %s\n", HexEncode(digest.data(), digest.size()).c_str());
-  std::printf("clip ratios (K / V per layer, heads in order):\n");
-  for (uint32_t l = 0; l < r.layers(); ++l) {
-    std::printf("  layer %2u  K", l);
-    for (uint32_t h = 0; h < r.kv_heads(); ++h) std::printf(" %.3f", r.clip(l, KV::kKey, h));
-    std::printf("   V");
-    for (uint32_t h = 0; h < r.kv_heads(); ++h) std::printf(" %.3f", r.clip(l, KV::kValue, h));
-    std::printf("\n");
+  // One line per layer: the key heads' values, then the value heads'.
+  const auto table = [&r](const char* title, const auto& cell) {
+    std::printf("%s (K / V per layer, heads in order):\n", title);
+    for (uint32_t l = 0; l < r.layers(); ++l) {
+      std::printf("  layer %2u  K", l);
+      for (uint32_t h = 0; h < r.kv_heads(); ++h) cell(l, KV::kKey, h);
+      std::printf("   V");
+      for (uint32_t h = 0; h < r.kv_heads(); ++h) cell(l, KV::kValue, h);
+      std::printf("\n");
+    }
+  };
+  table("clip ratios", [&r](uint32_t l, KV kv, uint32_t h) { std::printf(" %.3f", r.clip(l, kv, h)); });
+  if (o.fixed_range) {
+    table("unbiased-fixed range candidates", [&r](uint32_t l, KV kv, uint32_t h) {
+      std::printf(" %d", FixedCandidate(r.range_mode(l, kv, h)));
+    });
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "oscarkv/engine/safetensors.h"
 #include "oscarkv/kernels/numeric.h"
+#include "oscarkv/kernels/quantize.h"
 #include "oscarkv/util/status_macros.h"
 
 namespace oscarkv::calibrate {
@@ -63,6 +64,10 @@ Calibrator::Calibrator(uint32_t layers, uint32_t q_heads, uint32_t kv_heads, uin
     : layers_(layers), q_heads_(q_heads), kv_heads_(kv_heads), d_(head_dim), o_(std::move(options)) {
   cov_.assign(size_t{layers} * 2 * kv_heads, CovarianceAccumulator(head_dim));
   clip_err_.assign(cov_.size() * std::max<size_t>(1, o_.clip_candidates.size()), 0.0);
+  if (o_.fixed_range) {
+    range_err_.assign(cov_.size() * RangeClips() * kRangeSearchCandidates, 0.0);
+    range_v2_.assign(cov_.size() * RangeClips(), 0.0);
+  }
 }
 
 void Calibrator::AccumulateCovariances(const engine::AttentionInputs& in) {
@@ -133,14 +138,49 @@ absl::Status Calibrator::BuildRotations() {
   return absl::OkStatus();
 }
 
+void Calibrator::AccumulateRangeScores(uint32_t layer, uint32_t head, const float* k,
+                                       const float* v, uint32_t rows) {
+  const size_t ncl = RangeClips(), nc = o_.clip_candidates.size();
+  const uint32_t d = d_, first = std::min(o_.sink, rows);  // sink rows stay BF16
+  if (layer == 0 && head == 0) range_rows_ += rows - first;
+  std::vector<double> err(2 * ncl * kRangeSearchCandidates, 0.0), v2(2 * ncl, 0.0);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t task = 0; task < int64_t(2 * ncl); ++task) {
+    const uint32_t kv = static_cast<uint32_t>(task / ncl);
+    const size_t ci = task % ncl;
+    const float c = nc > 0 ? o_.clip_candidates[ci] : (kv == 0 ? o_.fixed_clip_k : o_.fixed_clip_v);
+    std::vector<float> row(d);
+    for (uint32_t s = first; s < rows; ++s) {
+      std::copy_n((kv == 0 ? k : v) + size_t{s} * d, d, row.begin());
+      ClipRowAtQuantile(std::span<float>(row), c);
+      AddUnbiasedScores(row.data(), d, o_.group, &err[task * kRangeSearchCandidates], &v2[task]);
+    }
+  }
+  for (uint32_t kv = 0; kv < 2; ++kv) {
+    const size_t base = Index(layer, kv, head) * ncl;
+    for (size_t ci = 0; ci < ncl; ++ci) {
+      range_v2_[base + ci] += v2[kv * ncl + ci];
+      for (uint32_t i = 0; i < kRangeSearchCandidates; ++i) {
+        range_err_[(base + ci) * kRangeSearchCandidates + i] +=
+            err[(kv * ncl + ci) * kRangeSearchCandidates + i];
+      }
+    }
+  }
+}
+
 void Calibrator::AccumulateClipErrors(const engine::AttentionInputs& in) {
   const size_t nc = o_.clip_candidates.size();
-  if (nc == 0) return;
+  if (nc == 0 && !o_.fixed_range) return;
   const uint32_t T = in.tokens, d = d_, group = q_heads_ / kv_heads_;
   std::vector<uint32_t> pos;
   for (uint32_t t = std::min(o_.query_start, T - 1); t < T; t += o_.query_stride) pos.push_back(t);
-  if (in.layer == 0) ++clip_windows_;
+  if (in.layer == 0) {
+    clip_windows_ += nc > 0;
+    range_windows_ += o_.fixed_range;
+  }
   const uint32_t n = pos.back() + 1;
+  // The clip search measures under v2 when the fixed candidates are chosen afterwards.
+  const RangeMode mode = o_.fixed_range ? RangeMode::kUnbiased : o_.range_mode;
   // lo[r][s]: key s is read from INT2 by query row r.
   auto is_lo = [&](uint32_t r, uint32_t s) {
     return s >= o_.sink && int64_t{s} < int64_t{pos[r]} + 1 - int64_t{o_.recent};
@@ -150,6 +190,8 @@ void Calibrator::AccumulateClipErrors(const engine::AttentionInputs& in) {
     const Eigen::Map<const RowMat> rv(eig_[Index(in.layer, 1, h)].rotation.data(), d, d);
     const RowMat k = HeadRows(in.k, n, kv_heads_, h, d) * rk;
     const RowMat v = HeadRows(in.v, n, kv_heads_, h, d) * rv;
+    if (o_.fixed_range) AccumulateRangeScores(in.layer, h, k.data(), v.data(), n);
+    if (nc == 0) continue;
     std::vector<RowMat> qs(group), p_exact(group), o_exact(group);
     for (uint32_t g = 0; g < group; ++g) {
       RowMat q(pos.size(), d);
@@ -168,7 +210,7 @@ void Calibrator::AccumulateClipErrors(const engine::AttentionInputs& in) {
       const float c = o_.clip_candidates[task % nc];
       RowMat x = kv == 0 ? k : v;
       for (uint32_t s = 0; s < n; ++s) {
-        engine::QuantizeDequantizeRow(x.row(s).data(), d, o_.group, c, o_.range_mode);
+        engine::QuantizeDequantizeRow(x.row(s).data(), d, o_.group, c, mode);
       }
       double e = 0;
       for (uint32_t g = 0; g < group; ++g) {
@@ -215,8 +257,14 @@ void Calibrator::AccumulateClipErrors(const engine::AttentionInputs& in) {
 absl::StatusOr<RotationArtifact> Calibrator::Finish(nlohmann::ordered_json metadata) const {
   if (eig_.size() != cov_.size()) return absl::FailedPreconditionError("BuildRotations not run");
   const size_t n = cov_.size(), dd = size_t{d_} * d_, nc = o_.clip_candidates.size();
+  if (o_.fixed_range && range_rows_ == 0) {
+    return absl::FailedPreconditionError(
+        "fixed range candidates need held-out rows (past the sink) to score");
+  }
   std::vector<float> matrices(n * dd), clips(n), eigenvalues(n * d_);
+  std::vector<uint8_t> modes(n, static_cast<uint8_t>(o_.range_mode));
   nlohmann::ordered_json table = nlohmann::ordered_json::array();
+  nlohmann::ordered_json range_table = nlohmann::ordered_json::array();
   for (uint32_t l = 0; l < layers_; ++l) {
     for (uint32_t kv = 0; kv < 2; ++kv) {
       for (uint32_t h = 0; h < kv_heads_; ++h) {
@@ -225,8 +273,8 @@ absl::StatusOr<RotationArtifact> Calibrator::Finish(nlohmann::ordered_json metad
         std::copy(eig_[i].eigenvalues.begin(), eig_[i].eigenvalues.end(),
                   eigenvalues.begin() + i * d_);
         float clip = kv == 0 ? o_.fixed_clip_k : o_.fixed_clip_v;
+        size_t best = 0;  // the clip candidate (0 when none are searched)
         if (nc > 0 && clip_windows_ > 0) {
-          size_t best = 0;
           for (size_t c = 1; c < nc; ++c) {
             if (clip_err_[i * nc + c] < clip_err_[i * nc + best]) best = c;
           }
@@ -239,26 +287,44 @@ absl::StatusOr<RotationArtifact> Calibrator::Finish(nlohmann::ordered_json metad
                            {"error_vs_no_clip", base > 0 ? clip_err_[i * nc + best] / base : 1.0}});
         }
         clips[i] = clip;
+        if (o_.fixed_range) {
+          // The first candidate with the smallest total score at the chosen clip.
+          const size_t r = i * RangeClips() + best;
+          const double* e = &range_err_[r * kRangeSearchCandidates];
+          const int cand = static_cast<int>(std::min_element(e, e + kRangeSearchCandidates) - e);
+          modes[i] = static_cast<uint8_t>(UnbiasedFixed(cand));
+          range_table.push_back({{"layer", l},
+                                 {"kv", kv == 0 ? "k" : "v"},
+                                 {"head", h},
+                                 {"candidate", cand},
+                                 {"score_vs_unbiased", range_v2_[r] > 0 ? e[cand] / range_v2_[r] : 1.0}});
+        }
       }
     }
   }
   OSCARKV_ASSIGN_OR_RETURN(RotationSet set, RotationSet::FromData(layers_, kv_heads_, d_,
                                                                   std::move(matrices),
                                                                   std::move(clips)));
-  if (o_.range_mode != RangeMode::kMinMax) {
-    for (uint32_t l = 0; l < layers_; ++l) {
+  for (uint32_t l = 0; l < layers_; ++l) {
+    for (uint32_t kv = 0; kv < 2; ++kv) {
       for (uint32_t h = 0; h < kv_heads_; ++h) {
-        set.set_range_mode(l, KV::kKey, h, o_.range_mode);
-        set.set_range_mode(l, KV::kValue, h, o_.range_mode);
+        const uint8_t m = modes[Index(l, kv, h)];
+        if (m != 0) set.set_range_mode(l, static_cast<KV>(kv), h, static_cast<RangeMode>(m));
       }
     }
   }
   RotationArtifact a{std::move(set), std::move(eigenvalues), std::move(metadata)};
   a.metadata["objective"] = "attention-output error on held-out windows";
   a.metadata["c_s"] = ValueWeightingName(o_.value_weighting);
-  a.metadata["range_mode"] = o_.range_mode == RangeMode::kSearch     ? "search"
-                             : o_.range_mode == RangeMode::kUnbiased ? "unbiased"
-                                                                     : "minmax";
+  a.metadata["range_mode"] = o_.fixed_range ? "unbiased-fixed" : RangeModeName(o_.range_mode);
+  if (o_.fixed_range) {
+    a.metadata["range_selection"] =
+        "per (layer, K|V, head) the unbiased v2 candidate with the smallest total score E over "
+        "the held-out rows past the sink (docs/FORMAT.md 1.3.1), at the head's clip";
+    a.metadata["range_windows"] = range_windows_;
+    a.metadata["range_rows"] = range_rows_;
+    a.metadata["range_candidates"] = range_table;
+  }
   a.metadata["calibration_tokens"] = cov_tokens_;
   a.metadata["clip_search_windows"] = clip_windows_;
   a.metadata["clip_candidates"] = o_.clip_candidates;
@@ -278,7 +344,8 @@ absl::StatusOr<RotationArtifact> CalibrateModel(const engine::Model& model, cons
                                                    o.window_bytes));
   }
   // Consecutive chunks: the first `cov` for covariances, the next `held` for the clip search.
-  const uint64_t held = o.clip_candidates.empty() ? 0 : std::min<uint64_t>(o.heldout, available / 4 + 1);
+  const bool need_heldout = !o.clip_candidates.empty() || o.fixed_range;
+  const uint64_t held = need_heldout ? std::min<uint64_t>(o.heldout, available / 4 + 1) : 0;
   const uint64_t cov = std::min<uint64_t>(o.windows, available - held);
   Calibrator cal(c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim, o);
   engine::MixedPrecisionAttention attn(engine::KvCodec::Bf16());
@@ -343,7 +410,8 @@ absl::StatusOr<RotationArtifact> CalibrateFromDumps(const std::vector<std::strin
   }
   const uint32_t hq = q0.shape[1], hkv = k0.shape[1], d = q0.shape[2];
   Calibrator cal(layers, hq, hkv, d, o);
-  const size_t held = (files.size() > 1 && !o.clip_candidates.empty()) ? 1 : 0;
+  const bool need_heldout = !o.clip_candidates.empty() || o.fixed_range;
+  const size_t held = (files.size() > 1 && need_heldout) ? 1 : 0;
   uint64_t done = 0;
   auto feed = [&](const engine::SafetensorsFile& f, bool clip_phase) -> absl::Status {
     for (uint32_t l = 0; l < layers; ++l) {
@@ -360,12 +428,12 @@ absl::StatusOr<RotationArtifact> CalibrateFromDumps(const std::vector<std::strin
         cal.AccumulateCovariances(in);
       }
     }
-    if (progress) progress(++done, files.size() + (held == 0 && !o.clip_candidates.empty()));
+    if (progress) progress(++done, files.size() + (held == 0 && need_heldout));
     return absl::OkStatus();
   };
   for (size_t i = 0; i + held < files.size(); ++i) OSCARKV_RETURN_IF_ERROR(feed(*dumps[i], false));
   OSCARKV_RETURN_IF_ERROR(cal.BuildRotations());
-  if (!o.clip_candidates.empty()) {
+  if (need_heldout) {
     OSCARKV_RETURN_IF_ERROR(feed(*dumps[held ? files.size() - 1 : 0], true));
   }
   nlohmann::ordered_json meta;

@@ -1,14 +1,17 @@
 // Calibration recovers a planted eigenbasis.
 #include "oscarkv/calibrate/covariance.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <span>
 
 #include "gtest/gtest.h"
 #include "oscarkv/calibrate/calibrator.h"
 #include "oscarkv/engine/safetensors.h"
 #include <filesystem>
 #include <unistd.h>
+#include "oscarkv/kernels/quantize.h"
 #include "oscarkv/kernels/rotation.h"
 
 namespace oscarkv::calibrate {
@@ -121,9 +124,10 @@ TEST(CalibratorTest, KeyRotationFollowsPlantedQueryCovariance) {
   EXPECT_EQ(a->metadata["calibration_tokens"], 20 * T);
 }
 
-TEST(CalibratorTest, ActivationDumpsGiveAnArtifact) {
-  // Two dump files (the second held out for the clip search), 2 layers, GQA 2:1, d = 64.
-  const uint32_t T = 400, hq = 2, hkv = 1, d = 64;
+// Two dump files (the second held out for the clip search), 2 layers, GQA 2:1, d = 64; each
+// file's K and V rows have a per-channel scale (and, with `spiky`, rare outliers).
+std::vector<std::string> WriteDumps(const std::string& tag, uint32_t T, bool spiky = false) {
+  const uint32_t hq = 2, hkv = 1, d = 64;
   std::mt19937 rng(8);
   std::normal_distribution<float> n;
   std::vector<std::string> files;
@@ -134,6 +138,11 @@ TEST(CalibratorTest, ActivationDumpsGiveAnArtifact) {
       for (auto* buf : {&q, &k, &v}) {
         for (size_t i = 0; i < buf->size(); ++i) (*buf)[i] = n(rng) * (1.0f + (i % d) * 0.05f);
       }
+      if (spiky) {
+        for (auto* buf : {&k, &v}) {
+          for (size_t i = 0; i < buf->size(); i += 37) (*buf)[i] *= (l == 0 ? 6.0f : 2.0f);
+        }
+      }
       const std::string p = "layers." + std::to_string(l) + ".";
       w.AddF32(p + "q", {T, hq, d}, q);
       w.AddF32(p + "k", {T, hkv, d}, k);
@@ -141,10 +150,15 @@ TEST(CalibratorTest, ActivationDumpsGiveAnArtifact) {
     }
     w.SetMetadata("model", "synthetic");
     files.push_back((std::filesystem::temp_directory_path() /
-                     ("oscarkv_dump_" + std::to_string(::getpid()) + "_" + std::to_string(f) +
-                      ".safetensors")).string());
-    ASSERT_TRUE(w.WriteTo(files.back()).ok());
+                     ("oscarkv_dump_" + tag + std::to_string(::getpid()) + "_" +
+                      std::to_string(f) + ".safetensors")).string());
+    EXPECT_TRUE(w.WriteTo(files.back()).ok());
   }
+  return files;
+}
+
+TEST(CalibratorTest, ActivationDumpsGiveAnArtifact) {
+  const std::vector<std::string> files = WriteDumps("a", 400);
   CalibrationOptions o;
   o.sink = 16;
   o.recent = 32;
@@ -160,6 +174,66 @@ TEST(CalibratorTest, ActivationDumpsGiveAnArtifact) {
   auto b = CalibrateFromDumps(files, o);
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(a->rotations.Digest(), b->rotations.Digest());
+  for (const auto& f : files) std::filesystem::remove(f);
+}
+
+// --range fixed: per (layer, K|V, head) the candidate with the smallest total unbiased score
+// over the held-out file's rotated rows past the sink (rows [sink, last query + 1)), at the
+// head's clip; recomputed here from the artifact's rotations.
+TEST(CalibratorTest, FixedRangeCandidatesMinimiseTheHeldOutScore) {
+  const uint32_t T = 400, d = 64;
+  const std::vector<std::string> files = WriteDumps("f", T, /*spiky=*/true);
+  for (bool clip_search : {false, true}) {
+    CalibrationOptions o;
+    o.sink = 16;
+    o.recent = 32;
+    o.group = 32;
+    o.query_start = 100;
+    o.fixed_range = true;
+    if (!clip_search) o.clip_candidates.clear();
+    auto a = CalibrateFromDumps(files, o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a->metadata["range_mode"], "unbiased-fixed");
+    ASSERT_EQ(a->metadata["range_candidates"].size(), 4u);
+    const uint32_t rows = 100 + ((T - 1 - 100) / 8) * 8 + 1;  // through the last query row
+    EXPECT_EQ(a->metadata["range_rows"], rows - o.sink);
+    auto dump = engine::SafetensorsFile::Open(files[1]);
+    ASSERT_TRUE(dump.ok());
+    size_t t = 0;
+    for (uint32_t l = 0; l < 2; ++l) {
+      for (KV kv : {KV::kKey, KV::kValue}) {
+        const RangeMode m = a->rotations.range_mode(l, kv, 0);
+        ASSERT_TRUE(IsUnbiasedFixed(m)) << static_cast<int>(m);
+        auto x = (*dump)->GetF32("layers." + std::to_string(l) + (kv == KV::kKey ? ".k" : ".v"),
+                                 {int64_t{T}, 1, int64_t{d}});
+        ASSERT_TRUE(x.ok());
+        const float* r = a->rotations.matrix(l, kv, 0);
+        double scores[8] = {};
+        std::vector<float> y(d);
+        for (uint32_t s = o.sink; s < rows; ++s) {
+          for (uint32_t j = 0; j < d; ++j) {
+            double acc = 0;
+            for (uint32_t i = 0; i < d; ++i) acc += double{(*x)[size_t{s} * d + i]} * r[i * d + j];
+            y[j] = static_cast<float>(acc);
+          }
+          ClipRowAtQuantile(std::span<float>(y), a->rotations.clip(l, kv, 0));
+          AddUnbiasedScores(y.data(), d, o.group, scores);
+        }
+        const int want = static_cast<int>(std::min_element(scores, scores + 8) - scores);
+        // The calibrator's float products round differently: accept a candidate within 1e-6.
+        const int got = FixedCandidate(m);
+        EXPECT_LE(scores[got], scores[want] * (1 + 1e-6)) << l << " " << int(kv) << " got " << got
+                                                          << " want " << want;
+        const auto& row = a->metadata["range_candidates"][t++];
+        EXPECT_EQ(row["candidate"], got);
+        EXPECT_GE(row["score_vs_unbiased"].get<double>(), 1.0);
+      }
+    }
+    // Deterministic.
+    auto b = CalibrateFromDumps(files, o);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(a->rotations.Digest(), b->rotations.Digest());
+  }
   for (const auto& f : files) std::filesystem::remove(f);
 }
 

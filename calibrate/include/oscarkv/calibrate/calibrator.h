@@ -17,6 +17,7 @@
 // for models the engine cannot run. Deterministic for equal inputs and thread count.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -49,6 +50,11 @@ struct CalibrationOptions {
   // Decode semantics the clip search measures under.
   uint32_t sink = 64, recent = 256, group = 128;
   RangeMode range_mode = RangeMode::kUnbiased;
+  // Unbiased-fixed ranges (docs/FORMAT.md §1.3.1 modes 16..23): per (layer, K|V, head) the
+  // candidate i whose unbiased v2 score E, summed over the head's rotated held-out rows (past
+  // the sink, clipped at the head's chosen clip), is smallest; the artifact records mode 16+i.
+  // The clip search (if any) then measures under kUnbiased; range_mode is not used.
+  bool fixed_range = false;
   // Held-out query rows: positions query_start, query_start + query_stride, ...
   uint32_t query_start = 384, query_stride = 8;
 };
@@ -77,9 +83,16 @@ class Calibrator {
   CalibrationOptions o_;
   std::vector<CovarianceAccumulator> cov_;  // [layers][2][kv_heads]
   std::vector<EigenRotation> eig_;
+  // fixed_range: the rows' v2 scores per candidate, [layers][2][kv_heads][clips][8] (clips: the
+  // clip candidates, or the fixed clip), and kUnbiased's own score, [layers][2][kv_heads][clips].
+  void AccumulateRangeScores(uint32_t layer, uint32_t head, const float* k, const float* v,
+                             uint32_t rows);
+  size_t RangeClips() const { return std::max<size_t>(1, o_.clip_candidates.size()); }
   std::vector<double> clip_err_;  // [layers][2][kv_heads][candidates]
+  std::vector<double> range_err_, range_v2_;
   uint64_t cov_tokens_ = 0;
   uint64_t clip_windows_ = 0;
+  uint64_t range_windows_ = 0, range_rows_ = 0;
 };
 
 // Runs the engine (BF16 cache) over consecutive windows of `text`.
