@@ -27,7 +27,8 @@ int Fail(const absl::Status& s, int code = 1) {
 
 // A codec spec: NAME[/key=value...]. NAME is bf16, naive, hadamard, oscar-published or oscar;
 // modifiers override every (layer, head): ck=/cv= clip ratios, rk=/rv= range modes
-// (minmax|search|unbiased). E.g. "oscar/ck=0.97/cv=1" or "hadamard/rk=search/rv=search".
+// (minmax|search|unbiased|fixed0..fixed7). E.g. "oscar/ck=0.97/cv=1" or
+// "hadamard/rk=search/rv=search".
 absl::StatusOr<engine::KvCodec> ParseCodecSpec(const std::string& spec, const engine::ModelConfig& c,
                                                const std::shared_ptr<const RotationSet>& artifact,
                                                uint32_t S, uint32_t R, uint32_t G) {
@@ -66,17 +67,19 @@ absl::StatusOr<engine::KvCodec> ParseCodecSpec(const std::string& spec, const en
           }
           set.set_clip(l, kv.first == "ck" ? KV::kKey : KV::kValue, h, v);
         } else if (kv.first == "rk" || kv.first == "rv") {
-          RangeMode m;
-          if (kv.second == "minmax") {
-            m = RangeMode::kMinMax;
-          } else if (kv.second == "search") {
-            m = RangeMode::kSearch;
-          } else if (kv.second == "unbiased") {
-            m = RangeMode::kUnbiased;
-          } else {
-            return absl::InvalidArgumentError("bad range mode in codec spec '" + spec + "'");
+          // minmax, search, unbiased, fixed0..fixed7 (RangeModeName of each valid byte).
+          int m = 0;
+          while (m < 256 && !(IsRangeMode(static_cast<uint8_t>(m)) &&
+                              kv.second == RangeModeName(static_cast<RangeMode>(m)))) {
+            ++m;
           }
-          set.set_range_mode(l, kv.first == "rk" ? KV::kKey : KV::kValue, h, m);
+          if (m == 256) {
+            return absl::InvalidArgumentError(
+                "bad range mode in codec spec '" + spec +
+                "' (minmax, search, unbiased or fixed0..fixed7)");
+          }
+          set.set_range_mode(l, kv.first == "rk" ? KV::kKey : KV::kValue, h,
+                             static_cast<RangeMode>(m));
         } else {
           return absl::InvalidArgumentError("unknown modifier '" + kv.first + "' in '" + spec + "'");
         }
@@ -84,6 +87,17 @@ absl::StatusOr<engine::KvCodec> ParseCodecSpec(const std::string& spec, const en
     }
   }
   return engine::KvCodec::Int2(spec, std::make_shared<RotationSet>(std::move(set)), S, R, G);
+}
+
+bool UsesFixedRanges(const RotationSet& r) {
+  for (uint32_t l = 0; l < r.layers(); ++l) {
+    for (KV kv : {KV::kKey, KV::kValue}) {
+      for (uint32_t h = 0; h < r.kv_heads(); ++h) {
+        if (IsUnbiasedFixed(r.range_mode(l, kv, h))) return true;
+      }
+    }
+  }
+  return false;
 }
 
 int RunEval(int argc, char** argv) {
@@ -98,14 +112,18 @@ int RunEval(int argc, char** argv) {
             "INT2 codecs keep the first --sink tokens and, for query position t, keys s >=\n"
             "t+1-recent (the last --recent positions up to and including t) in BF16.\n"
             "A codec may carry modifiers: NAME/ck=C/cv=C/rk=MODE/rv=MODE sets every head's key\n"
-            "or value clip ratio C (1 = none) or range mode (minmax|search|unbiased), e.g.\n"
-            "oscar/ck=0.97/cv=1/rk=minmax/rv=minmax (a global clip grid point).\n\n"
+            "or value clip ratio C (1 = none) or range mode (minmax|search|unbiased|fixedI),\n"
+            "e.g. oscar/ck=0.97/cv=1/rk=minmax/rv=minmax (a global clip grid point) or\n"
+            "oscar/rk=fixed6/rv=fixed6 (unbiased restricted to candidate 6 on every head;\n"
+            "docs/FORMAT.md 1.3.1; an artifact from `calibrate --range fixed` picks one per head).\n\n"
             "--device cuda runs attention through the CUDA kernels (quantize-on-write into pages,\n"
             "then paged decode attention with one sequence per query position, the same decode\n"
             "semantics); the rest of the forward pass stays on the CPU. On an H200, 16 windows,\n"
             "every codec's bpb was within 0.0004 of --device cpu and recall within 0.002\n"
             "(engine/results/h200_eval_cpu_vs_gpu.txt): K/V enter the write kernel as bf16, so\n"
-            "INT2 codes differ on a few elements; tensor-core products.");
+            "INT2 codes differ on a few elements; tensor-core products. Codecs with\n"
+            "unbiased-fixed range modes (fixedI, `calibrate --range fixed`) run on the CPU only\n"
+            "for now: the CUDA write kernel does not implement them and --device cuda refuses.");
   args.Option("model", "", "HF Qwen3-style checkpoint folder")
       .Option("text", "", "evaluation text (for the reference model: its val.txt)")
       .Option("rotations", "", "rotation artifact from `oscarkv calibrate` (needed by oscar*)")
@@ -178,6 +196,15 @@ int RunEval(int argc, char** argv) {
        std::vector<std::string>(absl::StrSplit(args.str("codecs"), ',', absl::SkipEmpty()))) {
     auto codec = ParseCodecSpec(spec, c, artifact, S, R, G);
     if (!codec.ok()) return Fail(codec.status(), 2);
+    // The CUDA write kernel implements modes 0, 1 and 3 (oscarkv/cuda/quantize_write.h) and does
+    // not check a per-head mode table's bytes: refuse the unbiased-fixed modes here.
+    if (device == "cuda" && codec->rotations && UsesFixedRanges(*codec->rotations)) {
+      return Fail(absl::UnimplementedError(
+                      "--device cuda: codec '" + spec +
+                      "' uses unbiased-fixed range modes, which the CUDA write kernel does not "
+                      "implement yet; use --device cpu"),
+                  2);
+    }
     codecs.push_back(*std::move(codec));
   }
   if (codecs.empty() || codecs[0].int2) {
