@@ -462,7 +462,12 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
   // The engine's launch: a per-head range-mode table (here every head unbiased) and clips.
   std::vector<uint8_t> unbiased_modes(2 * kKvHeads, static_cast<uint8_t>(RangeMode::kUnbiased));
   auto mode_table = DeviceBuffer::FromHost(unbiased_modes);
-  if (!mode_table.ok()) return absl::InternalError("range modes");
+  // The same with unbiased-fixed modes (candidates 6 and 7, what `oscarkv calibrate --range
+  // fixed` picks on the reference model).
+  std::vector<uint8_t> fixed_modes(2 * kKvHeads);
+  for (int i = 0; i < 2 * kKvHeads; ++i) fixed_modes[i] = static_cast<uint8_t>(UnbiasedFixed(6 + i % 2));
+  auto fixed_table = DeviceBuffer::FromHost(fixed_modes);
+  if (!mode_table.ok() || !fixed_table.ok()) return absl::InternalError("range modes");
   if (!mats.ok() || !frags.ok() || !clips.ok() || !noclips.ok()) return absl::InternalError("rotations");
   BENCH_RETURN_IF_ERROR(cuda::PrepareRotationFragments(mats->as<float>(), 2 * kKvHeads, frags->get(), nullptr));
   const float* rot_k = mats->as<float>();  // layer 0, K matrices are the first 8
@@ -734,7 +739,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         RangeMode mode = RangeMode::kMinMax;
         LP load = LP::kAuto;
         // 0: `clips` as above, `range_mode`; 1: the engine's launch (a per-head mode table, clip
-        // ratios 1.0 passed); 2: a per-head mode table, no clips.
+        // ratios 1.0 passed); 2: a per-head mode table, no clips; 3: the unbiased-fixed mode
+        // table (promised min-max / fixed only), no clips.
         int tables = 0;
       };
       std::vector<Variant> variants;
@@ -745,9 +751,17 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       // (kAuto: staged for min-max and bf16 kernels, direct for selecting kernels); "round-1
       // kernel" / "round-2 kernel" rows are those rounds' kernels as they were, side by side
       // (the default-codec rows twice, alternating, against in-call drift).
-      const RangeMode kUb = RangeMode::kUnbiased, kMm = RangeMode::kMinMax;
+      const RangeMode kUb = RangeMode::kUnbiased, kMm = RangeMode::kMinMax, kFx = UnbiasedFixed(6);
       if (kind == PageKind::kInt2) {
         variants = {{"int2 default codec: rotate+unbiased (no clip)", true, false, true, kUb},
+                    {"int2 rotate+unbiased-fixed (no clip; streaming kernel)", true, false, true, kFx},
+                    {"int2 rotate+unbiased-fixed, per-head table (fixed 6/7)", true, false, true, kFx, LP::kAuto, 3},
+                    {"int2 rotate+unbiased-fixed, wgmma 8-warp kernel (kWgmma8)", true, false, true, kFx, LP::kWgmma8},
+                    {"int2 rotate+unbiased-fixed (run 2)", true, false, true, kFx},
+                    {"int2 rotate, min-max, streaming kernel (kStream)", true, false, true, kMm, LP::kStream},
+                    {"int2 rotate, min-max, streaming kernel, R bf16 hi only (diagnostic)", true, false, false, kMm, LP::kStream},
+                    {"int2 rotate+unbiased-fixed, streaming kernel, R bf16 hi only (diagnostic)", true, false, false, kFx, LP::kStream},
+                    {"int2 rotate, min-max, mma.sync staged (kStaged)", true, false, true, kMm, LP::kStaged},
                     {"int2 default codec, wgmma with the clip code (kWgmma8)", true, false, true, kUb, LP::kWgmma8},
                     {"int2 default codec, mma.sync rotation (round 3)", true, false, true, kUb, LP::kPrefetchL1},
                     {"int2 default codec (run 2)", true, false, true, kUb},
@@ -789,6 +803,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         // The engine writes its BF16 pages with the selecting kernel (one launch per page set, its
         // per-head range-mode table): the "engine launch" rows.
         variants = {{"bf16 rotate (sink/tail)", true, false},
+                    {"bf16 rotate (sink/tail), mma.sync staged (kStaged)", true, false, true, kMm, LP::kStaged},
                     {"bf16 rotate (sink/tail), wgmma (staged)", true, false, true, kMm, LP::kWgmma4},
                     {"bf16 rotate (sink/tail), round-1 kernel", true, false, true, kMm, LP::kRound1},
                     {"bf16 rotate (sink/tail), R fp16 only", true, false, false},
@@ -797,6 +812,11 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
                     {"bf16 rotate, unbiased, no clips", true, false, true, kUb}};
       }
       for (const Variant& v : variants) {
+        if (!o.quant_rows.empty() &&
+            std::none_of(o.quant_rows.begin(), o.quant_rows.end(),
+                         [&](const std::string& s) { return std::string(v.name).find(s) != std::string::npos; })) {
+          continue;
+        }
         cuda::QuantizeWriteParams q;
         q.num_layers = o.layers;
         q.num_kv_heads = kKvHeads;
@@ -812,7 +832,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         q.dst_slot = d_ds->as<int32_t>();
         q.rot_fragments = v.rotate ? frags->get() : nullptr;
         q.clips = v.clip ? clips->as<float>() : v.tables == 1 ? noclips->as<float>() : nullptr;
-        if (v.tables != 0) q.range_modes = mode_table->as<uint8_t>();
+        if (v.tables != 0) q.range_modes = (v.tables == 3 ? fixed_table : mode_table)->as<uint8_t>();
+        q.range_modes_fixed_only = v.tables == 3;
         q.precise_rotation = v.precise;
         q.load_path = v.load;
         q.range_mode = v.mode;

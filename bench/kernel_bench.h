@@ -23,6 +23,7 @@ struct KernelBenchOptions {
   // approximate single-fp16 query; false: the baseline variant only.
   bool all_variants = true;
   int quant_tokens = 32768;  // quantize-on-write: tokens of one layer (all 8 KV heads, K and V)
+  std::vector<std::string> quant_rows;  // non-empty: only rows whose names contain one of these
   // Decode plan CTA targets to measure (0 = default; -1, not first: the default target on the
   // session-5 planner, PlanDecode's session5_slots; kTailTarget - N, not first: the default
   // target with PlanDecode's tail_items = N).

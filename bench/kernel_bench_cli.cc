@@ -29,6 +29,9 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("layers", "4", "layers per page (one is read)")
       .Option("sdpa", "python3 bench/sdpa_baseline.py", "baseline command ('' to skip)")
       .Option("quant-tokens", "32768", "tokens written by the quantize-on-write bench")
+      .Option("quant-rows", "",
+              "'|'-separated substrings: only the quantize-on-write rows whose names contain one "
+              "(profiling, quick A/B; the JSON's quant_variant names the row quant_bw_fraction comes from)")
       .Option("target-ctas", "0",
               "decode plan CTA targets, comma list; the first is reported (0 = default; s5 = the "
               "default target on the session-5 planner, tailN = the default target with the "
@@ -82,6 +85,9 @@ int KernelBenchMain(int argc, char** argv) {
   o.quant_tokens = static_cast<int>(*qt);
   o.rounds = static_cast<int>(*rounds);
   o.sdpa_command = args.str("sdpa");
+  for (absl::string_view q : absl::StrSplit(args.str("quant-rows"), '|', absl::SkipEmpty())) {
+    o.quant_rows.emplace_back(q);
+  }
   o.target_ctas.clear();
   for (absl::string_view t : absl::StrSplit(args.str("target-ctas"), ',', absl::SkipEmpty())) {
     int v = 0;

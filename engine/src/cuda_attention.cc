@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -54,6 +55,7 @@ class CudaAttention final : public AttentionBackend {
   uint32_t layers_ = 0;
   DeviceBuffer mats_, fragments_, clips_, modes_;
   bool clips_active_ = false;  // some clip ratio < 1
+  bool modes_fixed_only_ = false;  // every range mode min-max or unbiased-fixed
   // Window state, rebuilt when the window length or head counts change.
   uint32_t tokens_ = 0, q_heads_ = 0, kv_heads_ = 0;
   WindowPageLayout layout_;
@@ -92,7 +94,11 @@ absl::Status CudaAttention::PrepareCodec(const AttentionInputs& in) {
     OSCARKV_RETURN_IF_ERROR(Upload(clips_, rot->clips()));
     clips_active_ = false;
     for (float c : rot->clips()) clips_active_ = clips_active_ || c < 1.0f;
-    OSCARKV_RETURN_IF_ERROR(Upload(modes_, RangeModeBytes(*rot)));
+    const std::vector<uint8_t> modes = RangeModeBytes(*rot);
+    modes_fixed_only_ = std::all_of(modes.begin(), modes.end(), [](uint8_t m) {
+      return m == static_cast<uint8_t>(RangeMode::kMinMax) || IsUnbiasedFixed(static_cast<RangeMode>(m));
+    });
+    OSCARKV_RETURN_IF_ERROR(Upload(modes_, modes));
     const int count = static_cast<int>(layers_ * 2 * H);
     OSCARKV_ASSIGN_OR_RETURN(fragments_, DeviceBuffer::Create(count * cuda::kRotationFragmentBytes));
     OSCARKV_RETURN_IF_ERROR(
@@ -189,6 +195,7 @@ absl::Status CudaAttention::Attend(const AttentionInputs& in, float* out) {
     // the clip code (169 vs 174 us for the default codec write on an H200, NOTES session 13).
     b.clips = clips_active_ ? clips_.as<float>() : nullptr;
     b.range_modes = modes_.as<uint8_t>();
+    b.range_modes_fixed_only = modes_fixed_only_;
   }
   for (size_t s = 0; s < layout_.sets.size(); ++s) {
     OSCARKV_RETURN_IF_ERROR(

@@ -24,6 +24,9 @@ struct WindowBuffers {
   const uint8_t* rot_fragments = nullptr;  // PrepareRotationFragments of the matrices
   const float* clips = nullptr;
   const uint8_t* range_modes = nullptr;
+  // Every byte of range_modes is min-max or unbiased-fixed (QuantizeWriteParams::
+  // range_modes_fixed_only: such writes may take the streaming kernel).
+  bool range_modes_fixed_only = false;
 };
 
 // Write of page set `set` of `layout` (tokens [first_token, tokens)) for `layer`. Pages hold one
@@ -60,6 +63,7 @@ inline cuda::QuantizeWriteParams WindowWriteParams(const WindowPageLayout& layou
     // from null: the write kernel tests the pointer.
     w.clips = b.clips != nullptr ? b.clips + layer * per_layer : nullptr;
     w.range_modes = b.range_modes != nullptr ? b.range_modes + layer * per_layer : nullptr;
+    w.range_modes_fixed_only = b.range_modes_fixed_only;
   }
   return w;
 }

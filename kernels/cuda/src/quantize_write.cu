@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "device_util.cuh"
+#include "quantize_common.cuh"
+#include "quantize_stream.h"
 #include "oscarkv/cuda/quantize_write.h"
 
 namespace oscarkv::cuda {
@@ -39,10 +41,13 @@ __host__ __device__ constexpr int KChannel(int s, int k) {
 // Output channel of mma n index `n` of n-tile `j`.
 __host__ __device__ constexpr int NChannel(int j, int n) { return 32 * (n / 2) + 2 * j + (n % 2); }
 
-__global__ void PrepareFragmentsKernel(const float* mats, uint4* frags) {
+// Writes both prepared forms of matrix blockIdx.x: the mma fragments (first kFragSmem bytes of its
+// kRotationFragmentBytes) and the streaming kernel's bf16 image after them (PrepareStreamImage).
+__global__ void PrepareFragmentsKernel(const float* mats, uint8_t* prepared) {
   const int m = blockIdx.x;  // matrix
   const float* r = mats + size_t(m) * 128 * 128;
-  uint4* out = frags + size_t(m) * 16 * 8 * 32;
+  uint4* out = reinterpret_cast<uint4*>(prepared + size_t(m) * kRotationFragmentBytes);
+  PrepareStreamImage(r, prepared + size_t(m) * kRotationFragmentBytes + kFragSmem);
   for (int idx = threadIdx.x; idx < 16 * 8 * 32; idx += blockDim.x) {
     const int j = idx / 256, s = (idx / 32) % 8, lane = idx % 32;
     const int gid = lane >> 2, tig = lane & 3;
@@ -73,11 +78,6 @@ __global__ void PrepareFragmentsKernel(const float* mats, uint4* frags) {
 // 16 (k) x 128 (n) tile of 4 KiB, K-major without swizzle: core matrix (n-block j, k-half kb) =
 // 8 rows (n) x 16 bytes (8 k values) at j * 256 + kb * 128. Tile (s, part) at (2s + part) * 4 KiB
 // (hi + lo) or s * 4 KiB (hi only).
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define OSCARKV_HAVE_WGMMA 1
-#else
-#define OSCARKV_HAVE_WGMMA 0
-#endif
 constexpr int kWgTileBytes = 16 * 128 * 2;
 // Shared-memory matrix descriptor: start address, leading byte offset 128 (k halves), stride
 // byte offset 256 (n blocks), no swizzle.
@@ -93,23 +93,6 @@ __device__ __forceinline__ int WgmmaFragOffset(int idx, int w, bool precise) {
   const int tile = precise ? 2 * s + part : s;
   return tile * kWgTileBytes + j * 256 + kb * 128 + gid * 16 + tig * 4;
 }
-#define OSCARKV_WG_ACC(y0, y1) \
-  "+f"(y0[0]), "+f"(y0[1]), "+f"(y1[0]), "+f"(y1[1]), \
-  "+f"(y0[2]), "+f"(y0[3]), "+f"(y1[2]), "+f"(y1[3]), \
-  "+f"(y0[4]), "+f"(y0[5]), "+f"(y1[4]), "+f"(y1[5]), \
-  "+f"(y0[6]), "+f"(y0[7]), "+f"(y1[6]), "+f"(y1[7]), \
-  "+f"(y0[8]), "+f"(y0[9]), "+f"(y1[8]), "+f"(y1[9]), \
-  "+f"(y0[10]), "+f"(y0[11]), "+f"(y1[10]), "+f"(y1[11]), \
-  "+f"(y0[12]), "+f"(y0[13]), "+f"(y1[12]), "+f"(y1[13]), \
-  "+f"(y0[14]), "+f"(y0[15]), "+f"(y1[14]), "+f"(y1[15]), \
-  "+f"(y0[16]), "+f"(y0[17]), "+f"(y1[16]), "+f"(y1[17]), \
-  "+f"(y0[18]), "+f"(y0[19]), "+f"(y1[18]), "+f"(y1[19]), \
-  "+f"(y0[20]), "+f"(y0[21]), "+f"(y1[20]), "+f"(y1[21]), \
-  "+f"(y0[22]), "+f"(y0[23]), "+f"(y1[22]), "+f"(y1[23]), \
-  "+f"(y0[24]), "+f"(y0[25]), "+f"(y1[24]), "+f"(y1[25]), \
-  "+f"(y0[26]), "+f"(y0[27]), "+f"(y1[26]), "+f"(y1[27]), \
-  "+f"(y0[28]), "+f"(y0[29]), "+f"(y1[28]), "+f"(y1[29]), \
-  "+f"(y0[30]), "+f"(y0[31]), "+f"(y1[30]), "+f"(y1[31])
 // y += A(64 x 16, this warp's 16 rows in mma.sync A fragments) * B(16 x 128 at `desc`).
 __device__ __forceinline__ void WgmmaF16N128(float (&y0)[32], float (&y1)[32], uint32_t a0, uint32_t a1,
                                              uint32_t a2, uint32_t a3, uint64_t desc) {
@@ -145,12 +128,6 @@ __device__ __forceinline__ void WgmmaFence(float (&y0)[32], float (&y1)[32], uin
                  "+r"(a[1][12]), "+r"(a[1][13]), "+r"(a[1][14]), "+r"(a[1][15])
                :
                : "memory");
-#endif
-}
-__device__ __forceinline__ void WgmmaCommitWait(float (&y0)[32], float (&y1)[32]) {
-#if OSCARKV_HAVE_WGMMA
-  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n"
-               : OSCARKV_WG_ACC(y0, y1) : : "memory");
 #endif
 }
 // Whether this build's kernels for the current device carry the wgmma path (sm_90a code).
@@ -351,51 +328,6 @@ __device__ float QuadAbsQuantile(const float (&y)[32], QuantilePos qp) {
   return __fadd_rn(a_lo, __fmul_rn(frac, __fsub_rn(a_hi, a_lo)));
 }
 
-// Group-wide reductions over the G/32 lanes that hold one group (quads for G = 128, lane pairs
-// for G = 64).
-template <int G>
-__device__ __forceinline__ float GroupMin(float v) {
-  v = fminf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  if (G == 128) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-  return v;
-}
-template <int G>
-__device__ __forceinline__ float GroupMax(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  if (G == 128) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-  return v;
-}
-template <int G>
-__device__ __forceinline__ unsigned long long GroupSumU64(unsigned long long v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  if (G == 128) v += __shfl_xor_sync(0xffffffffu, v, 2);
-  return v;
-}
-template <int G>
-__device__ __forceinline__ int GroupSumInt(int v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  if (G == 128) v += __shfl_xor_sync(0xffffffffu, v, 2);
-  return v;
-}
-
-// ComputeRangeParams (kernels/src/quantize.cc) with the same directed rounding and saturation.
-struct DevParams {
-  uint16_t scale16, min16;
-};
-__device__ __forceinline__ DevParams RangeParams(float mn, float mx) {
-  mn = fminf(fmaxf(mn, -65504.0f), 65504.0f);
-  mx = fminf(fmaxf(mx, -65504.0f), 65504.0f);
-  mn = mn == 0.f ? 0.f : mn;  // -0 counts as +0 (fminf's choice between signed zeros differs)
-  mx = mx == 0.f ? 0.f : mx;
-  uint16_t min16 = __half_as_ushort(__float2half_rd(mn));
-  if (min16 == 0xfc00) min16 = 0xfbff;
-  const float minf = __half2float(__ushort_as_half(min16));
-  uint16_t scale16 = __half_as_ushort(__float2half_ru(__fdiv_rn(__fsub_rn(mx, minf), 3.0f)));
-  if (scale16 == 0x7c00) scale16 = 0x7bff;
-  if (scale16 & 0x8000) scale16 = 0;
-  return {scale16, min16};
-}
-__device__ __forceinline__ float H2F(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 // Codes of the lane's 32 values for parameters q (GroupCodes: unfused multiply then add),
 // packed as stored: value i at bits 2·(i % 16) of word i / 16.
@@ -413,18 +345,6 @@ __device__ __forceinline__ int CodeAt(const uint32_t (&c)[2], int i) {
   return static_cast<int>((c[i / 16] >> (2 * (i % 16))) & 3u);
 }
 
-// Candidate range i of §1.3.1 (i = 0 is exactly [mn, mx]).
-__device__ __forceinline__ DevParams CandidateParams(int i, float mn, float mx, float width) {
-  const float f = static_cast<float>(i) / 32.0f;
-  return i == 0 ? RangeParams(mn, mx)
-                : RangeParams(__fadd_rn(mn, __fmul_rn(f, width)), __fsub_rn(mx, __fmul_rn(f, width)));
-}
-__device__ __forceinline__ uint32_t PackParams(DevParams q) {
-  return static_cast<uint32_t>(q.scale16) | (static_cast<uint32_t>(q.min16) << 16);
-}
-__device__ __forceinline__ DevParams UnpackParams(uint32_t w) {
-  return {static_cast<uint16_t>(w & 0xffffu), static_cast<uint16_t>(w >> 16)};
-}
 
 // RangeMode::kUnbiased ("unbiased v2", docs/FORMAT.md §1.3.1), bit for bit with QuantizeRowInt2,
 // as rounds 1 and 2 computed it (kept for LoadPath::kRound1 / kRound2; the other paths run
@@ -450,7 +370,6 @@ __device__ __forceinline__ int BandOf(int l) {
 }
 template <bool kRound1>
 constexpr int kBinsOf = kRound1 ? kBands : kBins;
-constexpr uint32_t kMagic = 0x4B000000u;  // bits of 2^23
 __device__ __forceinline__ void SharedRedAdd(uint32_t addr, uint32_t v) {
   asm volatile("red.shared.add.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
@@ -629,7 +548,6 @@ __device__ DevParams SelectUnbiased(float (&y)[32], int tig, float mn, float mx,
 __device__ __forceinline__ uint32_t PackLevelBytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
   return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
-__device__ __forceinline__ uint32_t DecodeCount(uint32_t x) { return ((x >> 24) * 99u) & 0xffu; }
 template <int G>
 __device__ DevParams SelectUnbiasedSwar(const float (&y)[32], int tig, float mn, float mx,
                                         uint32_t bins, uint32_t (&best)[2]) {
@@ -728,13 +646,7 @@ __device__ DevParams SelectUnbiasedSwar(const float (&y)[32], int tig, float mn,
     DevParams q;
     const long long det = G * y1 - c1 * V1;
     if (det > 0 && num > 0) {
-      const double s = __ddiv_rn(static_cast<double>(num), static_cast<double>(det));
-      const double mnum = __dsub_rn(z1, __dmul_rn(s, static_cast<double>(c1)));
-      const double m = __dmul_rn(mnum, 1.0 / G);
-      const double scale = __dmul_rn(s, delta);
-      const double minv = __dadd_rn(static_cast<double>(mn), __dmul_rn(m, delta));
-      const auto sat = [](double t) { return __double2float_rn(fmin(fmax(t, -65504.0), 65504.0)); };
-      q = {__half_as_ushort(__float2half_rn(sat(scale))), __half_as_ushort(__float2half_rn(sat(minv)))};
+      q = UnbiasedRefit<G>(num, det, z1, c1, delta, mn);
     } else {
       q = CandidateParams(i, mn, mx, w);
     }
@@ -792,6 +704,7 @@ __device__ DevParams SelectUnbiasedSwar(const float (&y)[32], int tig, float mn,
 template <int G, bool kRound1, bool kRound2>
 __device__ DevParams SelectRange(float (&y)[32], int tig, float mn, float mx, RangeMode mode,
                                  uint32_t bins, uint32_t (&best)[2]) {
+  if (IsUnbiasedFixed(mode)) return SelectUnbiasedFixed<G>(y, FixedCandidate(mode), mn, mx, best);
   if (mode == RangeMode::kUnbiased) {
     if constexpr (kRound1 || kRound2) return SelectUnbiased<G, kRound1>(y, tig, mn, mx, bins, best);
     else return SelectUnbiasedSwar<G>(y, tig, mn, mx, bins, best);
@@ -920,7 +833,7 @@ __global__ void __launch_bounds__(32 * WarpsOf(kSelect, kRotate, kRound1, kWg),
   const bool precise = p.precise_rotation;
   const int frag_bytes = rotate ? (precise ? kFragSmem : kFragSmem / 2) : 0;
   if (rotate) {
-    const uint8_t* src = static_cast<const uint8_t*>(p.rot_fragments) + size_t(mat) * kFragSmem;
+    const uint8_t* src = static_cast<const uint8_t*>(p.rot_fragments) + size_t(mat) * kRotationFragmentBytes;
     if constexpr (kWg != 0) {
       // Rearranged into the wgmma tiles (WgmmaFragOffset); the tensor cores read them through
       // the async proxy, hence the proxy fence before the barrier.
@@ -1345,7 +1258,7 @@ absl::Status PrepareRotationFragments(const float* matrices, int count, void* fr
   if (matrices == nullptr || fragments == nullptr) {
     return absl::InvalidArgumentError("PrepareRotationFragments: null buffer");
   }
-  PrepareFragmentsKernel<<<count, 256, 0, stream>>>(matrices, static_cast<uint4*>(fragments));
+  PrepareFragmentsKernel<<<count, 256, 0, stream>>>(matrices, static_cast<uint8_t*>(fragments));
   return CudaStatus(cudaGetLastError(), "prepare rotation fragments");
 }
 
@@ -1367,12 +1280,30 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   if (p.src_token_stride % 8 != 0 || p.src_head_stride % 8 != 0 || p.src_layer_stride % 8 != 0) {
     return absl::InvalidArgumentError("quantize-on-write: source strides must be 16-byte multiples");
   }
+  using LoadPath = QuantizeWriteParams::LoadPath;
+  // The streaming kernel (quantize_stream.cu) takes every launch it supports under kAuto:
+  // rotated rows, R hi + lo, no clip, min-max or unbiased-fixed ranges.
+  if (p.load_path == LoadPath::kAuto || p.load_path == LoadPath::kStream) {
+    const char* why = nullptr;
+    const bool fits = StreamWriteSupports(p, &why);
+    if (!fits && p.load_path == LoadPath::kStream) {
+      return absl::InvalidArgumentError(absl::StrCat("quantize-on-write: the streaming kernel does not take ", why));
+    }
+    if (fits) {
+      bool have = false;
+      cudaError_t e = WgmmaAvailable(&have);
+      if (e != cudaSuccess) return CudaStatus(e, "quantize-on-write wgmma probe");
+      if (have) return LaunchStreamWrite(p, stream);
+      if (p.load_path == LoadPath::kStream) {
+        return absl::UnimplementedError("quantize-on-write: this build has no sm_90a (wgmma) kernels");
+      }
+    }
+  }
   const bool g128 = p.group_size == 128;
   // Per-head modes live in device memory (unknown here): any table takes the selecting kernel,
   // which handles min-max heads at run time too.
   const bool select = p.range_modes != nullptr || p.range_mode != RangeMode::kMinMax;
   const bool rot = p.rot_fragments != nullptr;
-  using LoadPath = QuantizeWriteParams::LoadPath;
   const bool wg_path = p.load_path == LoadPath::kWgmma4 || p.load_path == LoadPath::kWgmma8 ||
                        p.load_path == LoadPath::kWgmma12;
   const bool staged = p.load_path == LoadPath::kStaged ||

@@ -41,6 +41,9 @@ struct WriteCase {
   int32_t tokens = 200;
   bool rotate = false;
   bool precise = true;  // QuantizeWriteParams::precise_rotation
+  // Rotated by signed permutation matrices instead (exact in any precision: the streaming
+  // kernel's bytes must then equal the reference bit for bit).
+  bool exact_rotation = false;
   // Rotated writes: allowed fractions of differing INT2 codes and bf16 elements; with `loose`,
   // up to far_group_frac of the groups may also pick another range candidate (a near tie of two
   // candidates' scores; their fp16 parameters and dequantized values then differ by more than
@@ -128,7 +131,7 @@ void RunWrite(const WriteCase& c) {
       std::shuffle(perm.begin(), perm.end(), rng);
       std::vector<float> u(size_t{d} * d, 0.f);
       for (uint32_t i = 0; i < d; ++i) u[size_t{i} * d + perm[i]] = (rng() & 1) ? 1.f : -1.f;
-      std::vector<float> r = ComposeOscarRotation(u, d);
+      std::vector<float> r = c.exact_rotation ? u : ComposeOscarRotation(u, d);
       std::copy(r.begin(), r.end(), mats.begin() + size_t{m} * d * d);
     }
     auto rs = RotationSet::FromData(c.layers, H, d, mats, rot.clips());
@@ -219,14 +222,36 @@ void RunWrite(const WriteCase& c) {
   ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
   const bool sm90 = cc_major == 9 && cc_minor == 0;
+  // The streaming kernel (kStream; kAuto where it applies) rotates with R as bf16 hi + lo, so its
+  // rotated rows are compared with the reference like the round-1 kernel's, not byte for byte
+  // with them (bit for bit with the reference under exact rotations).
+  const bool no_clip = std::all_of(clips.begin(), clips.end(), [](float x) { return x >= 1.0f; });
+  const auto fixed_or_minmax = [](uint8_t m) { return m == 0 || (m >= 16 && m <= 23); };
+  const bool stream_modes = c.range_modes.empty()
+                                ? fixed_or_minmax(static_cast<uint8_t>(c.range_mode))
+                                : std::all_of(c.range_modes.begin(), c.range_modes.end(), fixed_or_minmax);
+  const bool stream_fits = c.rotate && c.precise && no_clip && stream_modes;
+  gp.range_modes_fixed_only = stream_modes && !c.range_modes.empty();
   for (LoadPath path : {LoadPath::kRound1, LoadPath::kDirect, LoadPath::kStaged, LoadPath::kAuto,
                         LoadPath::kRound2, LoadPath::kLoadAhead, LoadPath::kLoadAtTile,
                         LoadPath::kPrefetchL1, LoadPath::kWgmma4, LoadPath::kWgmma8,
-                        LoadPath::kWgmma12}) {
-  const bool staged = path != LoadPath::kRound1;  // compared with the round-1 kernel's bytes
-  SCOPED_TRACE("load path " + std::to_string(static_cast<int>(path)));
+                        LoadPath::kWgmma12, LoadPath::kStream}) {
+  const bool stream = stream_fits && (path == LoadPath::kStream || path == LoadPath::kAuto);
+  // Compared with the round-1 kernel's bytes (else with the reference).
+  const bool staged = path != LoadPath::kRound1 && !stream;
+  SCOPED_TRACE("load path " + std::to_string(static_cast<int>(path)) + (stream ? " (streaming kernel)" : ""));
+  if (path == LoadPath::kStream && !c.precise) continue;  // R hi only there: a timing diagnostic
+  if (path == LoadPath::kStream && !(stream_fits && QuantizeWriteHasWgmma())) {
+    // Refused with a reason, never run on what it does not support.
+    gp.load_path = path;
+    gp.clips = no_clip ? nullptr : d_clips->as<float>();
+    const absl::Status st = LaunchQuantizeWrite(gp, nullptr);
+    EXPECT_FALSE(st.ok());
+    ASSERT_FALSE(stream_fits && sm90) << "sm_90 device but no streaming kernel";
+    continue;
+  }
   const bool wgmma = path == LoadPath::kWgmma4 || path == LoadPath::kWgmma8 || path == LoadPath::kWgmma12;
-  if (wgmma && !QuantizeWriteHasWgmma()) {
+  if ((wgmma || path == LoadPath::kStream) && !QuantizeWriteHasWgmma()) {
     // The default build (sm_90) compiles the write kernels for sm_90a: on an sm_90 device the
     // wgmma paths must be there.
     ASSERT_FALSE(sm90) << "sm_90 device but no sm_90a (wgmma) quantize-on-write kernels";
@@ -238,10 +263,7 @@ void RunWrite(const WriteCase& c) {
   gp.load_path = path;
   // kAuto runs kernels compiled without the clip when `clips` is null: cases without clipping
   // (every ratio >= 1, so the same bytes) pass null on that path.
-  gp.clips = path == LoadPath::kAuto &&
-                     std::all_of(clips.begin(), clips.end(), [](float x) { return x >= 1.0f; })
-                 ? nullptr
-                 : d_clips->as<float>();
+  gp.clips = (path == LoadPath::kAuto || path == LoadPath::kStream) && no_clip ? nullptr : d_clips->as<float>();
   ASSERT_TRUE(LaunchQuantizeWrite(gp, nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
@@ -277,8 +299,30 @@ void RunWrite(const WriteCase& c) {
       }
       continue;  // round1 was checked against the reference below
     }
-    round1[i] = *got;
-    if (!c.rotate) {
+    if (path == LoadPath::kRound1) round1[i] = *got;
+    if (!c.rotate || (stream && c.exact_rotation)) {
+      if (stream) {  // poisoned: compare the rows it wrote (the reference zeroes the rest)
+        const PageGeometry g{c.layers, H, d, c.group, c.page_tokens, static_cast<PageKind>(kinds[i])};
+        for (int32_t t = 0; t < c.tokens; ++t) {
+          if (static_cast<uint32_t>(dst_page[t]) != i) continue;
+          for (uint32_t l = c.first_layer; l < c.first_layer + c.layer_count; ++l)
+            for (uint32_t kv = 0; kv < 2; ++kv)
+              for (uint32_t h = 0; h < H; ++h) {
+                const size_t seg = g.segment_offset(l, kv, h);
+                const uint32_t slot = static_cast<uint32_t>(dst_slot[t]);
+                const bool bf = static_cast<PageKind>(kinds[i]) == PageKind::kBf16;
+                const size_t off[2] = {seg + (bf ? g.bf16_row_offset(slot) : g.code_row_offset(slot)),
+                                       bf ? 0 : seg + g.scale_offset(slot, 0)};
+                const size_t len[2] = {bf ? 2 * d : d / 4, bf ? 0 : size_t{g.groups_per_row()} * 4};
+                for (int k = 0; k < 2; ++k) {
+                  ASSERT_EQ(0, std::memcmp(got->data() + off[k], ref[i].data() + off[k], len[k]))
+                      << "streaming kernel differs from the reference: page " << i << " token " << t
+                      << " layer " << l << " kv " << kv << " head " << h;
+                }
+              }
+        }
+        continue;
+      }
       ASSERT_EQ(*got, ref[i]) << "page " << i << " kind " << int{kinds[i]} << " differs";
       continue;
     }
@@ -290,6 +334,15 @@ void RunWrite(const WriteCase& c) {
           const size_t seg = g.segment_offset(l, kv, h);
           for (uint32_t t = 0; t < c.page_tokens; ++t) {
             if (kind == PageKind::kBf16) {
+              // The streaming kernel's R is bf16 hi + lo (~2^-17 relative per entry): its absolute
+              // error is bounded by ~2^-17 of the row's L1 norm (<= sqrt(d) times the rotated row's).
+              double row_l1 = 0;
+              for (uint32_t e = 0; e < d; ++e) {
+                uint16_t b;
+                std::memcpy(&b, ref[i].data() + seg + g.bf16_row_offset(t) + 2 * e, 2);
+                row_l1 += std::fabs(Bf16ToFloat(b));
+              }
+              const double abs_tol = !c.precise ? 1e-2 : stream ? 0x1p-17 * std::sqrt(double(d)) * row_l1 : 1e-6;
               for (uint32_t e = 0; e < d; ++e) {
                 uint16_t a, b;
                 std::memcpy(&a, got->data() + seg + g.bf16_row_offset(t) + 2 * e, 2);
@@ -298,8 +351,7 @@ void RunWrite(const WriteCase& c) {
                 if (a != b) {
                   ++bf_diff;
                   // R fp16 only: absolute errors ~1e-4 of the row's scale (values near 0).
-                  EXPECT_NEAR(Bf16ToFloat(a), Bf16ToFloat(b),
-                              0.01 * std::fabs(Bf16ToFloat(b)) + (c.precise ? 1e-6 : 1e-2));
+                  EXPECT_NEAR(Bf16ToFloat(a), Bf16ToFloat(b), 0.01 * std::fabs(Bf16ToFloat(b)) + abs_tol);
                 }
               }
               continue;
@@ -336,14 +388,15 @@ void RunWrite(const WriteCase& c) {
       }
     }
   }
-  if (c.rotate && !staged) {
+  if (c.rotate && !staged && !c.exact_rotation) {
     EXPECT_LE(code_diff, codes * c.code_frac) << code_diff << " of " << codes << " codes differ";
     EXPECT_LE(bf_diff, bfs * c.bf16_frac) << bf_diff << " of " << bfs << " bf16 elements differ";
     EXPECT_LE(far_groups, groups * c.far_group_frac) << far_groups << " of " << groups
                                                      << " groups chose another range";
-    std::printf("rotated G%u %s mode %d: %zu/%zu codes, %zu/%zu bf16, %zu/%zu groups differ\n", c.group,
-                c.precise ? "R hi+lo" : "R hi", static_cast<int>(c.range_mode), code_diff, codes, bf_diff,
-                bfs, far_groups, groups);
+    std::printf("rotated G%u %s mode %d%s: %zu/%zu codes, %zu/%zu bf16, %zu/%zu groups differ\n", c.group,
+                c.precise ? "R hi+lo" : "R hi", static_cast<int>(c.range_mode),
+                stream ? " (streaming kernel, R bf16 hi+lo)" : "", code_diff, codes, bf_diff, bfs, far_groups,
+                groups);
   }
   }  // staged
 }
@@ -493,6 +546,53 @@ TEST(QuantizeWriteGpu, RotatedDefaultCodecWithinOneStep) {
         c.far_group_frac = 0.05;
       }
       SCOPED_TRACE(std::string(precise ? "R hi+lo" : "R hi only") + (clip ? ", clip" : ", no clip"));
+      RunWrite(c);
+    }
+  }
+}
+
+// The streaming kernel (kAuto / kStream for rotated rows without clip, min-max or unbiased-fixed
+// ranges): under signed-permutation rotations (exact) its bytes equal the CPU reference bit for
+// bit -- BF16 and INT2 pages, groups 128 and 64, per-head modes mixing min-max and every
+// fixed candidate, lengths that are not a multiple of its 64-row tiles, one and several tiles
+// per warpgroup, ties, one lane holding a row's top values. (Rows holding ±inf rotate into NaN,
+// whose bytes the format leaves unspecified: pattern 3 is not used here.)
+TEST(QuantizeWriteGpu, StreamKernelExactRotationBitExact) {
+  SKIP_WITHOUT_GPU();
+  for (int pattern : {0, 1, 2}) {
+    for (uint32_t g : {128u, 64u}) {
+      WriteCase c;
+      c.pattern = pattern;
+      c.group = g;
+      c.rotate = true;
+      c.exact_rotation = true;
+      c.kv_heads = 3;
+      c.tokens = pattern == 0 ? 4099 : 333;
+      c.page_tokens = g == 128 ? 64 : 128;
+      c.range_modes = {16, 0, 17, 18, 19, 20, 21, 22, 23, 22};
+      c.clip_values = {1.0f};
+      c.seed = 900 + g + pattern;
+      SCOPED_TRACE("pattern " + std::to_string(pattern));
+      RunWrite(c);
+    }
+  }
+}
+
+// Unbiased-fixed ranges under real rotations: the streaming kernel (R as bf16 hi + lo) and the
+// older kernels (R as fp16 hi + lo, clips forcing them) against the fp32 CPU rotation.
+TEST(QuantizeWriteGpu, RotatedUnbiasedFixedWithinOneStep) {
+  SKIP_WITHOUT_GPU();
+  for (bool clip : {false, true}) {
+    for (uint32_t g : {128u, 64u}) {
+      WriteCase c;
+      c.group = g;
+      c.rotate = true;
+      c.tokens = 1000;
+      c.range_modes = {22, 23, 0, 16};
+      c.clip_values = clip ? std::vector<float>{0.96f, 0.92f} : std::vector<float>{1.0f};
+      c.seed = 950 + g + clip;
+      c.loose = true;
+      SCOPED_TRACE(clip ? "clip (older kernels)" : "no clip (streaming kernel)");
       RunWrite(c);
     }
   }

@@ -12,8 +12,9 @@
 // hi + lo: ~2^-22, rows agree with the CPU to ~1e-6), so rotated rows are not bit for bit;
 // unrotated writes are bit-exact.
 //
-// Range selection: all three RangeMode rules of the CPU codec (quantize.h, docs/FORMAT.md
-// §1.3.1) are mirrored bit for bit -- kMinMax, kSearch (8 candidate ranges, integer error) and
+// Range selection: every RangeMode rule of the CPU codec (quantize.h, docs/FORMAT.md §1.3.1) is
+// mirrored bit for bit -- kMinMax, unbiased-fixed i (one candidate's integer sums, one refit per
+// group), kSearch (8 candidate ranges, integer error) and
 // kUnbiased ("unbiased v2": one level position per element, a shared-memory atomic into the
 // lane's private bin of its level, suffix sums at the 17 candidate thresholds, a
 // reduce-scatter over the group's lanes, each lane refitting and scoring its candidates in
@@ -37,11 +38,13 @@
 
 namespace oscarkv::cuda {
 
-// Bytes of prepared fragments for `count` d x d (d = 128) rotation matrices.
-inline constexpr size_t kRotationFragmentBytes = 128 * 128 * 4;  // fp16 hi + lo per element
+// Bytes of one prepared d x d (d = 128) rotation matrix: the mma.sync / wgmma fragments (R as fp16
+// hi + lo, 64 KiB) followed by the streaming kernel's image (R as bf16 hi + lo, 128B-swizzled
+// K-major wgmma operand tiles, 64 KiB).
+inline constexpr size_t kRotationFragmentBytes = 2 * 128 * 128 * 4;
 
-// Converts `count` row-major fp32 128x128 matrices (device) into the tensor-core fragment layout
-// the write kernel reads (device, count * kRotationFragmentBytes).
+// Converts `count` row-major fp32 128x128 matrices (device) into the layouts the write kernels
+// read (device, count * kRotationFragmentBytes).
 absl::Status PrepareRotationFragments(const float* matrices, int count, void* fragments,
                                       cudaStream_t stream);
 
@@ -96,9 +99,15 @@ struct QuantizeWriteParams {
   // 169.0 us), round 3's mma.sync kernel otherwise. For the rotating min-max / bf16 kernels kAuto
   // stays on mma.sync (staged); kWgmma* run them on wgmma (one warpgroup per CTA): INT2 pages
   // 142.8 -> 113.4 us, but BF16 pages 125.0 -> 141.7 us.
+  // kStream: the streaming kernel (quantize_stream.cu, sm_90a): rows through shared memory, R as
+  // bf16 hi + lo read by wgmma from shared memory, one CTA of 3 warpgroups per SM; it takes
+  // rotated rows (precise_rotation) with no clip into BF16 pages and INT2 pages with min-max or
+  // unbiased-fixed ranges, and kAuto takes it for every such launch (an error for others).
+  // kStream with precise_rotation false rotates by R's bf16 high part only (~2^-9 relative:
+  // timing diagnostics only; kAuto never takes it).
   enum class LoadPath : uint8_t {
     kAuto, kStaged, kDirect, kRound1, kRound2, kLoadAhead, kLoadAtTile, kPrefetchL1,
-    kWgmma4, kWgmma8, kWgmma12
+    kWgmma4, kWgmma8, kWgmma12, kStream
   };
   LoadPath load_path = LoadPath::kAuto;
   // Range selection of INT2 groups (see the top of this file): per (layer, K|V, head) modes
@@ -106,6 +115,9 @@ struct QuantizeWriteParams {
   // clips), or nullptr to use `range_mode` for every head.
   RangeMode range_mode = RangeMode::kMinMax;
   const uint8_t* range_modes = nullptr;
+  // The caller's promise that every byte of `range_modes` is min-max or unbiased-fixed (the
+  // streaming kernel's rules): the table is in device memory, so the launcher cannot look.
+  bool range_modes_fixed_only = false;
 };
 
 absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& params, cudaStream_t stream);
