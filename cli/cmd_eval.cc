@@ -89,17 +89,6 @@ absl::StatusOr<engine::KvCodec> ParseCodecSpec(const std::string& spec, const en
   return engine::KvCodec::Int2(spec, std::make_shared<RotationSet>(std::move(set)), S, R, G);
 }
 
-bool UsesFixedRanges(const RotationSet& r) {
-  for (uint32_t l = 0; l < r.layers(); ++l) {
-    for (KV kv : {KV::kKey, KV::kValue}) {
-      for (uint32_t h = 0; h < r.kv_heads(); ++h) {
-        if (IsUnbiasedFixed(r.range_mode(l, kv, h))) return true;
-      }
-    }
-  }
-  return false;
-}
-
 int RunEval(int argc, char** argv) {
   Args args("eval",
             "Bits per byte (bpb) of a byte-level model on fixed random windows of a text, and a\n"
@@ -121,9 +110,7 @@ int RunEval(int argc, char** argv) {
             "semantics); the rest of the forward pass stays on the CPU. On an H200, 16 windows,\n"
             "every codec's bpb was within 0.0004 of --device cpu and recall within 0.002\n"
             "(engine/results/h200_eval_cpu_vs_gpu.txt): K/V enter the write kernel as bf16, so\n"
-            "INT2 codes differ on a few elements; tensor-core products. Codecs with\n"
-            "unbiased-fixed range modes (fixedI, `calibrate --range fixed`) run on the CPU only\n"
-            "for now: the CUDA write kernel does not implement them and --device cuda refuses.");
+            "INT2 codes differ on a few elements; tensor-core products.");
   args.Option("model", "", "HF Qwen3-style checkpoint folder")
       .Option("text", "", "evaluation text (for the reference model: its val.txt)")
       .Option("rotations", "", "rotation artifact from `oscarkv calibrate` (needed by oscar*)")
@@ -196,15 +183,6 @@ int RunEval(int argc, char** argv) {
        std::vector<std::string>(absl::StrSplit(args.str("codecs"), ',', absl::SkipEmpty()))) {
     auto codec = ParseCodecSpec(spec, c, artifact, S, R, G);
     if (!codec.ok()) return Fail(codec.status(), 2);
-    // The CUDA write kernel implements modes 0, 1 and 3 (oscarkv/cuda/quantize_write.h) and does
-    // not check a per-head mode table's bytes: refuse the unbiased-fixed modes here.
-    if (device == "cuda" && codec->rotations && UsesFixedRanges(*codec->rotations)) {
-      return Fail(absl::UnimplementedError(
-                      "--device cuda: codec '" + spec +
-                      "' uses unbiased-fixed range modes, which the CUDA write kernel does not "
-                      "implement yet; use --device cpu"),
-                  2);
-    }
     codecs.push_back(*std::move(codec));
   }
   if (codecs.empty() || codecs[0].int2) {
