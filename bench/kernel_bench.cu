@@ -757,6 +757,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
                     {"int2 rotate+unbiased-fixed (no clip; streaming kernel)", true, false, true, kFx},
                     {"int2 rotate+unbiased-fixed, per-head table (fixed 6/7)", true, false, true, kFx, LP::kAuto, 3},
                     {"int2 rotate+unbiased-fixed, wgmma 8-warp kernel (kWgmma8)", true, false, true, kFx, LP::kWgmma8},
+                    {"int2 rotate+unbiased-fixed, streaming kernel with 4 warpgroups (kStream4)", true, false, true, kFx, LP::kStream4},
                     {"int2 rotate+unbiased-fixed (run 2)", true, false, true, kFx},
                     {"int2 rotate, min-max, streaming kernel (kStream)", true, false, true, kMm, LP::kStream},
                     {"int2 rotate, min-max, streaming kernel, R bf16 hi only (diagnostic)", true, false, false, kMm, LP::kStream},

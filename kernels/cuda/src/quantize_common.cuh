@@ -110,11 +110,10 @@ __device__ __forceinline__ uint32_t DecodeCount(uint32_t x) { return ((x >> 24) 
 
 // The unbiased refit of docs/FORMAT.md §1.3.1 for one candidate whose refit applies (det > 0 and
 // num > 0): s = num/det, m = (z1 − s·c1)/G, scale = s·δ, min = mn + m·δ in fp64 without fused
-// operations, stored as fp16_rn(fp32_rn(clamp(·, ±65504))).
+// operations, stored as fp16_rn(fp32_rn(clamp(·, ±65504))). UnbiasedRefitFrom takes s and δ
+// already divided (correctly rounded, __ddiv_rn).
 template <int G>
-__device__ __forceinline__ DevParams UnbiasedRefit(long long num, long long det, double z1, long long c1,
-                                                   double delta, float mn) {
-  const double s = __ddiv_rn(static_cast<double>(num), static_cast<double>(det));
+__device__ __forceinline__ DevParams UnbiasedRefitFrom(double s, double delta, double z1, long long c1, float mn) {
   // Division by G (a power of two) is the product with 1/G, exactly.
   const double mnum = __dsub_rn(z1, __dmul_rn(s, static_cast<double>(c1)));
   const double m = __dmul_rn(mnum, 1.0 / G);
@@ -122,6 +121,11 @@ __device__ __forceinline__ DevParams UnbiasedRefit(long long num, long long det,
   const double minv = __dadd_rn(static_cast<double>(mn), __dmul_rn(m, delta));
   const auto sat = [](double t) { return __double2float_rn(fmin(fmax(t, -65504.0), 65504.0)); };
   return {__half_as_ushort(__float2half_rn(sat(scale))), __half_as_ushort(__float2half_rn(sat(minv)))};
+}
+template <int G>
+__device__ __forceinline__ DevParams UnbiasedRefit(long long num, long long det, double z1, long long c1,
+                                                   double delta, float mn) {
+  return UnbiasedRefitFrom<G>(__ddiv_rn(static_cast<double>(num), static_cast<double>(det)), delta, z1, c1, mn);
 }
 
 template <int G>
@@ -131,58 +135,97 @@ __device__ __forceinline__ uint32_t GroupSumU32(uint32_t v) {
   return v;
 }
 
-// The unbiased-fixed rule for candidate ci on this lane's 32 values of a group (mn, mx: the
-// group's saturated minimum and maximum), bit for bit with the CPU codec: returns the group's
-// parameters and this lane's codes (channel j at bits 2·(j % 16) of word j / 16).
+// The unbiased-fixed rule (docs/FORMAT.md §1.3.1, candidate ci), bit for bit with the CPU codec.
+// Per element: the position's bits vb = 2^23's bits + v, v = floor(98304·sat(fma(x, 1/w, −mn/w)))
+// (an FFMA rounding down onto 2^23), and the code c = [L >= 8+ci] + [L >= 24] + [L >= 40−ci]
+// compared on vb by sign bits (t = threshold − 1: t − vb < 0 iff vb >= threshold); the lane sums
+// Σvb, Σc·vb (mod 2^32) and Σvb² (mod 2^64). Σc comes from the packed codes. After the group
+// reduction the exact integers are V1 = Σvb − G·M, Y1 = Σc·vb − (Σc)·M and V2 = Σvb² − 2M·V1 −
+// G·M² (M = 0x4B000000): all below 2^32 (2^64 for V2), so the wrap-around is harmless.
+struct FixedRange {
+  float mn, mx, w, k, b;
+  uint32_t t1, t2, t3;
+};
+__device__ __forceinline__ FixedRange MakeFixedRange(float mn, float mx, int ci) {
+  FixedRange f;
+  f.mn = mn;
+  f.mx = mx;
+  f.w = __fsub_rn(mx, mn);
+  f.k = f.w > 0.f ? __frcp_rn(f.w) : 0.f;
+  f.b = -__fmul_rn(mn, f.k);
+  f.t1 = kMagic + static_cast<uint32_t>(8 + ci) * kUnbiasedStepsPerLevel - 1u;
+  f.t2 = kMagic + 24u * kUnbiasedStepsPerLevel - 1u;
+  f.t3 = kMagic + static_cast<uint32_t>(40 - ci) * kUnbiasedStepsPerLevel - 1u;
+  return f;
+}
+struct FixedSums {
+  uint32_t s0 = 0, sy = 0;
+  unsigned long long sq = 0;
+};
+__device__ __forceinline__ uint32_t FixedElement(float x, const FixedRange& f, FixedSums& a) {
+  const float u = __saturatef(__fmaf_rn(x, f.k, f.b));
+  const uint32_t vb = __float_as_uint(__fmaf_rd(u, 98304.0f, 8388608.0f));
+  const uint32_t c = ((f.t1 - vb) >> 31) + ((f.t2 - vb) >> 31) + ((f.t3 - vb) >> 31);
+  a.s0 += vb;
+  a.sy += c * vb;
+  a.sq += static_cast<unsigned long long>(vb) * vb;
+  return c;
+}
+// Σ of the 2-bit codes in two packed words.
+__device__ __forceinline__ uint32_t CodeSum(const uint32_t (&cw)[2]) {
+  return __popc(cw[0] & 0x55555555u) + __popc(cw[1] & 0x55555555u) +
+         2u * (__popc(cw[0] & 0xaaaaaaaau) + __popc(cw[1] & 0xaaaaaaaau));
+}
+// The group's exact integers from the reduced lane sums.
+struct FixedTotals {
+  long long V1, C1, num, det;
+  bool refit;  // det > 0 and num > 0
+};
+template <int G>
+__device__ __forceinline__ FixedTotals FixedReduce(FixedSums a, uint32_t c1) {
+  a.s0 = GroupSumU32<G>(a.s0);
+  a.sy = GroupSumU32<G>(a.sy);
+  a.sq = GroupSumU64<G>(a.sq);
+  c1 = GroupSumU32<G>(c1);
+  constexpr unsigned long long kM = kMagic;
+  FixedTotals t;
+  t.V1 = static_cast<long long>(a.s0 - static_cast<uint32_t>(G) * kMagic);
+  t.C1 = c1;
+  const long long Y1 = static_cast<long long>(a.sy - c1 * kMagic);
+  const long long V2 = static_cast<long long>(a.sq - 2ull * kM * static_cast<unsigned long long>(t.V1) -
+                                              static_cast<unsigned long long>(G) * kM * kM);
+  t.num = G * V2 - t.V1 * t.V1;
+  t.det = G * Y1 - t.C1 * t.V1;
+  t.refit = t.det > 0 && t.num > 0;
+  return t;
+}
+// The stored parameters given s = num/det and δ = w/98304 (fp64, correctly rounded).
+template <int G>
+__device__ __forceinline__ DevParams FixedParams(const FixedTotals& t, const FixedRange& f, int ci, double s,
+                                                 double delta) {
+  if (!t.refit) return CandidateParams(ci, f.mn, f.mx, f.w);
+  const double z1 = __dadd_rn(static_cast<double>(t.V1), static_cast<double>(G) / 2.0);
+  return UnbiasedRefitFrom<G>(s, delta, z1, t.C1, f.mn);
+}
+
+// The rule on this lane's 32 values of one group (mn, mx: the group's saturated minimum and
+// maximum): returns the group's parameters and this lane's codes (channel j at bits 2·(j % 16)
+// of word j / 16).
 template <int G>
 __device__ __forceinline__ DevParams SelectUnbiasedFixed(const float (&y)[32], int ci, float mn, float mx,
                                                          uint32_t (&cw)[2]) {
+  const FixedRange f = MakeFixedRange(mn, mx, ci);
+  FixedSums a;
   cw[0] = cw[1] = 0u;
-  // Unbiased-fixed candidate ci: positions v = floor(98304·sat(fma(x, 1/w, −mn/w))) as the bits
-  // vb = 2^23's bits + v (an FFMA rounding down onto 2^23); codes [L >= 8+ci] + [L >= 24] +
-  // [L >= 40−ci] compared on vb; sums of vb over all elements and over each threshold's elements
-  // (count · 0x4B000000 + Σv mod 2^32: the count comes back as 99·(top byte) mod 256, Σv < 2^24
-  // stays in the low bits) and Σvb² (mod 2^64).
-  const float w = __fsub_rn(mx, mn);
-  const float k = w > 0.f ? __frcp_rn(w) : 0.f;
-  const float b = -__fmul_rn(mn, k);
-  const uint32_t a1 = kMagic + static_cast<uint32_t>(8 + ci) * kUnbiasedStepsPerLevel;
-  const uint32_t a2 = kMagic + 24u * kUnbiasedStepsPerLevel;
-  const uint32_t a3 = kMagic + static_cast<uint32_t>(40 - ci) * kUnbiasedStepsPerLevel;
-  uint32_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-  unsigned long long sq = 0;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const float u = __saturatef(__fmaf_rn(y[j], k, b));
-    const uint32_t vb = __float_as_uint(__fmaf_rd(u, 98304.0f, 8388608.0f));
-    const bool p1 = vb >= a1, p2 = vb >= a2, p3 = vb >= a3;
-    const uint32_t bit = 1u << (2 * (j % 16));
-    s0 += vb;
-    s1 += p1 ? vb : 0u;
-    s2 += p2 ? vb : 0u;
-    s3 += p3 ? vb : 0u;
-    sq += static_cast<unsigned long long>(vb) * vb;
-    cw[j / 16] += (p1 ? bit : 0u) + (p2 ? bit : 0u) + (p3 ? bit : 0u);
+  for (int j = 0; j < 32; ++j) cw[j / 16] += FixedElement(y[j], f, a) << (2 * (j % 16));
+  const FixedTotals t = FixedReduce<G>(a, CodeSum(cw));
+  double s = 0.0, delta = 0.0;
+  if (t.refit) {
+    s = __ddiv_rn(static_cast<double>(t.num), static_cast<double>(t.det));
+    delta = __ddiv_rn(static_cast<double>(f.w), 98304.0);
   }
-  s0 = GroupSumU32<G>(s0);
-  s1 = GroupSumU32<G>(s1);
-  s2 = GroupSumU32<G>(s2);
-  s3 = GroupSumU32<G>(s3);
-  sq = GroupSumU64<G>(sq);
-  constexpr unsigned long long kM = kMagic;
-  const long long V1 = static_cast<long long>(s0 - static_cast<uint32_t>(G) * kMagic);
-  const long long V2 = static_cast<long long>(sq - 2ull * kM * static_cast<unsigned long long>(V1) -
-                                              static_cast<unsigned long long>(G) * kM * kM);
-  const long long n1 = DecodeCount(s1), n2 = DecodeCount(s2), n3 = DecodeCount(s3);
-  const long long c1 = n1 + n2 + n3;
-  const long long y1 = static_cast<long long>(s1 & 0xffffffu) + (s2 & 0xffffffu) + (s3 & 0xffffffu);
-  const long long num = G * V2 - V1 * V1, det = G * y1 - c1 * V1;
-  if (det > 0 && num > 0) {
-    const double delta = __ddiv_rn(static_cast<double>(w), 98304.0);
-    const double z1 = __dadd_rn(static_cast<double>(V1), static_cast<double>(G) / 2.0);
-    return UnbiasedRefit<G>(num, det, z1, c1, delta, mn);
-  }
-  return CandidateParams(ci, mn, mx, w);
+  return FixedParams<G>(t, f, ci, s, delta);
 }
 
 }  // namespace

@@ -30,20 +30,23 @@
 namespace oscarkv::cuda::detail {
 namespace {
 
-constexpr int kWgs = 3;  // warpgroups per CTA
-constexpr int kThreads = 128 * kWgs;
-constexpr int kStages = 3;                 // tiles in flight per warpgroup
 constexpr int kTileRows = 64;              // rows per tile (wgmma M)
 constexpr int kHalfTile = kTileRows * 128;  // 64 rows x 64 channels (bf16) = 8 KiB
 constexpr int kTileBytes = 2 * kHalfTile;
 constexpr int kFragPart = 128 * 128 * 4;  // the mma fragments before the image in each prepared matrix
-constexpr int kSmemBytes = 1024 + kStreamImageBytes + kWgs * kStages * kTileBytes;
+// Warpgroups per CTA (3 by default, 168 registers; 4 with 128 registers, LoadPath::kStream4) and
+// tiles in flight per warpgroup (the ring's stages).
+constexpr int StagesOf(int wgs) { return wgs == 4 ? 2 : 3; }
+constexpr int SmemBytesOf(int wgs) { return 1024 + kStreamImageBytes + wgs * StagesOf(wgs) * kTileBytes; }
 
 // Shared-memory matrix descriptor of a K-major, 128-byte swizzled operand tile (8-row groups
 // 1024 bytes apart); the start address may sit 32/64/96 bytes into the swizzle atom (k-steps).
-__device__ __forceinline__ uint64_t SwizzledDesc(uint32_t smem_addr) {
-  return static_cast<uint64_t>((smem_addr & 0x3ffffu) >> 4) | (uint64_t{1} << 16) |
-         (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+// Low word: start address >> 4 (14 bits; shared addresses are < 2^18, so adding an offset >> 4
+// never carries out of the field) and leading byte offset 1; high word: stride 1024 >> 4 and
+// the 128-byte swizzle mode (bits 62-63 = 1).
+__device__ __forceinline__ uint32_t SwizzledDescLo(uint32_t smem_addr) { return (smem_addr >> 4) | (1u << 16); }
+__device__ __forceinline__ uint64_t SwizzledDesc(uint32_t lo) {
+  return static_cast<uint64_t>(lo) | (static_cast<uint64_t>((1024 >> 4) | (1u << 30)) << 32);
 }
 
 // y (+)= A(64 x 16, shared) · B(16 x 128, shared), bf16 operands, fp32 accumulators.
@@ -76,40 +79,90 @@ __device__ __forceinline__ void WarpgroupBarrier(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
 }
 
-// Quantizes one row's group (this lane's 32 consecutive channels, the group spread over G/32
-// lanes) with range mode `mode` (kMinMax or unbiased-fixed); codes packed as stored (channel j
-// of the lane at bits 2·(j % 16) of word j / 16). Every lane of the warp must call it.
+// The group minimum and maximum (saturated to ±65504) of both of this lane's rows.
 template <int G>
-__device__ __forceinline__ DevParams QuantizeLane(const float (&y)[32], uint8_t mode, uint32_t (&cw)[2]) {
-  float mn = y[0], mx = y[0];
+__device__ __forceinline__ void RowRanges(const float (&y)[2][32], float (&mn)[2], float (&mx)[2]) {
 #pragma unroll
-  for (int i = 1; i < 32; ++i) {
-    mn = fminf(mn, y[i]);
-    mx = fmaxf(mx, y[i]);
-  }
-  mn = fminf(fmaxf(GroupMin<G>(mn), -65504.0f), 65504.0f);
-  mx = fminf(fmaxf(GroupMax<G>(mx), -65504.0f), 65504.0f);
-  cw[0] = cw[1] = 0u;
-  if (!IsUnbiasedFixed(static_cast<RangeMode>(mode))) {  // min-max (§1.3)
-    const DevParams q = RangeParams(mn, mx);
-    const float minf = H2F(q.min16), sf = H2F(q.scale16);
-    const float inv = sf > 0.f ? __frcp_rn(sf) : 0.f;
+  for (int r = 0; r < 2; ++r) {
+    mn[r] = mx[r] = y[r][0];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const float t = __fadd_rn(__fmul_rn(__fsub_rn(y[i], minf), inv), 0.5f);
-      cw[i / 16] |= static_cast<uint32_t>(min(max(static_cast<int>(floorf(t)), 0), 3)) << (2 * (i % 16));
+    for (int i = 1; i < 32; ++i) {
+      mn[r] = fminf(mn[r], y[r][i]);
+      mx[r] = fmaxf(mx[r], y[r][i]);
     }
-    return q;
   }
-  return SelectUnbiasedFixed<G>(y, FixedCandidate(static_cast<RangeMode>(mode)), mn, mx, cw);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mn[r] = fminf(fmaxf(GroupMin<G>(mn[r]), -65504.0f), 65504.0f);
+    mx[r] = fminf(fmaxf(GroupMax<G>(mx[r]), -65504.0f), 65504.0f);
+  }
+}
+
+// Min-max (§1.3) codes of one row's 32 values on this lane.
+__device__ __forceinline__ DevParams MinMaxCodes(const float (&y)[32], float mn, float mx, uint32_t (&cw)[2]) {
+  const DevParams q = RangeParams(mn, mx);
+  const float minf = H2F(q.min16), sf = H2F(q.scale16);
+  const float inv = sf > 0.f ? __frcp_rn(sf) : 0.f;
+  cw[0] = cw[1] = 0u;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const float t = __fadd_rn(__fmul_rn(__fsub_rn(y[i], minf), inv), 0.5f);
+    cw[i / 16] |= static_cast<uint32_t>(min(max(static_cast<int>(floorf(t)), 0), 3)) << (2 * (i % 16));
+  }
+  return q;
+}
+
+// Unbiased-fixed candidate ci on both of this lane's rows (quantize_common.cuh's rule), the two
+// rows' element loops interleaved; the four fp64 divisions (s and δ of two rows) are spread over
+// the group's lanes (G = 128: one per lane of the quad; G = 64: two per lane of the pair) and
+// exchanged by shuffles instead of every lane computing all four.
+template <int G>
+__device__ __forceinline__ void FixedCodes2(const float (&y)[2][32], const float (&mn)[2], const float (&mx)[2],
+                                            int ci, int tig, uint32_t (&cw)[2][2], DevParams (&q)[2]) {
+  const FixedRange f[2] = {MakeFixedRange(mn[0], mx[0], ci), MakeFixedRange(mn[1], mx[1], ci)};
+  FixedSums a[2];
+  cw[0][0] = cw[0][1] = cw[1][0] = cw[1][1] = 0u;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) cw[r][j / 16] += FixedElement(y[r][j], f[r], a[r]) << (2 * (j % 16));
+  }
+  const FixedTotals t[2] = {FixedReduce<G>(a[0], CodeSum(cw[0])), FixedReduce<G>(a[1], CodeSum(cw[1]))};
+  const bool is_delta = tig & 1;
+  double s[2], delta[2];
+  if constexpr (G == 128) {
+    const bool r1 = tig & 2;
+    const double num = is_delta ? static_cast<double>(r1 ? f[1].w : f[0].w)
+                                : static_cast<double>(r1 ? t[1].num : t[0].num);
+    const double den = is_delta ? 98304.0 : static_cast<double>(r1 ? t[1].det : t[0].det);
+    const double res = __ddiv_rn(num, den);
+    const int quad = (threadIdx.x & 31) & ~3;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      s[r] = __shfl_sync(0xffffffffu, res, quad + 2 * r);
+      delta[r] = __shfl_sync(0xffffffffu, res, quad + 2 * r + 1);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const double res = __ddiv_rn(is_delta ? static_cast<double>(f[r].w) : static_cast<double>(t[r].num),
+                                   is_delta ? 98304.0 : static_cast<double>(t[r].det));
+      const double other = __shfl_xor_sync(0xffffffffu, res, 1);
+      s[r] = is_delta ? other : res;
+      delta[r] = is_delta ? res : other;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) q[r] = FixedParams<G>(t[r], f[r], ci, s[r], delta[r]);
 }
 
 // kParts: 2 rotates by R hi + lo (the product), 1 by R hi only (~2^-9 relative: timing
-// diagnostics, LoadPath::kStream with precise_rotation false).
-template <int G, int kParts>
-__global__ void __launch_bounds__(kThreads, 1)
+// diagnostics, LoadPath::kStream with precise_rotation false). kWgs: warpgroups per CTA.
+template <int G, int kParts, int kWgs>
+__global__ void __launch_bounds__(128 * kWgs, 1)
     StreamWriteKernel(const QuantizeWriteParams p, int tiles_per_mat, int total_tiles) {
 #if OSCARKV_HAVE_WGMMA
+  constexpr int kThreads = 128 * kWgs, kStages = StagesOf(kWgs);
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // Swizzled operand tiles want 1024-byte alignment.
   uint8_t* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
@@ -132,6 +185,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int li = mat / (2 * H), kv = (mat / H) & 1, head = mat % H;
     const uint8_t mode = static_cast<uint8_t>(p.range_modes != nullptr ? p.range_modes[mat] : static_cast<uint8_t>(p.range_mode));
     if (mode != 0 && !IsUnbiasedFixed(static_cast<RangeMode>(mode))) __trap();  // the launcher checks
+    const bool fixed = IsUnbiasedFixed(static_cast<RangeMode>(mode));
+    const int ci = fixed ? FixedCandidate(static_cast<RangeMode>(mode)) : 0;
     const uint16_t* src = (kv ? p.v_src : p.k_src) + li * p.src_layer_stride + head * p.src_head_stride;
     const uint32_t layer = p.first_layer + li;
     const size_t seg2 = g2.segment_offset(layer, kv, head), segb = gb.segment_offset(layer, kv, head);
@@ -146,16 +201,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto tile_of = [&](int i) { return t_first + wg + kWgs * i; };
     // Thread tw copies 16-byte chunks tw + 128·q of the tile: row (tw + 128q) / 16, channel chunk
     // tw % 16 (a warp copies two whole rows).
-    const int cchunk = tw & 15;
+    // Row (tw >> 4) + 8q sits at q·1024 past row tw >> 4 in the same swizzle phase (row & 7).
+    const int cchunk = tw & 15, crow = tw >> 4;
+    const int cdst = (cchunk >> 3) * kHalfTile + Swizzle128(crow, cchunk & 7);
+    const int64_t cstep = 8 * p.src_token_stride;
     auto issue = [&](int i, int stage) {
       if (i < n) {
-        const int tok0 = tile_of(i) * kTileRows;
-        uint8_t* st = ring + stage * kTileBytes + (cchunk >> 3) * kHalfTile;
+        const int tok0 = tile_of(i) * kTileRows + crow;
+        const uint16_t* gsrc = src + int64_t(tok0) * p.src_token_stride + 8 * cchunk;
+        uint8_t* st = ring + stage * kTileBytes + cdst;
+        const int left = p.num_tokens - tok0;  // rows 8q < left exist
 #pragma unroll
         for (int q = 0; q < 8; ++q) {
-          const int row = (tw >> 4) + 8 * q, tok = tok0 + row;
-          const bool ok = tok < p.num_tokens;
-          CpAsync16(st + Swizzle128(row, cchunk & 7), src + int64_t(ok ? tok : 0) * p.src_token_stride + 8 * cchunk, ok);
+          const bool ok = 8 * q < left;
+          CpAsync16(st + q * 1024, ok ? gsrc : src, ok);
+          gsrc += cstep;
         }
       }
       CpAsyncCommit();
@@ -178,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     load_dst(0, pid, slot);
-    const uint32_t rbase = SmemAddr(rimg);
+    const uint32_t rlo = SwizzledDescLo(SmemAddr(rimg));
     for (int i = 0; i < n; ++i) {
       const int stage = i % kStages;
       CpAsyncWait<kStages - 2>();
@@ -196,25 +256,26 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_dst(i + 1, pid, slot);
 
       float y[2][32];
-      const uint32_t abase = SmemAddr(ring + stage * kTileBytes);
+      const uint32_t alo = SwizzledDescLo(SmemAddr(ring + stage * kTileBytes));
       WgmmaFenceAcc(y[0], y[1]);
 #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        const uint32_t koff = (s >> 2) * kHalfTile + (s & 3) * 32;
-        const uint32_t roff = (s >> 2) * 16384 + (s & 3) * 32;
-        const uint64_t da = SwizzledDesc(abase + koff);
+        const uint32_t koff = ((s >> 2) * kHalfTile + (s & 3) * 32) >> 4;
+        const uint32_t roff = ((s >> 2) * 16384 + (s & 3) * 32) >> 4;
+        const uint64_t da = SwizzledDesc(alo + koff);
         if (s == 0) {
-          WgmmaBf16<0>(y[0], y[1], da, SwizzledDesc(rbase + roff));
+          WgmmaBf16<0>(y[0], y[1], da, SwizzledDesc(rlo + roff));
         } else {
-          WgmmaBf16<1>(y[0], y[1], da, SwizzledDesc(rbase + roff));
+          WgmmaBf16<1>(y[0], y[1], da, SwizzledDesc(rlo + roff));
         }
-        if (kParts == 2) WgmmaBf16<1>(y[0], y[1], da, SwizzledDesc(rbase + 2 * 16384 + roff));
+        if (kParts == 2) WgmmaBf16<1>(y[0], y[1], da, SwizzledDesc(rlo + ((2 * 16384) >> 4) + roff));
       }
       WgmmaCommitWait(y[0], y[1]);
 
+      bool int2[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const bool int2 = kind[r] == static_cast<uint8_t>(PageKind::kInt2);
+        int2[r] = kind[r] == static_cast<uint8_t>(PageKind::kInt2);
         if (kind[r] == static_cast<uint8_t>(PageKind::kBf16)) {
           uint32_t packed[16];
 #pragma unroll
@@ -223,18 +284,28 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int q = 0; q < 4; ++q) dst[q] = make_uint4(packed[4 * q], packed[4 * q + 1], packed[4 * q + 2], packed[4 * q + 3]);
         }
-        // A row's lanes (a quad) share its kind; the selection's shuffles need the whole warp.
-        if (!__any_sync(0xffffffffu, int2)) continue;
-        uint32_t cw[2];
-        const DevParams q = QuantizeLane<G>(y[r], mode, cw);
-        if (int2) {
-          uint8_t* base = page[r] + seg2;
-          *reinterpret_cast<uint2*>(base + size_t(slot_now[r]) * 32 + 8 * tig) = make_uint2(cw[0], cw[1]);
-          constexpr int kLanesPerGroup = G / 32;
-          if (tig % kLanesPerGroup == 0) {
-            *reinterpret_cast<uint32_t*>(base + codes_bytes + size_t(slot_now[r]) * (128 / G) * 4 + 4 * (tig / kLanesPerGroup)) =
-                PackParams(q);
-          }
+      }
+      // A row's lanes (a quad) share its kind; the selection's shuffles need the whole warp.
+      if (!__any_sync(0xffffffffu, int2[0] || int2[1])) continue;
+      float mn[2], mx[2];
+      RowRanges<G>(y, mn, mx);
+      uint32_t cw[2][2];
+      DevParams q[2];
+      if (fixed) {
+        FixedCodes2<G>(y, mn, mx, ci, tig, cw, q);
+      } else {
+        q[0] = MinMaxCodes(y[0], mn[0], mx[0], cw[0]);
+        q[1] = MinMaxCodes(y[1], mn[1], mx[1], cw[1]);
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (!int2[r]) continue;
+        uint8_t* base = page[r] + seg2;
+        *reinterpret_cast<uint2*>(base + size_t(slot_now[r]) * 32 + 8 * tig) = make_uint2(cw[r][0], cw[r][1]);
+        constexpr int kLanesPerGroup = G / 32;
+        if (tig % kLanesPerGroup == 0) {
+          *reinterpret_cast<uint32_t*>(base + codes_bytes + size_t(slot_now[r]) * (128 / G) * 4 + 4 * (tig / kLanesPerGroup)) =
+              PackParams(q[r]);
         }
       }
     }
@@ -252,7 +323,7 @@ bool StreamWriteSupports(const QuantizeWriteParams& p, const char** why) {
   const uint8_t m = static_cast<uint8_t>(p.range_mode);
   if (p.rot_fragments == nullptr) {
     reason = "rows are not rotated";
-  } else if (!p.precise_rotation && p.load_path != QuantizeWriteParams::LoadPath::kStream) {
+  } else if (!p.precise_rotation && p.load_path != QuantizeWriteParams::LoadPath::kStream) {  // kStream: hi only
     reason = "R fp16-only rotation asked";
   } else if (p.clips != nullptr) {
     reason = "quantile clips";
@@ -275,16 +346,19 @@ absl::Status LaunchStreamWrite(const QuantizeWriteParams& p, cudaStream_t stream
   const long long total = static_cast<long long>(tiles_per_mat) * p.layer_count * 2 * p.num_kv_heads;
   if (total > (1ll << 31) - 1) return absl::InvalidArgumentError("quantize-on-write: launch too large");
   const int ctas = static_cast<int>(std::min<long long>(sms, total));
+  const bool four = p.load_path == QuantizeWriteParams::LoadPath::kStream4;
   auto run = [&](auto kernel) -> absl::Status {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    const int wgs = four ? 4 : 3, smem = SmemBytesOf(wgs);
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return CudaStatus(err, "quantize-on-write (stream) smem attribute");
-    kernel<<<ctas, kThreads, kSmemBytes, stream>>>(p, tiles_per_mat, static_cast<int>(total));
+    kernel<<<ctas, 128 * wgs, smem, stream>>>(p, tiles_per_mat, static_cast<int>(total));
     return CudaStatus(cudaGetLastError(), "quantize-on-write (stream) launch");
   };
+  if (four) return p.group_size == 128 ? run(StreamWriteKernel<128, 2, 4>) : run(StreamWriteKernel<64, 2, 4>);
   if (!p.precise_rotation) {
-    return p.group_size == 128 ? run(StreamWriteKernel<128, 1>) : run(StreamWriteKernel<64, 1>);
+    return p.group_size == 128 ? run(StreamWriteKernel<128, 1, 3>) : run(StreamWriteKernel<64, 1, 3>);
   }
-  return p.group_size == 128 ? run(StreamWriteKernel<128, 2>) : run(StreamWriteKernel<64, 2>);
+  return p.group_size == 128 ? run(StreamWriteKernel<128, 2, 3>) : run(StreamWriteKernel<64, 2, 3>);
 }
 
 }  // namespace oscarkv::cuda::detail

@@ -1283,10 +1283,11 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   using LoadPath = QuantizeWriteParams::LoadPath;
   // The streaming kernel (quantize_stream.cu) takes every launch it supports under kAuto:
   // rotated rows, R hi + lo, no clip, min-max or unbiased-fixed ranges.
-  if (p.load_path == LoadPath::kAuto || p.load_path == LoadPath::kStream) {
+  const bool stream_path = p.load_path == LoadPath::kStream || p.load_path == LoadPath::kStream4;
+  if (p.load_path == LoadPath::kAuto || stream_path) {
     const char* why = nullptr;
     const bool fits = StreamWriteSupports(p, &why);
-    if (!fits && p.load_path == LoadPath::kStream) {
+    if (!fits && stream_path) {
       return absl::InvalidArgumentError(absl::StrCat("quantize-on-write: the streaming kernel does not take ", why));
     }
     if (fits) {
@@ -1294,7 +1295,7 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
       cudaError_t e = WgmmaAvailable(&have);
       if (e != cudaSuccess) return CudaStatus(e, "quantize-on-write wgmma probe");
       if (have) return LaunchStreamWrite(p, stream);
-      if (p.load_path == LoadPath::kStream) {
+      if (stream_path) {
         return absl::UnimplementedError("quantize-on-write: this build has no sm_90a (wgmma) kernels");
       }
     }

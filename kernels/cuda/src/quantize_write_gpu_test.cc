@@ -235,13 +235,14 @@ void RunWrite(const WriteCase& c) {
   for (LoadPath path : {LoadPath::kRound1, LoadPath::kDirect, LoadPath::kStaged, LoadPath::kAuto,
                         LoadPath::kRound2, LoadPath::kLoadAhead, LoadPath::kLoadAtTile,
                         LoadPath::kPrefetchL1, LoadPath::kWgmma4, LoadPath::kWgmma8,
-                        LoadPath::kWgmma12, LoadPath::kStream}) {
-  const bool stream = stream_fits && (path == LoadPath::kStream || path == LoadPath::kAuto);
+                        LoadPath::kWgmma12, LoadPath::kStream, LoadPath::kStream4}) {
+  const bool stream_path = path == LoadPath::kStream || path == LoadPath::kStream4;
+  const bool stream = stream_fits && (stream_path || path == LoadPath::kAuto);
   // Compared with the round-1 kernel's bytes (else with the reference).
   const bool staged = path != LoadPath::kRound1 && !stream;
   SCOPED_TRACE("load path " + std::to_string(static_cast<int>(path)) + (stream ? " (streaming kernel)" : ""));
   if (path == LoadPath::kStream && !c.precise) continue;  // R hi only there: a timing diagnostic
-  if (path == LoadPath::kStream && !(stream_fits && QuantizeWriteHasWgmma())) {
+  if (stream_path && !(stream_fits && QuantizeWriteHasWgmma())) {
     // Refused with a reason, never run on what it does not support.
     gp.load_path = path;
     gp.clips = no_clip ? nullptr : d_clips->as<float>();
@@ -251,7 +252,7 @@ void RunWrite(const WriteCase& c) {
     continue;
   }
   const bool wgmma = path == LoadPath::kWgmma4 || path == LoadPath::kWgmma8 || path == LoadPath::kWgmma12;
-  if ((wgmma || path == LoadPath::kStream) && !QuantizeWriteHasWgmma()) {
+  if ((wgmma || stream_path) && !QuantizeWriteHasWgmma()) {
     // The default build (sm_90) compiles the write kernels for sm_90a: on an sm_90 device the
     // wgmma paths must be there.
     ASSERT_FALSE(sm90) << "sm_90 device but no sm_90a (wgmma) quantize-on-write kernels";
@@ -263,7 +264,7 @@ void RunWrite(const WriteCase& c) {
   gp.load_path = path;
   // kAuto runs kernels compiled without the clip when `clips` is null: cases without clipping
   // (every ratio >= 1, so the same bytes) pass null on that path.
-  gp.clips = (path == LoadPath::kAuto || path == LoadPath::kStream) && no_clip ? nullptr : d_clips->as<float>();
+  gp.clips = (path == LoadPath::kAuto || stream_path) && no_clip ? nullptr : d_clips->as<float>();
   ASSERT_TRUE(LaunchQuantizeWrite(gp, nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 

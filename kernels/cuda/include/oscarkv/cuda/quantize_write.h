@@ -104,10 +104,11 @@ struct QuantizeWriteParams {
   // rotated rows (precise_rotation) with no clip into BF16 pages and INT2 pages with min-max or
   // unbiased-fixed ranges, and kAuto takes it for every such launch (an error for others).
   // kStream with precise_rotation false rotates by R's bf16 high part only (~2^-9 relative:
-  // timing diagnostics only; kAuto never takes it).
+  // timing diagnostics only; kAuto never takes it). kStream4: the same kernel with 4 warpgroups
+  // (2-stage rings, 128 registers), for side-by-side benches.
   enum class LoadPath : uint8_t {
     kAuto, kStaged, kDirect, kRound1, kRound2, kLoadAhead, kLoadAtTile, kPrefetchL1,
-    kWgmma4, kWgmma8, kWgmma12, kStream
+    kWgmma4, kWgmma8, kWgmma12, kStream, kStream4
   };
   LoadPath load_path = LoadPath::kAuto;
   // Range selection of INT2 groups (see the top of this file): per (layer, K|V, head) modes
