@@ -745,72 +745,50 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       };
       std::vector<Variant> variants;
       // The first row is the write a calibrated codec performs (`oscarkv calibrate` defaults:
-      // K and V rotated by R as fp16 hi+lo -- V is not absorbed unless `calibrate absorb`
-      // ran --, no quantile clip (`--clip none`), range mode unbiased) with the kernel's
-      // defaults; the JSON's quant_bw_fraction is that row. Rows naming a load path force it
-      // (kAuto: staged for min-max and bf16 kernels, direct for selecting kernels); "round-1
-      // kernel" / "round-2 kernel" rows are those rounds' kernels as they were, side by side
-      // (the default-codec rows twice, alternating, against in-call drift).
+      // K and V rotated -- V is not absorbed unless `calibrate absorb` ran --, no quantile clip
+      // (`--clip none`), unbiased-fixed ranges with the candidate chosen per head (`--range
+      // fixed`)), launched as the engine launches it (a per-head mode table it promises holds
+      // only min-max / unbiased-fixed modes, no clip table): the streaming kernel. The JSON's
+      // quant_bw_fraction is that row. Rows naming a load path force it; "unbiased v2" rows are
+      // the previous default rule (8 candidates per group) on its kernels; "round-N kernel" rows
+      // are those rounds' kernels as they were, side by side.
       const RangeMode kUb = RangeMode::kUnbiased, kMm = RangeMode::kMinMax, kFx = UnbiasedFixed(6);
       if (kind == PageKind::kInt2) {
-        variants = {{"int2 default codec: rotate+unbiased (no clip)", true, false, true, kUb},
-                    {"int2 rotate+unbiased-fixed (no clip; streaming kernel)", true, false, true, kFx},
-                    {"int2 rotate+unbiased-fixed, per-head table (fixed 6/7)", true, false, true, kFx, LP::kAuto, 3},
-                    {"int2 rotate+unbiased-fixed, wgmma 8-warp kernel (kWgmma8)", true, false, true, kFx, LP::kWgmma8},
-                    {"int2 rotate+unbiased-fixed, streaming kernel with 4 warpgroups (kStream4)", true, false, true, kFx, LP::kStream4},
-                    {"int2 rotate+unbiased-fixed (run 2)", true, false, true, kFx},
-                    {"int2 rotate, min-max, streaming kernel (kStream)", true, false, true, kMm, LP::kStream},
-                    {"int2 rotate, min-max, streaming kernel, R bf16 hi only (diagnostic)", true, false, false, kMm, LP::kStream},
-                    {"int2 rotate+unbiased-fixed, streaming kernel, R bf16 hi only (diagnostic)", true, false, false, kFx, LP::kStream},
-                    {"int2 rotate, min-max, mma.sync staged (kStaged)", true, false, true, kMm, LP::kStaged},
-                    {"int2 default codec, wgmma with the clip code (kWgmma8)", true, false, true, kUb, LP::kWgmma8},
-                    {"int2 default codec, mma.sync rotation (round 3)", true, false, true, kUb, LP::kPrefetchL1},
-                    {"int2 default codec (run 2)", true, false, true, kUb},
-                    {"int2 default codec, wgmma with the clip code (kWgmma8) (run 2)", true, false, true, kUb, LP::kWgmma8},
-                    {"int2 default codec, mma.sync rotation (round 3) (run 2)", true, false, true, kUb, LP::kPrefetchL1},
-                    {"int2 default codec (run 3)", true, false, true, kUb},
-                    {"int2 default codec, wgmma with the clip code (kWgmma8) (run 3)", true, false, true, kUb, LP::kWgmma8},
-                    {"int2 default codec, mma.sync rotation (round 3) (run 3)", true, false, true, kUb, LP::kPrefetchL1},
-                    {"int2 default codec, engine launch (mode table, clip ratios 1.0)", true, false, true, kUb, LP::kAuto, 1},
-                    {"int2 default codec, mode table, no clips", true, false, true, kUb, LP::kAuto, 2},
-                    {"int2 default codec, engine launch, mma.sync rotation (round 3)", true, false, true, kUb, LP::kPrefetchL1, 1},
-                    {"int2 default codec, round-2 kernel", true, false, true, kUb, LP::kRound2},
-                    {"int2 default codec, wgmma 4-warp CTAs", true, false, true, kUb, LP::kWgmma4},
-                    {"int2 default codec, wgmma 12-warp CTAs", true, false, true, kUb, LP::kWgmma12},
-                    {"int2 default codec, R fp16 only", true, false, false, kUb},
-                    {"int2 default codec, R fp16 only, mma.sync rotation (round 3)", true, false, false, kUb, LP::kPrefetchL1},
-                    {"int2 default codec, R fp16 only, wgmma with the clip code (kWgmma8)", true, false, false, kUb, LP::kWgmma8},
-                    {"int2 default codec, R fp16 only, wgmma 4-warp CTAs", true, false, false, kUb, LP::kWgmma4},
-                    {"int2 default codec, R fp16 only, round-2 kernel", true, false, false, kUb, LP::kRound2},
-                    {"int2 prerotated+unbiased (flush / R_V absorbed)", false, false, true, kUb},
-                    {"int2 prerotated+unbiased, round-2 kernel", false, false, true, kUb, LP::kRound2},
-                    {"int2 rotate+clip+unbiased (OSCAR clips)", true, true, true, kUb},
-                    {"int2 rotate+clip+unbiased (OSCAR clips), mma.sync rotation (round 3)", true, true, true, kUb, LP::kPrefetchL1},
-                    {"int2 rotate+clip+unbiased (OSCAR clips), round-2 kernel", true, true, true, kUb, LP::kRound2},
+        variants = {{"int2 default codec: rotate+unbiased-fixed per head (no clip)", true, false, true, kFx, LP::kAuto, 3},
+                    {"int2 default codec, one mode for every head (fixed 6)", true, false, true, kFx},
+                    {"int2 default codec, streaming kernel with 3 warpgroups (kStream3)", true, false, true, kFx, LP::kStream3, 3},
+                    {"int2 default codec, wgmma 8-warp kernel (kWgmma8)", true, false, true, kFx, LP::kWgmma8, 3},
+                    {"int2 default codec, R bf16 hi only (diagnostic)", true, false, false, kFx, LP::kStream, 3},
+                    {"int2 default codec (run 2)", true, false, true, kFx, LP::kAuto, 3},
+                    {"int2 unbiased v2 (previous default): rotate+unbiased (no clip)", true, false, true, kUb},
+                    {"int2 unbiased v2, wgmma with the clip code (kWgmma8)", true, false, true, kUb, LP::kWgmma8},
+                    {"int2 unbiased v2, mma.sync rotation (round 3)", true, false, true, kUb, LP::kPrefetchL1},
+                    {"int2 unbiased v2, engine launch (mode table, clip ratios 1.0)", true, false, true, kUb, LP::kAuto, 1},
+                    {"int2 unbiased v2, round-2 kernel", true, false, true, kUb, LP::kRound2},
+                    {"int2 unbiased v2, R fp16 only", true, false, false, kUb},
+                    {"int2 prerotated+unbiased-fixed (flush / R_V absorbed)", false, false, true, kFx},
+                    {"int2 prerotated+unbiased v2 (flush / R_V absorbed)", false, false, true, kUb},
+                    {"int2 rotate+clip+unbiased v2 (OSCAR clips)", true, true, true, kUb},
                     {"int2 rotate+clip, min-max", true, true, true, kMm},
-                    {"int2 rotate+clip, min-max, wgmma (staged)", true, true, true, kMm, LP::kWgmma4},
                     {"int2 rotate, min-max", true, false, true, kMm},
+                    {"int2 rotate, min-max, streaming kernel with 3 warpgroups (kStream3)", true, false, true, kMm, LP::kStream3},
+                    {"int2 rotate, min-max, mma.sync staged (kStaged)", true, false, true, kMm, LP::kStaged},
                     {"int2 rotate, min-max, wgmma (staged)", true, false, true, kMm, LP::kWgmma4},
-                    {"int2 rotate, min-max (run 2)", true, false, true, kMm},
-                    {"int2 rotate, min-max, wgmma (staged) (run 2)", true, false, true, kMm, LP::kWgmma4},
+                    {"int2 rotate, min-max, R bf16 hi only (diagnostic)", true, false, false, kMm, LP::kStream},
                     {"int2 rotate, min-max, round-1 kernel", true, false, true, kMm, LP::kRound1},
-                    {"int2 rotate, min-max, R fp16 only", true, false, false, kMm},
-                    {"int2 rotate, min-max, R fp16 only, wgmma (staged)", true, false, false, kMm, LP::kWgmma4},
                     {"int2 prerotated, min-max", false, false, true, kMm},
-                    {"int2 prerotated, min-max, round-1 kernel", false, false, true, kMm, LP::kRound1},
                     {"int2 prerotated+clip, min-max", false, true, true, kMm},
                     {"int2 rotate+clip, range search", true, true, true, RangeMode::kSearch}};
       } else {
-        // The engine writes its BF16 pages with the selecting kernel (one launch per page set, its
-        // per-head range-mode table): the "engine launch" rows.
+        // The engine writes its BF16 pages with its per-head range-mode table: the "engine launch"
+        // rows (the streaming kernel with the default codec's table).
         variants = {{"bf16 rotate (sink/tail)", true, false},
+                    {"bf16 rotate (sink/tail), streaming kernel with 3 warpgroups (kStream3)", true, false, true, kMm, LP::kStream3},
                     {"bf16 rotate (sink/tail), mma.sync staged (kStaged)", true, false, true, kMm, LP::kStaged},
-                    {"bf16 rotate (sink/tail), wgmma (staged)", true, false, true, kMm, LP::kWgmma4},
                     {"bf16 rotate (sink/tail), round-1 kernel", true, false, true, kMm, LP::kRound1},
                     {"bf16 rotate (sink/tail), R fp16 only", true, false, false},
-                    {"bf16 rotate, engine launch (mode table, clip ratios 1.0)", true, false, true, kUb, LP::kAuto, 1},
-                    {"bf16 rotate, engine launch, mma.sync rotation (round 3)", true, false, true, kUb, LP::kPrefetchL1, 1},
-                    {"bf16 rotate, unbiased, no clips", true, false, true, kUb}};
+                    {"bf16 rotate, engine launch (default codec's mode table)", true, false, true, kFx, LP::kAuto, 3},
+                    {"bf16 rotate, engine launch (unbiased v2 table, clip ratios 1.0)", true, false, true, kUb, LP::kAuto, 1}};
       }
       for (const Variant& v : variants) {
         if (!o.quant_rows.empty() &&

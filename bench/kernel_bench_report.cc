@@ -157,10 +157,14 @@ std::string FormatJson(const KernelBenchReport& r) {
     // The default codec write (the first row, see kernel_bench.cu): the figure.
     j["quant_bw_fraction"] = Ratio(Gbps(r.quant[0].bytes, r.quant[0].us), r.copy_gbps);
     j["quant_variant"] = r.quant[0].name;
-    // The fastest INT2 write configuration measured (may skip rotation or clipping).
+    // The fastest INT2 write configuration measured (may skip rotation or clipping; never a
+    // "(diagnostic)" row, whose bytes are not the codec's).
     const QuantRow* best = nullptr;
     for (const auto& q : r.quant) {
-      if (q.name.rfind("int2", 0) == 0 && (best == nullptr || q.us < best->us)) best = &q;
+      if (q.name.rfind("int2", 0) == 0 && q.name.find("(diagnostic)") == std::string::npos &&
+          (best == nullptr || q.us < best->us)) {
+        best = &q;
+      }
     }
     if (best != nullptr) {
       j["quant_bw_fraction_best"] = Ratio(Gbps(best->bytes, best->us), r.copy_gbps);

@@ -50,7 +50,10 @@ inline LayerInputs Own(const AttentionInputs& in) {
 
 // OSCAR-style set: random signed permutations composed with Hadamard (orthogonal, dense), clips
 // 0.96 (K) / 0.92 (V), range modes cycling minmax, search, unbiased over (layer, K|V, head).
-inline std::shared_ptr<RotationSet> OscarLike(uint32_t layers, uint32_t H, uint32_t d, uint32_t seed) {
+// `fixed`: no clips, range modes cycling unbiased-fixed 6, 7, 5 and minmax -- what `oscarkv
+// calibrate` writes by default, and the writes the CUDA path hands to its streaming kernel.
+inline std::shared_ptr<RotationSet> OscarLike(uint32_t layers, uint32_t H, uint32_t d, uint32_t seed,
+                                              bool fixed = false) {
   std::mt19937 rng(seed);
   std::vector<float> mats;
   for (uint32_t m = 0; m < layers * 2 * H; ++m) {
@@ -65,17 +68,18 @@ inline std::shared_ptr<RotationSet> OscarLike(uint32_t layers, uint32_t H, uint3
   std::vector<float> clips;
   for (uint32_t l = 0; l < layers; ++l) {
     for (uint32_t kv = 0; kv < 2; ++kv) {
-      for (uint32_t h = 0; h < H; ++h) clips.push_back(kv == 0 ? 0.96f : 0.92f);
+      for (uint32_t h = 0; h < H; ++h) clips.push_back(fixed ? 1.0f : kv == 0 ? 0.96f : 0.92f);
     }
   }
   auto set = RotationSet::FromData(layers, H, d, mats, clips);
   EXPECT_TRUE(set.ok()) << set.status();
   auto out = std::make_shared<RotationSet>(*std::move(set));
   const RangeMode kModes[3] = {RangeMode::kMinMax, RangeMode::kSearch, RangeMode::kUnbiased};
+  const RangeMode kFixedModes[4] = {UnbiasedFixed(6), UnbiasedFixed(7), UnbiasedFixed(5), RangeMode::kMinMax};
   uint32_t i = 0;
   for (uint32_t l = 0; l < layers; ++l) {
     for (KV kv : {KV::kKey, KV::kValue}) {
-      for (uint32_t h = 0; h < H; ++h) out->set_range_mode(l, kv, h, kModes[i++ % 3]);
+      for (uint32_t h = 0; h < H; ++h, ++i) out->set_range_mode(l, kv, h, fixed ? kFixedModes[i % 4] : kModes[i % 3]);
     }
   }
   return out;
@@ -87,7 +91,8 @@ inline std::vector<KvCodec> Codecs(uint32_t layers, uint32_t H, uint32_t d, uint
   auto hadamard = std::make_shared<RotationSet>(RotationSet::Hadamard(layers, H, d));
   return {KvCodec::Bf16(), KvCodec::Int2("naive", naive, sink, recent, group),
           KvCodec::Int2("hadamard", hadamard, sink, recent, group),
-          KvCodec::Int2("oscar-like", OscarLike(layers, H, d, 11 + sink + group), sink, recent, group)};
+          KvCodec::Int2("oscar-like", OscarLike(layers, H, d, 11 + sink + group), sink, recent, group),
+          KvCodec::Int2("oscar-fixed", OscarLike(layers, H, d, 13 + sink + group, true), sink, recent, group)};
 }
 
 struct Diff {

@@ -1,13 +1,14 @@
 // The streaming quantize-on-write kernel (sm_90a): rows stream through shared memory and are
 // rotated by wgmma with both operands there, so the ALU is left with the range rule alone.
 //
-// One CTA per SM, three warpgroups. The CTA takes a contiguous range of the launch's 64-row tiles
+// One CTA per SM, four warpgroups. The CTA takes a contiguous range of the launch's 64-row tiles
 // (tiles of one (layer, K|V, head) matrix are consecutive) and walks it matrix by matrix: R's
 // bf16 hi + lo image (64 KiB, prepared once by PrepareRotationFragments) is copied into shared
-// memory, then warpgroup w takes tiles w, w + 3, ... of the matrix. Each warpgroup streams its
-// tiles through a private ring of kStages tiles (cp.async, 16 KiB per tile, 128-byte swizzled as
-// the wgmma operand layout wants), rotates a tile with 16 wgmma.m64n128k16 (8 k-steps x R hi, lo;
-// A = the rows from shared memory), and its 128 threads then hold two rows each, 32 consecutive
+// memory, then warpgroup w takes tiles w, w + 4, ... of the matrix. Each warpgroup streams its
+// tiles through a private ring of 2 tiles (cp.async, 16 KiB per tile, 128-byte swizzled as the
+// wgmma operand layout wants), rotates a tile with 16 wgmma.m64n128k16 (8 k-steps x R hi, lo;
+// A = the rows from shared memory; the next tile's copies and the destinations' loads are issued
+// while they run), and its 128 threads then hold two rows each, 32 consecutive
 // output channels per lane (StreamChannel). They quantize them in registers -- min-max or the
 // unbiased-fixed range rule (docs/FORMAT.md §1.3.1: one candidate's sums per element, one
 // refit per row) -- and store the codes and fp16 parameters, or the rotated bf16 row for BF16
@@ -34,8 +35,9 @@ constexpr int kTileRows = 64;              // rows per tile (wgmma M)
 constexpr int kHalfTile = kTileRows * 128;  // 64 rows x 64 channels (bf16) = 8 KiB
 constexpr int kTileBytes = 2 * kHalfTile;
 constexpr int kFragPart = 128 * 128 * 4;  // the mma fragments before the image in each prepared matrix
-// Warpgroups per CTA (3 by default, 168 registers; 4 with 128 registers, LoadPath::kStream4) and
-// tiles in flight per warpgroup (the ring's stages).
+// Warpgroups per CTA (4 by default, 128 registers, 2-stage rings; 3 with 168 registers and
+// 3-stage rings, LoadPath::kStream3, measured slower on an H200: unbiased-fixed 112.5 vs 105.0 us,
+// min-max 82.6 vs 78.0 us, BF16 pages equal) and tiles in flight per warpgroup (ring stages).
 constexpr int StagesOf(int wgs) { return wgs == 4 ? 2 : 3; }
 constexpr int SmemBytesOf(int wgs) { return 1024 + kStreamImageBytes + wgs * StagesOf(wgs) * kTileBytes; }
 
@@ -68,6 +70,17 @@ __device__ __forceinline__ void WgmmaBf16(float (&y0)[32], float (&y1)[32], uint
 __device__ __forceinline__ void WgmmaFenceAcc(float (&y0)[32], float (&y1)[32]) {
 #if OSCARKV_HAVE_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" : OSCARKV_WG_ACC(y0, y1) : : "memory");
+#endif
+}
+__device__ __forceinline__ void WgmmaCommit() {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+// Waits for this warpgroup's wgmmas; the accumulators are operands, so no access moves across.
+__device__ __forceinline__ void WgmmaWait(float (&y0)[32], float (&y1)[32]) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" : OSCARKV_WG_ACC(y0, y1) : : "memory");
 #endif
 }
 // Makes this thread's completed cp.async writes visible to the tensor cores (async proxy).
@@ -244,17 +257,9 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
       CpAsyncWait<kStages - 2>();
       FenceProxyAsync();
       WarpgroupBarrier(wg);  // tile i is in shared memory; tile i - 1's stage is free
-      issue(i + kStages - 1, (i + kStages - 1) % kStages);
-      uint8_t kind[2];
-      uint8_t* page[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        kind[r] = pid[r] >= 0 ? p.page_kinds[pid[r]] : 0;
-        page[r] = pid[r] >= 0 ? p.page_ptrs[pid[r]] : nullptr;
-      }
-      int slot_now[2] = {slot[0], slot[1]};
-      load_dst(i + 1, pid, slot);
 
+      // The rotation runs on the tensor cores while this warpgroup issues the next copies and
+      // the destinations' loads.
       float y[2][32];
       const uint32_t alo = SwizzledDescLo(SmemAddr(ring + stage * kTileBytes));
       WgmmaFenceAcc(y[0], y[1]);
@@ -270,7 +275,18 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
         }
         if (kParts == 2) WgmmaBf16<1>(y[0], y[1], da, SwizzledDesc(rlo + ((2 * 16384) >> 4) + roff));
       }
-      WgmmaCommitWait(y[0], y[1]);
+      WgmmaCommit();
+      issue(i + kStages - 1, (i + kStages - 1) % kStages);
+      uint8_t kind[2];
+      uint8_t* page[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        kind[r] = pid[r] >= 0 ? p.page_kinds[pid[r]] : 0;
+        page[r] = pid[r] >= 0 ? p.page_ptrs[pid[r]] : nullptr;
+      }
+      int slot_now[2] = {slot[0], slot[1]};
+      load_dst(i + 1, pid, slot);
+      WgmmaWait(y[0], y[1]);
 
       bool int2[2];
 #pragma unroll
@@ -346,7 +362,7 @@ absl::Status LaunchStreamWrite(const QuantizeWriteParams& p, cudaStream_t stream
   const long long total = static_cast<long long>(tiles_per_mat) * p.layer_count * 2 * p.num_kv_heads;
   if (total > (1ll << 31) - 1) return absl::InvalidArgumentError("quantize-on-write: launch too large");
   const int ctas = static_cast<int>(std::min<long long>(sms, total));
-  const bool four = p.load_path == QuantizeWriteParams::LoadPath::kStream4;
+  const bool four = p.load_path != QuantizeWriteParams::LoadPath::kStream3;
   auto run = [&](auto kernel) -> absl::Status {
     const int wgs = four ? 4 : 3, smem = SmemBytesOf(wgs);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -354,11 +370,12 @@ absl::Status LaunchStreamWrite(const QuantizeWriteParams& p, cudaStream_t stream
     kernel<<<ctas, 128 * wgs, smem, stream>>>(p, tiles_per_mat, static_cast<int>(total));
     return CudaStatus(cudaGetLastError(), "quantize-on-write (stream) launch");
   };
-  if (four) return p.group_size == 128 ? run(StreamWriteKernel<128, 2, 4>) : run(StreamWriteKernel<64, 2, 4>);
-  if (!p.precise_rotation) {
-    return p.group_size == 128 ? run(StreamWriteKernel<128, 1, 3>) : run(StreamWriteKernel<64, 1, 3>);
+  const bool g128 = p.group_size == 128;
+  if (!p.precise_rotation) {  // kStream's R-hi-only diagnostic (StreamWriteSupports)
+    return g128 ? run(StreamWriteKernel<128, 1, 4>) : run(StreamWriteKernel<64, 1, 4>);
   }
-  return p.group_size == 128 ? run(StreamWriteKernel<128, 2, 3>) : run(StreamWriteKernel<64, 2, 3>);
+  if (four) return g128 ? run(StreamWriteKernel<128, 2, 4>) : run(StreamWriteKernel<64, 2, 4>);
+  return g128 ? run(StreamWriteKernel<128, 2, 3>) : run(StreamWriteKernel<64, 2, 3>);
 }
 
 }  // namespace oscarkv::cuda::detail

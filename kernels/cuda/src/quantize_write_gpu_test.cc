@@ -235,8 +235,8 @@ void RunWrite(const WriteCase& c) {
   for (LoadPath path : {LoadPath::kRound1, LoadPath::kDirect, LoadPath::kStaged, LoadPath::kAuto,
                         LoadPath::kRound2, LoadPath::kLoadAhead, LoadPath::kLoadAtTile,
                         LoadPath::kPrefetchL1, LoadPath::kWgmma4, LoadPath::kWgmma8,
-                        LoadPath::kWgmma12, LoadPath::kStream, LoadPath::kStream4}) {
-  const bool stream_path = path == LoadPath::kStream || path == LoadPath::kStream4;
+                        LoadPath::kWgmma12, LoadPath::kStream, LoadPath::kStream3}) {
+  const bool stream_path = path == LoadPath::kStream || path == LoadPath::kStream3;
   const bool stream = stream_fits && (stream_path || path == LoadPath::kAuto);
   // Compared with the round-1 kernel's bytes (else with the reference).
   const bool staged = path != LoadPath::kRound1 && !stream;

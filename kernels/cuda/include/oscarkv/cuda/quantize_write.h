@@ -100,15 +100,15 @@ struct QuantizeWriteParams {
   // stays on mma.sync (staged); kWgmma* run them on wgmma (one warpgroup per CTA): INT2 pages
   // 142.8 -> 113.4 us, but BF16 pages 125.0 -> 141.7 us.
   // kStream: the streaming kernel (quantize_stream.cu, sm_90a): rows through shared memory, R as
-  // bf16 hi + lo read by wgmma from shared memory, one CTA of 3 warpgroups per SM; it takes
+  // bf16 hi + lo read by wgmma from shared memory, one CTA of 4 warpgroups per SM; it takes
   // rotated rows (precise_rotation) with no clip into BF16 pages and INT2 pages with min-max or
   // unbiased-fixed ranges, and kAuto takes it for every such launch (an error for others).
   // kStream with precise_rotation false rotates by R's bf16 high part only (~2^-9 relative:
-  // timing diagnostics only; kAuto never takes it). kStream4: the same kernel with 4 warpgroups
-  // (2-stage rings, 128 registers), for side-by-side benches.
+  // timing diagnostics only; kAuto never takes it). kStream3: the same kernel with 3 warpgroups
+  // (3-stage rings, 168 registers), for side-by-side benches.
   enum class LoadPath : uint8_t {
     kAuto, kStaged, kDirect, kRound1, kRound2, kLoadAhead, kLoadAtTile, kPrefetchL1,
-    kWgmma4, kWgmma8, kWgmma12, kStream, kStream4
+    kWgmma4, kWgmma8, kWgmma12, kStream, kStream3
   };
   LoadPath load_path = LoadPath::kAuto;
   // Range selection of INT2 groups (see the top of this file): per (layer, K|V, head) modes
