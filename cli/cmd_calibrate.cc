@@ -37,7 +37,7 @@ int RunCalibrate(int argc, char** argv) {
                            "safetensors with layers.{l}.q/k/v [tokens, heads, head_dim]")
       .Option("out", "", "output folder for the rotation artifact")
       .Option("windows", "24", "calibration windows (consecutive chunks of --text)")
-      .Option("heldout", "4", "further held-out windows for the clip search")
+      .Option("heldout", "4", "further held-out windows for the clip search and the fixed range candidates")
       .Option("window-bytes", "2048", "bytes (tokens) per window")
       .Option("c-s", "scores", "value covariance: scores (real softmax scores), outputs "
                                "(covariance of attention outputs) or proxy (OSCAR's k^T C_Q k)")
@@ -46,13 +46,14 @@ int RunCalibrate(int argc, char** argv) {
                               "fixed (--clip-k/--clip-v)")
       .Option("clip-k", "0.96", "fixed key clip ratio (with --clip fixed)")
       .Option("clip-v", "0.92", "fixed value clip ratio (with --clip fixed)")
-      .Option("range", "unbiased", "INT2 write-time range per group (docs/FORMAT.md 1.3.1): "
-                                   "minmax, search (least squared error), unbiased (8 candidate "
-                                   "ranges per group, each refit so logits stay unbiased, the "
-                                   "smallest error kept) or fixed (unbiased with one candidate "
-                                   "per layer, K|V and head, chosen here: the smallest total "
-                                   "unbiased score over the rotated held-out rows; needs "
-                                   "--heldout > 0; cheaper to write)")
+      .Option("range", "fixed", "INT2 write-time range per group (docs/FORMAT.md 1.3.1): "
+                                "fixed (unbiased with one candidate per layer, K|V and head, "
+                                "chosen here: the smallest total unbiased score over the "
+                                "rotated held-out rows; needs --heldout > 0; written by the "
+                                "GPU's streaming kernel), unbiased (8 candidate ranges per "
+                                "group, each refit so logits stay unbiased, the smallest error "
+                                "kept: the same quality on the reference model, ~1.6x the GPU "
+                                "write time), minmax or search (least squared error)")
       .Option("sink", "64", "BF16 sink tokens assumed by the clip search")
       .Option("recent", "256", "BF16 recent tokens assumed by the clip search")
       .Option("group", "128", "quantization group size")

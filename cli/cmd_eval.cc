@@ -97,7 +97,7 @@ int RunEval(int argc, char** argv) {
             "codecs: bf16 (K/V rounded to bf16), naive (INT2, no rotation, no clip), hadamard\n"
             "(INT2, Hadamard rotation, no clip), oscar-published (the artifact's rotations with the\n"
             "paper's fixed clip 0.96/0.92, min-max ranges), oscar (the artifact as calibrated:\n"
-            "its clips and write-time range modes, by default unbiased ranges, no clip).\n"
+            "its clips and write-time range modes, by default unbiased-fixed ranges, no clip).\n"
             "INT2 codecs keep the first --sink tokens and, for query position t, keys s >=\n"
             "t+1-recent (the last --recent positions up to and including t) in BF16.\n"
             "A codec may carry modifiers: NAME/ck=C/cv=C/rk=MODE/rv=MODE sets every head's key\n"
