@@ -61,14 +61,9 @@ __device__ __forceinline__ float GroupMax(float v) {
   if (G == 128) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
   return v;
 }
-template <int G>
-__device__ __forceinline__ unsigned long long GroupSumU64(unsigned long long v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  if (G == 128) v += __shfl_xor_sync(0xffffffffu, v, 2);
-  return v;
-}
-template <int G>
-__device__ __forceinline__ int GroupSumInt(int v) {
+// Sum over the group's lanes (integers: exact, wrapping where the type wraps).
+template <int G, class T>
+__device__ __forceinline__ T GroupSum(T v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   if (G == 128) v += __shfl_xor_sync(0xffffffffu, v, 2);
   return v;
@@ -92,6 +87,18 @@ __device__ __forceinline__ DevParams RangeParams(float mn, float mx) {
   return {scale16, min16};
 }
 __device__ __forceinline__ float H2F(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+// Codes of the lane's 32 values for parameters q (GroupCodes: unfused multiply then add),
+// packed as stored: value i at bits 2·(i % 16) of word i / 16.
+__device__ __forceinline__ void LaneCodes(const float (&y)[32], DevParams q, uint32_t (&c)[2]) {
+  const float minf = H2F(q.min16), sf = H2F(q.scale16);
+  const float inv = sf > 0.f ? __frcp_rn(sf) : 0.f;
+  c[0] = c[1] = 0u;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const float t = __fadd_rn(__fmul_rn(__fsub_rn(y[i], minf), inv), 0.5f);
+    c[i / 16] |= static_cast<uint32_t>(min(max(static_cast<int>(floorf(t)), 0), 3)) << (2 * (i % 16));
+  }
+}
 // Candidate range i of §1.3.1 (i = 0 is exactly [mn, mx]).
 __device__ __forceinline__ DevParams CandidateParams(int i, float mn, float mx, float width) {
   const float f = static_cast<float>(i) / 32.0f;
@@ -126,13 +133,6 @@ template <int G>
 __device__ __forceinline__ DevParams UnbiasedRefit(long long num, long long det, double z1, long long c1,
                                                    double delta, float mn) {
   return UnbiasedRefitFrom<G>(__ddiv_rn(static_cast<double>(num), static_cast<double>(det)), delta, z1, c1, mn);
-}
-
-template <int G>
-__device__ __forceinline__ uint32_t GroupSumU32(uint32_t v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  if (G == 128) v += __shfl_xor_sync(0xffffffffu, v, 2);
-  return v;
 }
 
 // The unbiased-fixed rule (docs/FORMAT.md §1.3.1, candidate ci), bit for bit with the CPU codec.
@@ -183,10 +183,10 @@ struct FixedTotals {
 };
 template <int G>
 __device__ __forceinline__ FixedTotals FixedReduce(FixedSums a, uint32_t c1) {
-  a.s0 = GroupSumU32<G>(a.s0);
-  a.sy = GroupSumU32<G>(a.sy);
-  a.sq = GroupSumU64<G>(a.sq);
-  c1 = GroupSumU32<G>(c1);
+  a.s0 = GroupSum<G>(a.s0);
+  a.sy = GroupSum<G>(a.sy);
+  a.sq = GroupSum<G>(a.sq);
+  c1 = GroupSum<G>(c1);
   constexpr unsigned long long kM = kMagic;
   FixedTotals t;
   t.V1 = static_cast<long long>(a.s0 - static_cast<uint32_t>(G) * kMagic);

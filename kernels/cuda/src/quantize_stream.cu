@@ -114,14 +114,7 @@ __device__ __forceinline__ void RowRanges(const float (&y)[2][32], float (&mn)[2
 // Min-max (§1.3) codes of one row's 32 values on this lane.
 __device__ __forceinline__ DevParams MinMaxCodes(const float (&y)[32], float mn, float mx, uint32_t (&cw)[2]) {
   const DevParams q = RangeParams(mn, mx);
-  const float minf = H2F(q.min16), sf = H2F(q.scale16);
-  const float inv = sf > 0.f ? __frcp_rn(sf) : 0.f;
-  cw[0] = cw[1] = 0u;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const float t = __fadd_rn(__fmul_rn(__fsub_rn(y[i], minf), inv), 0.5f);
-    cw[i / 16] |= static_cast<uint32_t>(min(max(static_cast<int>(floorf(t)), 0), 3)) << (2 * (i % 16));
-  }
+  LaneCodes(y, q, cw);
   return q;
 }
 

@@ -329,18 +329,6 @@ __device__ float QuadAbsQuantile(const float (&y)[32], QuantilePos qp) {
 }
 
 
-// Codes of the lane's 32 values for parameters q (GroupCodes: unfused multiply then add),
-// packed as stored: value i at bits 2·(i % 16) of word i / 16.
-__device__ __forceinline__ void LaneCodes(const float (&y)[32], DevParams q, uint32_t (&c)[2]) {
-  const float minf = H2F(q.min16), sf = H2F(q.scale16);
-  const float inv = sf > 0.f ? __frcp_rn(sf) : 0.f;
-  c[0] = c[1] = 0u;
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const float t = __fadd_rn(__fmul_rn(__fsub_rn(y[i], minf), inv), 0.5f);
-    c[i / 16] |= static_cast<uint32_t>(min(max(static_cast<int>(floorf(t)), 0), 3)) << (2 * (i % 16));
-  }
-}
 __device__ __forceinline__ int CodeAt(const uint32_t (&c)[2], int i) {
   return static_cast<int>((c[i / 16] >> (2 * (i % 16))) & 3u);
 }
@@ -734,7 +722,7 @@ __device__ DevParams SelectRange(float (&y)[32], int tig, float mn, float mx, Ra
       const unsigned long long qe = static_cast<unsigned long long>(fminf(floorf(e), 65535.0f));
       err += qe * qe;
     }
-    err = GroupSumU64<G>(err);
+    err = GroupSum<G>(err);
     if (search && err < best_err) {
       best_err = err;
       best_p = q;
@@ -765,14 +753,7 @@ __device__ void QuantizeStore(float (&y)[32], int tig, uint8_t* codes_row, uint8
   DevParams q;
   if (!kSelect || mode == RangeMode::kMinMax) {
     q = RangeParams(mn, mx);
-    const float minf = H2F(q.min16), sf = H2F(q.scale16);
-    const float inv = sf > 0.f ? __frcp_rn(sf) : 0.f;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const float t = __fadd_rn(__fmul_rn(__fsub_rn(y[i], minf), inv), 0.5f);
-      const int c = min(max(static_cast<int>(floorf(t)), 0), 3);
-      packed[i / 16] |= static_cast<uint32_t>(c) << (2 * (i % 16));
-    }
+    LaneCodes(y, q, packed);
   } else {
     q = SelectRange<G, kRound1, kRound2>(y, tig, mn, mx, mode, bins, packed);
   }
