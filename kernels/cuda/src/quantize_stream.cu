@@ -37,7 +37,8 @@ constexpr int kTileBytes = 2 * kHalfTile;
 constexpr int kFragPart = 128 * 128 * 4;  // the mma fragments before the image in each prepared matrix
 // Warpgroups per CTA (4 by default, 128 registers, 2-stage rings; 3 with 168 registers and
 // 3-stage rings, LoadPath::kStream3, measured slower on an H200: unbiased-fixed 112.5 vs 105.0 us,
-// min-max 82.6 vs 78.0 us, BF16 pages equal) and tiles in flight per warpgroup (ring stages).
+// min-max 82.6 vs 78.0 us, BF16 pages equal; 5 warpgroups at 96 registers spilled and measured
+// 117.5 us) and tiles in flight per warpgroup (ring stages).
 constexpr int StagesOf(int wgs) { return wgs == 4 ? 2 : 3; }
 constexpr int SmemBytesOf(int wgs) { return 1024 + kStreamImageBytes + wgs * StagesOf(wgs) * kTileBytes; }
 
@@ -245,15 +246,8 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
     };
     load_dst(0, pid, slot);
     const uint32_t rlo = SwizzledDescLo(SmemAddr(rimg));
-    for (int i = 0; i < n; ++i) {
-      const int stage = i % kStages;
-      CpAsyncWait<kStages - 2>();
-      FenceProxyAsync();
-      WarpgroupBarrier(wg);  // tile i is in shared memory; tile i - 1's stage is free
-
-      // The rotation runs on the tensor cores while this warpgroup issues the next copies and
-      // the destinations' loads.
-      float y[2][32];
+    // Issues the rotation of the tile in `stage` into y (16 wgmmas, one commit group).
+    auto rotate = [&](int stage, float (&y)[2][32]) {
       const uint32_t alo = SwizzledDescLo(SmemAddr(ring + stage * kTileBytes));
       WgmmaFenceAcc(y[0], y[1]);
 #pragma unroll
@@ -269,33 +263,43 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
         if (kParts == 2) WgmmaBf16<1>(y[0], y[1], da, SwizzledDesc(rlo + ((2 * 16384) >> 4) + roff));
       }
       WgmmaCommit();
-      issue(i + kStages - 1, (i + kStages - 1) % kStages);
+    };
+    // Page kind and pointer of this thread's rows of the current tile (their destinations were
+    // loaded a tile ahead), then the next tile's destinations.
+    struct RowDst {
       uint8_t kind[2];
       uint8_t* page[2];
+      int slot[2];
+    };
+    auto take_dst = [&](int next) {
+      RowDst d;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        kind[r] = pid[r] >= 0 ? p.page_kinds[pid[r]] : 0;
-        page[r] = pid[r] >= 0 ? p.page_ptrs[pid[r]] : nullptr;
+        d.kind[r] = pid[r] >= 0 ? p.page_kinds[pid[r]] : 0;
+        d.page[r] = pid[r] >= 0 ? p.page_ptrs[pid[r]] : nullptr;
+        d.slot[r] = slot[r];
       }
-      int slot_now[2] = {slot[0], slot[1]};
-      load_dst(i + 1, pid, slot);
-      WgmmaWait(y[0], y[1]);
-
+      load_dst(next, pid, slot);
+      return d;
+    };
+    // Writes this thread's two rotated rows: bf16 rows into BF16 pages, codes and parameters into
+    // INT2 pages.
+    auto finish = [&](const float (&y)[2][32], const RowDst& d) {
       bool int2[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        int2[r] = kind[r] == static_cast<uint8_t>(PageKind::kInt2);
-        if (kind[r] == static_cast<uint8_t>(PageKind::kBf16)) {
+        int2[r] = d.kind[r] == static_cast<uint8_t>(PageKind::kInt2);
+        if (d.kind[r] == static_cast<uint8_t>(PageKind::kBf16)) {
           uint32_t packed[16];
 #pragma unroll
           for (int q = 0; q < 16; ++q) packed[q] = PackBf162(__float2bfloat16_rn(y[r][2 * q]), __float2bfloat16_rn(y[r][2 * q + 1]));
-          uint4* dst = reinterpret_cast<uint4*>(page[r] + segb + size_t(slot_now[r]) * 256 + 64 * tig);
+          uint4* dst = reinterpret_cast<uint4*>(d.page[r] + segb + size_t(d.slot[r]) * 256 + 64 * tig);
 #pragma unroll
           for (int q = 0; q < 4; ++q) dst[q] = make_uint4(packed[4 * q], packed[4 * q + 1], packed[4 * q + 2], packed[4 * q + 3]);
         }
       }
       // A row's lanes (a quad) share its kind; the selection's shuffles need the whole warp.
-      if (!__any_sync(0xffffffffu, int2[0] || int2[1])) continue;
+      if (!__any_sync(0xffffffffu, int2[0] || int2[1])) return;
       float mn[2], mx[2];
       RowRanges<G>(y, mn, mx);
       uint32_t cw[2][2];
@@ -309,14 +313,28 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         if (!int2[r]) continue;
-        uint8_t* base = page[r] + seg2;
-        *reinterpret_cast<uint2*>(base + size_t(slot_now[r]) * 32 + 8 * tig) = make_uint2(cw[r][0], cw[r][1]);
+        uint8_t* base = d.page[r] + seg2;
+        *reinterpret_cast<uint2*>(base + size_t(d.slot[r]) * 32 + 8 * tig) = make_uint2(cw[r][0], cw[r][1]);
         constexpr int kLanesPerGroup = G / 32;
         if (tig % kLanesPerGroup == 0) {
-          *reinterpret_cast<uint32_t*>(base + codes_bytes + size_t(slot_now[r]) * (128 / G) * 4 + 4 * (tig / kLanesPerGroup)) =
+          *reinterpret_cast<uint32_t*>(base + codes_bytes + size_t(d.slot[r]) * (128 / G) * 4 + 4 * (tig / kLanesPerGroup)) =
               PackParams(q[r]);
         }
       }
+    };
+    for (int i = 0; i < n; ++i) {
+      CpAsyncWait<kStages - 2>();
+      FenceProxyAsync();
+      WarpgroupBarrier(wg);  // tile i is in shared memory; tile i - 1's stage is free
+      // The rotation runs on the tensor cores while this warpgroup issues the next copies and the
+      // destinations' loads. (Two accumulator sets per warpgroup, one tile quantized while the
+      // next rotates, made ptxas serialize the wgmmas: C7514/C7518.)
+      float y[2][32];
+      rotate(i % kStages, y);
+      issue(i + kStages - 1, (i + kStages - 1) % kStages);
+      const RowDst d = take_dst(i + 1);
+      WgmmaWait(y[0], y[1]);
+      finish(y, d);
     }
     CpAsyncWait<0>();
   }
@@ -355,9 +373,10 @@ absl::Status LaunchStreamWrite(const QuantizeWriteParams& p, cudaStream_t stream
   const long long total = static_cast<long long>(tiles_per_mat) * p.layer_count * 2 * p.num_kv_heads;
   if (total > (1ll << 31) - 1) return absl::InvalidArgumentError("quantize-on-write: launch too large");
   const int ctas = static_cast<int>(std::min<long long>(sms, total));
-  const bool four = p.load_path != QuantizeWriteParams::LoadPath::kStream3;
+  using LoadPath = QuantizeWriteParams::LoadPath;
+  const int wgs = p.load_path == LoadPath::kStream3 ? 3 : 4;
   auto run = [&](auto kernel) -> absl::Status {
-    const int wgs = four ? 4 : 3, smem = SmemBytesOf(wgs);
+    const int smem = SmemBytesOf(wgs);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return CudaStatus(err, "quantize-on-write (stream) smem attribute");
     kernel<<<ctas, 128 * wgs, smem, stream>>>(p, tiles_per_mat, static_cast<int>(total));
@@ -367,7 +386,7 @@ absl::Status LaunchStreamWrite(const QuantizeWriteParams& p, cudaStream_t stream
   if (!p.precise_rotation) {  // kStream's R-hi-only diagnostic (StreamWriteSupports)
     return g128 ? run(StreamWriteKernel<128, 1, 4>) : run(StreamWriteKernel<64, 1, 4>);
   }
-  if (four) return g128 ? run(StreamWriteKernel<128, 2, 4>) : run(StreamWriteKernel<64, 2, 4>);
+  if (wgs == 4) return g128 ? run(StreamWriteKernel<128, 2, 4>) : run(StreamWriteKernel<64, 2, 4>);
   return g128 ? run(StreamWriteKernel<128, 2, 3>) : run(StreamWriteKernel<64, 2, 3>);
 }
 
