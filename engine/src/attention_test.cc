@@ -72,7 +72,16 @@ TEST_P(AttentionTest, BlockedMatchesPerQueryReference) {
   MixedPrecisionAttention backend(codec);
   ASSERT_TRUE(backend.Attend(in, got.data()).ok());
   const std::vector<float> want = Naive(in, codec);
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], want[i], 2e-4) << i;
+  // The two paths rotate in different orders (the blocked one as compiled for this CPU), so a key
+  // element sitting on an INT2 code threshold may land on either side: such a flip moves an output
+  // by up to about one quantization step times its attention weight. Rounding alone stays within
+  // 2e-4; allow a few elements (<= 0.5%) past it, none past 2e-3.
+  size_t past = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], 2e-3) << i;
+    past += std::fabs(got[i] - want[i]) > 2e-4;
+  }
+  EXPECT_LE(past, got.size() / 200) << past << " of " << got.size() << " outputs differ by more than 2e-4";
 }
 
 INSTANTIATE_TEST_SUITE_P(Windows, AttentionTest,
