@@ -97,6 +97,17 @@ int RunCalibrate(int argc, char** argv) {
                  : range == "unbiased" || range == "fixed" ? RangeMode::kUnbiased
                                                            : RangeMode::kMinMax;
   o.fixed_range = range == "fixed";
+  // The fixed candidates are scored on held-out rows: say so before the covariance pass, not
+  // after it.
+  const bool one_dump = !args.str("dumps").empty() &&
+                        std::vector<std::string>(absl::StrSplit(args.str("dumps"), ',', absl::SkipEmpty())).size() < 2;
+  if (o.fixed_range && (*heldout <= 0 || one_dump)) {
+    return Fail("calibrate",
+                absl::InvalidArgumentError(
+                    "--range fixed (the default) scores its candidates on held-out rows: give --heldout > 0 "
+                    "(with --dumps: at least two files, the last is held out), or pick --range unbiased"),
+                2);
+  }
   if (clip == "fixed") {
     o.clip_candidates.clear();
     o.fixed_clip_k = static_cast<float>(*clip_k);
