@@ -528,6 +528,14 @@ TEST_P(ClusterTest, HangAfterTheTransferMarksTheOwnerDown) {
   auto warm = cc.Load(*codec, keys_);  // connections made, releases answered
   ASSERT_TRUE(warm.ok()) << warm.status();
   ASSERT_EQ(warm->matched, 24u);
+  // On a loaded machine (ctest -j on 2 cores) a first release through the proxy can take longer
+  // than owner_timeout_ms and mark its member down before any hang is injected (seen once in CI,
+  // netns hosts): probe it back and warm again, so the test starts from three live members.
+  for (int i = 0; i < 3 && cc.membership().Live().size() < 3u; ++i) {
+    cc.membership().ProbeNow();
+    warm = cc.Load(*codec, keys_);
+    ASSERT_TRUE(warm.ok()) << warm.status();
+  }
   ASSERT_EQ(cc.membership().Live().size(), 3u);
 
   proxy->HangReleases(true);
