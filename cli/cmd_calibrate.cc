@@ -99,9 +99,8 @@ int RunCalibrate(int argc, char** argv) {
   o.fixed_range = range == "fixed";
   // The fixed candidates are scored on held-out rows: say so before the covariance pass, not
   // after it.
-  const bool one_dump = !args.str("dumps").empty() &&
-                        std::vector<std::string>(absl::StrSplit(args.str("dumps"), ',', absl::SkipEmpty())).size() < 2;
-  if (o.fixed_range && (*heldout <= 0 || one_dump)) {
+  const std::vector<std::string> dumps = absl::StrSplit(args.str("dumps"), ',', absl::SkipEmpty());
+  if (o.fixed_range && (*heldout <= 0 || dumps.size() == 1)) {
     return Fail("calibrate",
                 absl::InvalidArgumentError(
                     "--range fixed (the default) scores its candidates on held-out rows: give --heldout > 0 "
@@ -121,9 +120,8 @@ int RunCalibrate(int argc, char** argv) {
   engine::ProgressBar bar("calibrate");
   auto progress = [&](uint64_t done, uint64_t total) { bar.Update(done, total); };
   absl::StatusOr<calibrate::RotationArtifact> artifact;
-  if (!args.str("dumps").empty()) {
-    std::vector<std::string> files = absl::StrSplit(args.str("dumps"), ',', absl::SkipEmpty());
-    artifact = calibrate::CalibrateFromDumps(files, o, progress);
+  if (!dumps.empty()) {
+    artifact = calibrate::CalibrateFromDumps(dumps, o, progress);
   } else {
     if (args.str("model").empty() || args.str("text").empty()) {
       return Fail("calibrate", absl::InvalidArgumentError(

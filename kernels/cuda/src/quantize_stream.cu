@@ -34,7 +34,6 @@ namespace {
 constexpr int kTileRows = 64;              // rows per tile (wgmma M)
 constexpr int kHalfTile = kTileRows * 128;  // 64 rows x 64 channels (bf16) = 8 KiB
 constexpr int kTileBytes = 2 * kHalfTile;
-constexpr int kFragPart = 128 * 128 * 4;  // the mma fragments before the image in each prepared matrix
 // Warpgroups per CTA (4 by default, 128 registers, 2-stage rings; 3 with 168 registers and
 // 3-stage rings, LoadPath::kStream3, measured slower on an H200: unbiased-fixed 112.5 vs 105.0 us,
 // min-max 82.6 vs 78.0 us, BF16 pages equal; 5 warpgroups at 96 registers spilled and measured
@@ -199,7 +198,7 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
     const size_t seg2 = g2.segment_offset(layer, kv, head), segb = gb.segment_offset(layer, kv, head);
 
     __syncthreads();  // every warpgroup is done with the previous matrix's image
-    const uint8_t* img = static_cast<const uint8_t*>(p.rot_fragments) + size_t(mat) * kRotationFragmentBytes + kFragPart;
+    const uint8_t* img = static_cast<const uint8_t*>(p.rot_fragments) + size_t(mat) * kRotationFragmentBytes + kStreamImageOffset;
     for (int c = tid; c < kStreamImageBytes / 16; c += kThreads) CpAsync16(rimg + 16 * c, img + 16 * c, true);
     CpAsyncCommit();
 

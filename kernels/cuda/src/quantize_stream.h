@@ -20,6 +20,8 @@ namespace oscarkv::cuda::detail {
 // ends up holding output channels [32·tig, 32·tig + 32) of its rows, in order (the accumulator
 // of column 8j + 2·tig + e is channel 32·tig + 2j + e).
 inline constexpr int kStreamImageBytes = 4 * 16384;
+// Where the image sits in each prepared matrix: after the mma fragments.
+inline constexpr size_t kStreamImageOffset = kRotationFragmentBytes - kStreamImageBytes;
 __host__ __device__ constexpr int StreamChannel(int n) { return 32 * ((n % 8) / 2) + 2 * (n / 8) + (n % 2); }
 // Byte offset of 16-byte chunk `chunk` (0..7) of 128-byte row `row` in a 128B-swizzled tile.
 __host__ __device__ constexpr int Swizzle128(int row, int chunk) { return row * 128 + ((chunk ^ (row & 7)) << 4); }

@@ -47,7 +47,8 @@ __global__ void PrepareFragmentsKernel(const float* mats, uint8_t* prepared) {
   const int m = blockIdx.x;  // matrix
   const float* r = mats + size_t(m) * 128 * 128;
   uint4* out = reinterpret_cast<uint4*>(prepared + size_t(m) * kRotationFragmentBytes);
-  PrepareStreamImage(r, prepared + size_t(m) * kRotationFragmentBytes + kFragSmem);
+  static_assert(kStreamImageOffset == kFragSmem, "the image follows the fragments");
+  PrepareStreamImage(r, prepared + size_t(m) * kRotationFragmentBytes + kStreamImageOffset);
   for (int idx = threadIdx.x; idx < 16 * 8 * 32; idx += blockDim.x) {
     const int j = idx / 256, s = (idx / 32) % 8, lane = idx % 32;
     const int gid = lane >> 2, tig = lane & 3;
