@@ -137,14 +137,21 @@ __device__ __forceinline__ DevParams UnbiasedRefit(long long num, long long det,
 
 // The unbiased-fixed rule (docs/FORMAT.md §1.3.1, candidate ci), bit for bit with the CPU codec.
 // Per element: the position's bits vb = 2^23's bits + v, v = floor(98304·sat(fma(x, 1/w, −mn/w)))
-// (an FFMA rounding down onto 2^23), and the code c = [L >= 8+ci] + [L >= 24] + [L >= 40−ci]
-// compared on vb by sign bits (t = threshold − 1: t − vb < 0 iff vb >= threshold); the lane sums
-// Σvb, Σc·vb (mod 2^32) and Σvb² (mod 2^64). Σc comes from the packed codes. After the group
-// reduction the exact integers are V1 = Σvb − G·M, Y1 = Σc·vb − (Σc)·M and V2 = Σvb² − 2M·V1 −
-// G·M² (M = 0x4B000000): all below 2^32 (2^64 for V2), so the wrap-around is harmless.
+// (an FFMA rounding down onto 2^23), and the code c = [L >= 8+ci] + [L >= 24] + [L >= 40−ci]. The
+// three thresholds are evenly spaced, O + D, O + 2D, O + 3D in steps of v with O = 2048·(2ci − 8)
+// and D = 2048·(16 − ci), so c = clamp(floor((v − O)/D), 0, 3), computed on the FMA pipes without
+// integer work: vm = vb − (2^23 + O) (exact), wq = sat(fma(vm, r4, r4/2)) with r4 = rn(1/(4D)),
+// and kMagic + c = the bits of fma_rd(wq, 4 − 2^-18, 2^23). (vm + 1/2)/D is never an integer, it
+// lies at least 1/(2D) from one, and the roundings stay below 2^-20 of it; the scale 4 − 2^-18
+// maps wq = 1 (vm beyond 4D) to code 3. Checked exhaustively, every v and candidate, by
+// cuda_reference_test's FixedCodeOnTheFmaPipes.) The lane sums Σvb, Σ(kMagic + c)·vb (mod 2^32)
+// and Σvb² (mod 2^64), and the packed words Σ(kMagic + c_j) << 2j, carry the magic; FixedLaneDone
+// removes it. After the group reduction the exact integers are V1 = Σvb − G·M,
+// Y1 = Σc·vb − (Σc)·M and V2 = Σvb² − 2M·V1 − G·M² (M = 0x4B000000): all below 2^32 (2^64 for
+// V2), so the wrap-around is harmless.
 struct FixedRange {
   float mn, mx, w, k, b;
-  uint32_t t1, t2, t3;
+  float off, r4, half_r4;  // the code's position offset 2^23 + O, rn(1/(4D)) and half of it
 };
 __device__ __forceinline__ FixedRange MakeFixedRange(float mn, float mx, int ci) {
   FixedRange f;
@@ -153,40 +160,53 @@ __device__ __forceinline__ FixedRange MakeFixedRange(float mn, float mx, int ci)
   f.w = __fsub_rn(mx, mn);
   f.k = f.w > 0.f ? __frcp_rn(f.w) : 0.f;
   f.b = -__fmul_rn(mn, f.k);
-  f.t1 = kMagic + static_cast<uint32_t>(8 + ci) * kUnbiasedStepsPerLevel - 1u;
-  f.t2 = kMagic + 24u * kUnbiasedStepsPerLevel - 1u;
-  f.t3 = kMagic + static_cast<uint32_t>(40 - ci) * kUnbiasedStepsPerLevel - 1u;
+  f.off = 8388608.0f + static_cast<float>(static_cast<int>(kUnbiasedStepsPerLevel) * (2 * ci - 8));
+  f.r4 = __frcp_rn(4.0f * static_cast<float>(kUnbiasedStepsPerLevel * (16 - ci)));
+  f.half_r4 = 0.5f * f.r4;
   return f;
+}
+constexpr float kFixedCodeScale = 4.0f - 1.0f / 262144.0f;  // 4 − 2^-18
+// Σ_j (kMagic << 2j) mod 2^32 over a word's 16 codes.
+constexpr uint32_t FixedWordBias() {
+  uint32_t s = 0;
+  for (int j = 0; j < 16; ++j) s += kMagic << (2 * j);
+  return s;
 }
 struct FixedSums {
   uint32_t s0 = 0, sy = 0;
   unsigned long long sq = 0;
 };
+// One element: returns kMagic + c (to be shifted into the lane's packed word).
 __device__ __forceinline__ uint32_t FixedElement(float x, const FixedRange& f, FixedSums& a) {
   const float u = __saturatef(__fmaf_rn(x, f.k, f.b));
-  const uint32_t vb = __float_as_uint(__fmaf_rd(u, 98304.0f, 8388608.0f));
-  const uint32_t c = ((f.t1 - vb) >> 31) + ((f.t2 - vb) >> 31) + ((f.t3 - vb) >> 31);
+  const float vbf = __fmaf_rd(u, 98304.0f, 8388608.0f);
+  const uint32_t vb = __float_as_uint(vbf);
+  const float wq = __saturatef(__fmaf_rn(__fsub_rn(vbf, f.off), f.r4, f.half_r4));
+  const uint32_t qb = __float_as_uint(__fmaf_rd(wq, kFixedCodeScale, 8388608.0f));
   a.s0 += vb;
-  a.sy += c * vb;
+  a.sy += qb * vb;
   a.sq += static_cast<unsigned long long>(vb) * vb;
-  return c;
+  return qb;
+}
+// Removes the magic from a lane's two packed words (Σ_j qb_j << 2j) and from Σqb·vb.
+__device__ __forceinline__ void FixedLaneDone(uint32_t (&cw)[2], FixedSums& a) {
+  constexpr uint32_t kBias = FixedWordBias();
+  cw[0] -= kBias;
+  cw[1] -= kBias;
+  a.sy -= kMagic * a.s0;
 }
 // Σ of the 2-bit codes in two packed words.
 __device__ __forceinline__ uint32_t CodeSum(const uint32_t (&cw)[2]) {
   return __popc(cw[0] & 0x55555555u) + __popc(cw[1] & 0x55555555u) +
          2u * (__popc(cw[0] & 0xaaaaaaaau) + __popc(cw[1] & 0xaaaaaaaau));
 }
-// The group's exact integers from the reduced lane sums.
+// The group's exact integers from the group's sums.
 struct FixedTotals {
   long long V1, C1, num, det;
   bool refit;  // det > 0 and num > 0
 };
 template <int G>
-__device__ __forceinline__ FixedTotals FixedReduce(FixedSums a, uint32_t c1) {
-  a.s0 = GroupSum<G>(a.s0);
-  a.sy = GroupSum<G>(a.sy);
-  a.sq = GroupSum<G>(a.sq);
-  c1 = GroupSum<G>(c1);
+__device__ __forceinline__ FixedTotals FixedTotalsOf(const FixedSums& a, uint32_t c1) {
   constexpr unsigned long long kM = kMagic;
   FixedTotals t;
   t.V1 = static_cast<long long>(a.s0 - static_cast<uint32_t>(G) * kMagic);
@@ -198,6 +218,15 @@ __device__ __forceinline__ FixedTotals FixedReduce(FixedSums a, uint32_t c1) {
   t.det = G * Y1 - t.C1 * t.V1;
   t.refit = t.det > 0 && t.num > 0;
   return t;
+}
+// The lane sums reduced over the group's lanes, then the totals.
+template <int G>
+__device__ __forceinline__ FixedTotals FixedReduce(FixedSums a, uint32_t c1) {
+  a.s0 = GroupSum<G>(a.s0);
+  a.sy = GroupSum<G>(a.sy);
+  a.sq = GroupSum<G>(a.sq);
+  c1 = GroupSum<G>(c1);
+  return FixedTotalsOf<G>(a, c1);
 }
 // The stored parameters given s = num/det and δ = w/98304 (fp64, correctly rounded).
 template <int G>
@@ -219,6 +248,7 @@ __device__ __forceinline__ DevParams SelectUnbiasedFixed(const float (&y)[32], i
   cw[0] = cw[1] = 0u;
 #pragma unroll
   for (int j = 0; j < 32; ++j) cw[j / 16] += FixedElement(y[j], f, a) << (2 * (j % 16));
+  FixedLaneDone(cw, a);
   const FixedTotals t = FixedReduce<G>(a, CodeSum(cw));
   double s = 0.0, delta = 0.0;
   if (t.refit) {

@@ -119,12 +119,16 @@ __device__ __forceinline__ DevParams MinMaxCodes(const float (&y)[32], float mn,
 }
 
 // Unbiased-fixed candidate ci on both of this lane's rows (quantize_common.cuh's rule), the two
-// rows' element loops interleaved; the four fp64 divisions (s and δ of two rows) are spread over
-// the group's lanes (G = 128: one per lane of the quad; G = 64: two per lane of the pair) and
-// exchanged by shuffles instead of every lane computing all four.
+// rows' element loops interleaved. The rows' lane sums are then reduce-scattered over the group's
+// lanes, so that each lane finishes one row and the per-row work (totals, fp64 divisions, refit,
+// fp16 parameters) runs once per warp instead of once per row: G = 128, lanes 0-1 of a quad take
+// row 0 and lanes 2-3 row 1 (one fp64 division each: s on the even lane, δ on the odd one,
+// exchanged); G = 64, lane tig takes row tig & 1 of group tig >> 1. Returns this lane's codes of
+// both rows (channel j at bits 2·(j % 16) of word j / 16), the packed parameters of its own row
+// `mine`.
 template <int G>
 __device__ __forceinline__ void FixedCodes2(const float (&y)[2][32], const float (&mn)[2], const float (&mx)[2],
-                                            int ci, int tig, uint32_t (&cw)[2][2], DevParams (&q)[2]) {
+                                            int ci, int tig, uint32_t (&cw)[2][2], uint32_t& params, int& mine) {
   const FixedRange f[2] = {MakeFixedRange(mn[0], mx[0], ci), MakeFixedRange(mn[1], mx[1], ci)};
   FixedSums a[2];
   cw[0][0] = cw[0][1] = cw[1][0] = cw[1][1] = 0u;
@@ -133,33 +137,41 @@ __device__ __forceinline__ void FixedCodes2(const float (&y)[2][32], const float
 #pragma unroll
     for (int r = 0; r < 2; ++r) cw[r][j / 16] += FixedElement(y[r][j], f[r], a[r]) << (2 * (j % 16));
   }
-  const FixedTotals t[2] = {FixedReduce<G>(a[0], CodeSum(cw[0])), FixedReduce<G>(a[1], CodeSum(cw[1]))};
-  const bool is_delta = tig & 1;
-  double s[2], delta[2];
-  if constexpr (G == 128) {
-    const bool r1 = tig & 2;
-    const double num = is_delta ? static_cast<double>(r1 ? f[1].w : f[0].w)
-                                : static_cast<double>(r1 ? t[1].num : t[0].num);
-    const double den = is_delta ? 98304.0 : static_cast<double>(r1 ? t[1].det : t[0].det);
-    const double res = __ddiv_rn(num, den);
-    const int quad = (threadIdx.x & 31) & ~3;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      s[r] = __shfl_sync(0xffffffffu, res, quad + 2 * r);
-      delta[r] = __shfl_sync(0xffffffffu, res, quad + 2 * r + 1);
-    }
-  } else {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const double res = __ddiv_rn(is_delta ? static_cast<double>(f[r].w) : static_cast<double>(t[r].num),
-                                   is_delta ? 98304.0 : static_cast<double>(t[r].det));
-      const double other = __shfl_xor_sync(0xffffffffu, res, 1);
-      s[r] = is_delta ? other : res;
-      delta[r] = is_delta ? res : other;
-    }
+  FixedLaneDone(cw[0], a[0]);
+  FixedLaneDone(cw[1], a[1]);
+  const uint32_t c1[2] = {CodeSum(cw[0]), CodeSum(cw[1])};
+  // Keep row `mine`, hand the other row's sums to the lane that keeps it.
+  mine = G == 128 ? (tig >> 1) : (tig & 1);
+  constexpr int kFirst = G == 128 ? 2 : 1;
+  FixedSums k = mine ? a[1] : a[0];
+  const FixedSums o = mine ? a[0] : a[1];
+  uint32_t kc = mine ? c1[1] : c1[0];
+  const uint32_t oc = mine ? c1[0] : c1[1];
+  k.s0 += __shfl_xor_sync(0xffffffffu, o.s0, kFirst);
+  k.sy += __shfl_xor_sync(0xffffffffu, o.sy, kFirst);
+  k.sq += __shfl_xor_sync(0xffffffffu, o.sq, kFirst);
+  kc += __shfl_xor_sync(0xffffffffu, oc, kFirst);
+  if constexpr (G == 128) {  // the quad's other lane of the same row
+    k.s0 += __shfl_xor_sync(0xffffffffu, k.s0, 1);
+    k.sy += __shfl_xor_sync(0xffffffffu, k.sy, 1);
+    k.sq += __shfl_xor_sync(0xffffffffu, k.sq, 1);
+    kc += __shfl_xor_sync(0xffffffffu, kc, 1);
   }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) q[r] = FixedParams<G>(t[r], f[r], ci, s[r], delta[r]);
+  const FixedTotals t = FixedTotalsOf<G>(k, kc);
+  const FixedRange fm = mine ? f[1] : f[0];
+  double s, delta;
+  if constexpr (G == 128) {
+    const bool is_delta = tig & 1;
+    const double res = __ddiv_rn(is_delta ? static_cast<double>(fm.w) : static_cast<double>(t.num),
+                                 is_delta ? 98304.0 : static_cast<double>(t.det));
+    const double other = __shfl_xor_sync(0xffffffffu, res, 1);
+    s = is_delta ? other : res;
+    delta = is_delta ? res : other;
+  } else {
+    s = __ddiv_rn(static_cast<double>(t.num), static_cast<double>(t.det));
+    delta = __ddiv_rn(static_cast<double>(fm.w), 98304.0);
+  }
+  params = PackParams(FixedParams<G>(t, fm, ci, s, delta));
 }
 
 // kParts: 2 rotates by R hi + lo (the product), 1 by R hi only (~2^-9 relative: timing
@@ -302,23 +314,29 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
       float mn[2], mx[2];
       RowRanges<G>(y, mn, mx);
       uint32_t cw[2][2];
-      DevParams q[2];
+      constexpr int kLanesPerGroup = G / 32;
+      auto params_at = [&](int r, int group) {  // r may be a runtime row: selects, no local array
+        uint8_t* const page = r ? d.page[1] : d.page[0];
+        const int sl = r ? d.slot[1] : d.slot[0];
+        return reinterpret_cast<uint32_t*>(page + seg2 + codes_bytes + size_t(sl) * (128 / G) * 4 + 4 * group);
+      };
       if (fixed) {
-        FixedCodes2<G>(y, mn, mx, ci, tig, cw, q);
+        uint32_t pw;
+        int mine;
+        FixedCodes2<G>(y, mn, mx, ci, tig, cw, pw, mine);
+        // G = 128: the even lane of each row's pair stores; G = 64: every lane, its (row, group).
+        const bool int2_mine = mine ? int2[1] : int2[0];
+        if (int2_mine && (G == 64 || (tig & 1) == 0)) *params_at(mine, G == 64 ? tig >> 1 : 0) = pw;
       } else {
-        q[0] = MinMaxCodes(y[0], mn[0], mx[0], cw[0]);
-        q[1] = MinMaxCodes(y[1], mn[1], mx[1], cw[1]);
+        const DevParams q[2] = {MinMaxCodes(y[0], mn[0], mx[0], cw[0]), MinMaxCodes(y[1], mn[1], mx[1], cw[1])};
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (int2[r] && tig % kLanesPerGroup == 0) *params_at(r, tig / kLanesPerGroup) = PackParams(q[r]);
+        }
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        if (!int2[r]) continue;
-        uint8_t* base = d.page[r] + seg2;
-        *reinterpret_cast<uint2*>(base + size_t(d.slot[r]) * 32 + 8 * tig) = make_uint2(cw[r][0], cw[r][1]);
-        constexpr int kLanesPerGroup = G / 32;
-        if (tig % kLanesPerGroup == 0) {
-          *reinterpret_cast<uint32_t*>(base + codes_bytes + size_t(d.slot[r]) * (128 / G) * 4 + 4 * (tig / kLanesPerGroup)) =
-              PackParams(q[r]);
-        }
+        if (int2[r]) *reinterpret_cast<uint2*>(d.page[r] + seg2 + size_t(d.slot[r]) * 32 + 8 * tig) = make_uint2(cw[r][0], cw[r][1]);
       }
     };
     for (int i = 0; i < n; ++i) {

@@ -2,6 +2,7 @@
 // references of the POD interfaces (ReferenceQuantizeWrite against EncodePage, the paged
 // decode reference against the dense one).
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <random>
 #include <set>
@@ -14,6 +15,7 @@
 #include "oscarkv/kernels/numeric.h"
 #include "oscarkv/kernels/page_codec.h"
 #include "oscarkv/kernels/page_set.h"
+#include "oscarkv/kernels/quantize.h"
 
 namespace oscarkv::cuda {
 namespace {
@@ -296,6 +298,31 @@ CodecProfile SmallProfile(uint32_t group) {
 // ReferenceQuantizeWrite (the POD-interface reference of the write kernel) lays out exactly
 // what EncodePage writes, for both kinds, with rotation and clipping, and with the rotation
 // set's per-head write-time range modes passed as QuantizeWriteParams::range_modes.
+// The write kernels' unbiased-fixed code (quantize_common.cuh, FixedElement) replaces the
+// three threshold compares of docs/FORMAT.md §1.3.1 by two roundings on the FMA pipes:
+// kMagic + c = bits(fma_rd(sat(rn(vm·r4 + r4/2)), 4 − 2^-18, 2^23)), vm = v − 2048·(2ci − 8),
+// r4 = rn(1/(8192·(16 − ci))). Emulated here exactly (the first fma in double is exact before its
+// one rounding to float; fma_rd onto 2^23 is 2^23 + floor of the exact product, which double
+// holds), every position v of every candidate.
+TEST(UnbiasedFixedCode, FmaPipeFormulaMatchesThresholdsForEveryPosition) {
+  constexpr uint32_t kSteps = kUnbiasedStepsPerLevel;
+  const double scale = 4.0 - 1.0 / 262144.0;
+  for (int ci = 0; ci < 8; ++ci) {
+    const int O = static_cast<int>(kSteps) * (2 * ci - 8);
+    const float r4 = 1.0f / (4.0f * static_cast<float>(kSteps * (16 - ci)));
+    const float half_r4 = 0.5f * r4;
+    int mismatches = 0;
+    for (uint32_t v = 0; v <= 48 * kSteps; ++v) {
+      const int want = (v >= (8 + ci) * kSteps) + (v >= 24 * kSteps) + (v >= (40 - ci) * kSteps);
+      const double vm = static_cast<double>(static_cast<int>(v) - O);  // exact in float too
+      const float wq = std::clamp(static_cast<float>(vm * r4 + half_r4), 0.0f, 1.0f);
+      const int got = static_cast<int>(std::floor(static_cast<double>(wq) * scale));
+      mismatches += got != want;
+    }
+    EXPECT_EQ(mismatches, 0) << "candidate " << ci;
+  }
+}
+
 TEST(ReferenceQuantizeWrite, MatchesEncodePagePayload) {
   for (uint32_t group : {128u, 64u})
   for (bool with_modes : {false, true}) {
