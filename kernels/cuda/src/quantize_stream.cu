@@ -184,7 +184,9 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // Swizzled operand tiles want 1024-byte alignment.
   uint8_t* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
-  const int tid = threadIdx.x, wg = tid >> 7, tw = tid & 127, lane = tid & 31;
+  // The warpgroup index through a shuffle from lane 0: ptxas then knows it (and the ring and
+  // wgmma descriptors derived from it) is warp-uniform and keeps them in uniform registers.
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), tw = tid & 127, lane = tid & 31;
   const int gid = lane >> 2, tig = lane & 3, wrow = 16 * ((tid >> 5) & 3);
   uint8_t* rimg = smem;
   uint8_t* ring = smem + kStreamImageBytes + wg * kStages * kTileBytes;
