@@ -37,6 +37,10 @@ __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool val
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SmemAddr(smem)),
                "l"(gmem), "r"(n));
 }
+// Unconditional 16-byte copy (no source-size operand to compute).
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(smem)), "l"(gmem));
+}
 __device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void CpAsyncWait() {

@@ -230,12 +230,17 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
         const int tok0 = tile_of(i) * kTileRows + crow;
         const uint16_t* gsrc = src + int64_t(tok0) * p.src_token_stride + 8 * cchunk;
         uint8_t* st = ring + stage * kTileBytes + cdst;
-        const int left = p.num_tokens - tok0;  // rows 8q < left exist
+        if ((tile_of(i) + 1) * kTileRows <= p.num_tokens) {  // a whole tile (warp-uniform)
 #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-          const bool ok = 8 * q < left;
-          CpAsync16(st + q * 1024, ok ? gsrc : src, ok);
-          gsrc += cstep;
+          for (int q = 0; q < 8; ++q) CpAsync16(st + q * 1024, gsrc + q * cstep);
+        } else {
+          const int left = p.num_tokens - tok0;  // rows 8q < left exist
+#pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            const bool ok = 8 * q < left;
+            CpAsync16(st + q * 1024, ok ? gsrc : src, ok);
+            gsrc += cstep;
+          }
         }
       }
       CpAsyncCommit();
