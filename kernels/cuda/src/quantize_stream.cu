@@ -352,7 +352,9 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
       WarpgroupBarrier(wg);  // tile i is in shared memory; tile i - 1's stage is free
       // The rotation runs on the tensor cores while this warpgroup issues the next copies and the
       // destinations' loads. (Two accumulator sets per warpgroup, one tile quantized while the
-      // next rotates, made ptxas serialize the wgmmas: C7514/C7518.)
+      // next rotates, made ptxas serialize the wgmmas: C7514/C7518. Finishing tile i's refit after
+      // tile i + 1's rotation is issued measured slower: its DFMAs share the pipe with the
+      // wgmmas. bench/results/NOTES.md session 25.)
       float y[2][32];
       rotate(i % kStages, y);
       issue(i + kStages - 1, (i + kStages - 1) % kStages);
