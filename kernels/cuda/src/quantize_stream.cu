@@ -38,8 +38,11 @@ constexpr int kTileBytes = 2 * kHalfTile;
 // 3-stage rings, LoadPath::kStream3, measured slower on an H200: unbiased-fixed 112.5 vs 105.0 us,
 // min-max 82.6 vs 78.0 us, BF16 pages equal; 5 warpgroups at 96 registers spilled and measured
 // 117.5 us) and tiles in flight per warpgroup (ring stages).
-constexpr int StagesOf(int wgs) { return wgs == 4 ? 2 : 3; }
-constexpr int SmemBytesOf(int wgs) { return 1024 + kStreamImageBytes + wgs * StagesOf(wgs) * kTileBytes; }
+// Unrotated rows (kParts = 0: the flush, or V with R_V absorbed) need no image, so their rings
+// take 3 stages at 4 warpgroups.
+constexpr int StagesOf(int wgs, int parts) { return parts == 0 || wgs != 4 ? 3 : 2; }
+constexpr int ImageBytesOf(int parts) { return parts == 0 ? 0 : kStreamImageBytes; }
+constexpr int SmemBytesOf(int wgs, int parts) { return 1024 + ImageBytesOf(parts) + wgs * StagesOf(wgs, parts) * kTileBytes; }
 
 // Shared-memory matrix descriptor of a K-major, 128-byte swizzled operand tile (8-row groups
 // 1024 bytes apart); the start address may sit 32/64/96 bytes into the swizzle atom (k-steps).
@@ -175,12 +178,14 @@ __device__ __forceinline__ void FixedCodes2(const float (&y)[2][32], const float
 }
 
 // kParts: 2 rotates by R hi + lo (the product), 1 by R hi only (~2^-9 relative: timing
-// diagnostics, LoadPath::kStream with precise_rotation false). kWgs: warpgroups per CTA.
+// diagnostics, LoadPath::kStream with precise_rotation false), 0 takes the rows as they are
+// (already rotated: the flush, R_V absorbed), read from the ring into the same registers.
+// kWgs: warpgroups per CTA.
 template <int G, int kParts, int kWgs>
 __global__ void __launch_bounds__(128 * kWgs, 1)
     StreamWriteKernel(const QuantizeWriteParams p, int tiles_per_mat, int total_tiles) {
 #if OSCARKV_HAVE_WGMMA
-  constexpr int kThreads = 128 * kWgs, kStages = StagesOf(kWgs);
+  constexpr int kThreads = 128 * kWgs, kStages = StagesOf(kWgs, kParts), kImage = ImageBytesOf(kParts);
   extern __shared__ __align__(16) uint8_t smem_raw[];
   // Swizzled operand tiles want 1024-byte alignment.
   uint8_t* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
@@ -189,7 +194,7 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), tw = tid & 127, lane = tid & 31;
   const int gid = lane >> 2, tig = lane & 3, wrow = 16 * ((tid >> 5) & 3);
   uint8_t* rimg = smem;
-  uint8_t* ring = smem + kStreamImageBytes + wg * kStages * kTileBytes;
+  uint8_t* ring = smem + kImage + wg * kStages * kTileBytes;
   const int H = static_cast<int>(p.num_kv_heads);
   const PageGeometry g2{p.num_layers, p.num_kv_heads, 128, G, p.page_tokens, PageKind::kInt2};
   const PageGeometry gb{p.num_layers, p.num_kv_heads, 128, G, p.page_tokens, PageKind::kBf16};
@@ -212,9 +217,11 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
     const size_t seg2 = g2.segment_offset(layer, kv, head), segb = gb.segment_offset(layer, kv, head);
 
     __syncthreads();  // every warpgroup is done with the previous matrix's image
-    const uint8_t* img = static_cast<const uint8_t*>(p.rot_fragments) + size_t(mat) * kRotationFragmentBytes + kStreamImageOffset;
-    for (int c = tid; c < kStreamImageBytes / 16; c += kThreads) CpAsync16(rimg + 16 * c, img + 16 * c, true);
-    CpAsyncCommit();
+    if constexpr (kParts > 0) {
+      const uint8_t* img = static_cast<const uint8_t*>(p.rot_fragments) + size_t(mat) * kRotationFragmentBytes + kStreamImageOffset;
+      for (int c = tid; c < kStreamImageBytes / 16; c += kThreads) CpAsync16(rimg + 16 * c, img + 16 * c, true);
+    }
+    CpAsyncCommit();  // (an empty group without rotation: the same group count below)
 
     // This warpgroup's tiles: t_first + wg + kWgs·i, i < n.
     const int n = t_first + wg < t_end ? (t_end - t_first - wg + kWgs - 1) / kWgs : 0;
@@ -281,6 +288,26 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
         if (kParts == 2) WgmmaBf16<1>(y[0], y[1], da, SwizzledDesc(rlo + ((2 * 16384) >> 4) + roff));
       }
       WgmmaCommit();
+    };
+    // Unrotated rows: this thread's two rows, channels 32·tig .. 32·tig + 31 (the rotated
+    // accumulators' order), from the swizzled tile in `stage`.
+    auto load_rows = [&](int stage, float (&y)[2][32]) {
+      const uint8_t* st = ring + stage * kTileBytes + (tig >> 1) * kHalfTile;
+      const int c0 = (4 * tig) & 7;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = wrow + gid + 8 * r;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint4 v = *reinterpret_cast<const uint4*>(st + Swizzle128(row, c0 + q));
+          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            y[r][8 * q + 2 * e] = __uint_as_float(w[e] << 16);
+            y[r][8 * q + 2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+          }
+        }
+      }
     };
     // Page kind and pointer of this thread's rows of the current tile (their destinations were
     // loaded a tile ahead), then the next tile's destinations.
@@ -356,10 +383,14 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
       // tile i + 1's rotation is issued measured slower: its DFMAs share the pipe with the
       // wgmmas. bench/results/NOTES.md session 25.)
       float y[2][32];
-      rotate(i % kStages, y);
+      if constexpr (kParts > 0) {
+        rotate(i % kStages, y);
+      } else {
+        load_rows(i % kStages, y);
+      }
       issue(i + kStages - 1, (i + kStages - 1) % kStages);
       const RowDst d = take_dst(i + 1);
-      WgmmaWait(y[0], y[1]);
+      if constexpr (kParts > 0) WgmmaWait(y[0], y[1]);
       finish(y, d);
     }
     CpAsyncWait<0>();
@@ -374,9 +405,7 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
 bool StreamWriteSupports(const QuantizeWriteParams& p, const char** why) {
   const char* reason = nullptr;
   const uint8_t m = static_cast<uint8_t>(p.range_mode);
-  if (p.rot_fragments == nullptr) {
-    reason = "rows are not rotated";
-  } else if (!p.precise_rotation && p.load_path != QuantizeWriteParams::LoadPath::kStream) {  // kStream: hi only
+  if (p.rot_fragments != nullptr && !p.precise_rotation && p.load_path != QuantizeWriteParams::LoadPath::kStream) {  // kStream: hi only
     reason = "R fp16-only rotation asked";
   } else if (p.clips != nullptr) {
     reason = "quantile clips";
@@ -400,15 +429,19 @@ absl::Status LaunchStreamWrite(const QuantizeWriteParams& p, cudaStream_t stream
   if (total > (1ll << 31) - 1) return absl::InvalidArgumentError("quantize-on-write: launch too large");
   const int ctas = static_cast<int>(std::min<long long>(sms, total));
   using LoadPath = QuantizeWriteParams::LoadPath;
-  const int wgs = p.load_path == LoadPath::kStream3 ? 3 : 4;
+  const int parts = p.rot_fragments == nullptr ? 0 : p.precise_rotation ? 2 : 1;
+  const int wgs = parts != 0 && p.load_path == LoadPath::kStream3 ? 3 : 4;
   auto run = [&](auto kernel) -> absl::Status {
-    const int smem = SmemBytesOf(wgs);
+    const int smem = SmemBytesOf(wgs, parts);
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (err != cudaSuccess) return CudaStatus(err, "quantize-on-write (stream) smem attribute");
     kernel<<<ctas, 128 * wgs, smem, stream>>>(p, tiles_per_mat, static_cast<int>(total));
     return CudaStatus(cudaGetLastError(), "quantize-on-write (stream) launch");
   };
   const bool g128 = p.group_size == 128;
+  if (parts == 0) {  // unrotated rows (the flush, R_V absorbed): 4 warpgroups, 3-stage rings
+    return g128 ? run(StreamWriteKernel<128, 0, 4>) : run(StreamWriteKernel<64, 0, 4>);
+  }
   if (!p.precise_rotation) {  // kStream's R-hi-only diagnostic (StreamWriteSupports)
     return g128 ? run(StreamWriteKernel<128, 1, 4>) : run(StreamWriteKernel<64, 1, 4>);
   }

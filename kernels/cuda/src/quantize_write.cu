@@ -1264,7 +1264,7 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stre
   }
   using LoadPath = QuantizeWriteParams::LoadPath;
   // The streaming kernel (quantize_stream.cu) takes every launch it supports under kAuto:
-  // rotated rows, R hi + lo, no clip, min-max or unbiased-fixed ranges.
+  // rotated (R hi + lo) or already rotated rows, no clip, min-max or unbiased-fixed ranges.
   const bool stream_path = p.load_path == LoadPath::kStream || p.load_path == LoadPath::kStream3;
   if (p.load_path == LoadPath::kAuto || stream_path) {
     const char* why = nullptr;

@@ -230,7 +230,8 @@ void RunWrite(const WriteCase& c) {
   const bool stream_modes = c.range_modes.empty()
                                 ? fixed_or_minmax(static_cast<uint8_t>(c.range_mode))
                                 : std::all_of(c.range_modes.begin(), c.range_modes.end(), fixed_or_minmax);
-  const bool stream_fits = c.rotate && c.precise && no_clip && stream_modes;
+  // Unrotated rows (the flush) take it too, whatever `precise` says (nothing to rotate).
+  const bool stream_fits = (!c.rotate || c.precise) && no_clip && stream_modes;
   gp.range_modes_fixed_only = stream_modes && !c.range_modes.empty();
   for (LoadPath path : {LoadPath::kRound1, LoadPath::kDirect, LoadPath::kStaged, LoadPath::kAuto,
                         LoadPath::kRound2, LoadPath::kLoadAhead, LoadPath::kLoadAtTile,
@@ -552,7 +553,7 @@ TEST(QuantizeWriteGpu, RotatedDefaultCodecWithinOneStep) {
   }
 }
 
-// The streaming kernel (kAuto / kStream for rotated rows without clip, min-max or unbiased-fixed
+// The streaming kernel (kAuto / kStream for writes without clip, min-max or unbiased-fixed
 // ranges): under signed-permutation rotations (exact) its bytes equal the CPU reference bit for
 // bit -- BF16 and INT2 pages, groups 128 and 64, per-head modes mixing min-max and every
 // fixed candidate, lengths that are not a multiple of its 64-row tiles, one and several tiles
@@ -573,6 +574,30 @@ TEST(QuantizeWriteGpu, StreamKernelExactRotationBitExact) {
       c.range_modes = {16, 0, 17, 18, 19, 20, 21, 22, 23, 22};
       c.clip_values = {1.0f};
       c.seed = 900 + g + pattern;
+      SCOPED_TRACE("pattern " + std::to_string(pattern));
+      RunWrite(c);
+    }
+  }
+}
+
+// The streaming kernel on rows that are already rotated (kAuto takes it for the flush and for V
+// with R_V absorbed: no clip, min-max or unbiased-fixed ranges): bit for bit with the reference
+// -- BF16 and INT2 pages, groups 128 and 64, per-head modes mixing min-max and every fixed
+// candidate, partial tiles, several tiles per warpgroup, ties, one lane holding a row's top
+// values, constant rows and rows holding ±inf (the other load paths run the same case beside it).
+TEST(QuantizeWriteGpu, StreamKernelUnrotatedBitExact) {
+  SKIP_WITHOUT_GPU();
+  for (int pattern : {0, 1, 2, 3}) {
+    for (uint32_t g : {128u, 64u}) {
+      WriteCase c;
+      c.pattern = pattern;
+      c.group = g;
+      c.kv_heads = 3;
+      c.tokens = pattern == 0 ? 4099 : 333;
+      c.page_tokens = g == 128 ? 64 : 128;
+      c.range_modes = {0, 16, 17, 18, 19, 20, 21, 22, 23, 16};
+      c.clip_values = {1.0f};
+      c.seed = 950 + g + pattern;
       SCOPED_TRACE("pattern " + std::to_string(pattern));
       RunWrite(c);
     }

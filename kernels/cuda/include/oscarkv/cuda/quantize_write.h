@@ -101,8 +101,10 @@ struct QuantizeWriteParams {
   // 142.8 -> 113.4 us, but BF16 pages 125.0 -> 141.7 us.
   // kStream: the streaming kernel (quantize_stream.cu, sm_90a): rows through shared memory, R as
   // bf16 hi + lo read by wgmma from shared memory, one CTA of 4 warpgroups per SM; it takes
-  // rotated rows (precise_rotation) with no clip into BF16 pages and INT2 pages with min-max or
-  // unbiased-fixed ranges, and kAuto takes it for every such launch (an error for others).
+  // rotated rows (precise_rotation) and already rotated ones (the flush, R_V absorbed: read from
+  // its rings into the same registers, 3-stage rings) with no clip into BF16 pages and INT2
+  // pages with min-max or unbiased-fixed ranges, and kAuto takes it for every such launch (an
+  // error for others).
   // kStream with precise_rotation false rotates by R's bf16 high part only (~2^-9 relative:
   // timing diagnostics only; kAuto never takes it). kStream3: the same kernel with 3 warpgroups
   // (3-stage rings, 168 registers), for side-by-side benches.
