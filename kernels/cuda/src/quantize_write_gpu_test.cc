@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <fstream>
 #include <limits>
 #include <random>
@@ -553,6 +554,30 @@ TEST(QuantizeWriteGpu, RotatedDefaultCodecWithinOneStep) {
   }
 }
 
+// The streaming kernel's bit-exact cases: groups 128 and 64 for each row pattern, several heads
+// whose per-head modes cycle through `modes`, lengths that are not a multiple of its 64-row tiles
+// (one and several tiles per warpgroup), no clip.
+void RunStreamBitExactCases(bool exact_rotation, std::initializer_list<int> patterns,
+                            const std::vector<uint8_t>& modes, uint32_t seed0) {
+  for (int pattern : patterns) {
+    for (uint32_t g : {128u, 64u}) {
+      WriteCase c;
+      c.pattern = pattern;
+      c.group = g;
+      c.rotate = exact_rotation;
+      c.exact_rotation = exact_rotation;
+      c.kv_heads = 3;
+      c.tokens = pattern == 0 ? 4099 : 333;
+      c.page_tokens = g == 128 ? 64 : 128;
+      c.range_modes = modes;
+      c.clip_values = {1.0f};
+      c.seed = seed0 + g + pattern;
+      SCOPED_TRACE("pattern " + std::to_string(pattern));
+      RunWrite(c);
+    }
+  }
+}
+
 // The streaming kernel (kAuto / kStream for writes without clip, min-max or unbiased-fixed
 // ranges): under signed-permutation rotations (exact) its bytes equal the CPU reference bit for
 // bit -- BF16 and INT2 pages, groups 128 and 64, per-head modes mixing min-max and every
@@ -561,47 +586,16 @@ TEST(QuantizeWriteGpu, RotatedDefaultCodecWithinOneStep) {
 // whose bytes the format leaves unspecified: pattern 3 is not used here.)
 TEST(QuantizeWriteGpu, StreamKernelExactRotationBitExact) {
   SKIP_WITHOUT_GPU();
-  for (int pattern : {0, 1, 2}) {
-    for (uint32_t g : {128u, 64u}) {
-      WriteCase c;
-      c.pattern = pattern;
-      c.group = g;
-      c.rotate = true;
-      c.exact_rotation = true;
-      c.kv_heads = 3;
-      c.tokens = pattern == 0 ? 4099 : 333;
-      c.page_tokens = g == 128 ? 64 : 128;
-      c.range_modes = {16, 0, 17, 18, 19, 20, 21, 22, 23, 22};
-      c.clip_values = {1.0f};
-      c.seed = 900 + g + pattern;
-      SCOPED_TRACE("pattern " + std::to_string(pattern));
-      RunWrite(c);
-    }
-  }
+  RunStreamBitExactCases(true, {0, 1, 2}, {16, 0, 17, 18, 19, 20, 21, 22, 23, 22}, 900);
 }
 
 // The streaming kernel on rows that are already rotated (kAuto takes it for the flush and for V
 // with R_V absorbed: no clip, min-max or unbiased-fixed ranges): bit for bit with the reference
-// -- BF16 and INT2 pages, groups 128 and 64, per-head modes mixing min-max and every fixed
-// candidate, partial tiles, several tiles per warpgroup, ties, one lane holding a row's top
-// values, constant rows and rows holding ±inf (the other load paths run the same case beside it).
+// -- the same cases, plus constant rows and rows holding ±inf (the other load paths run each case
+// beside it).
 TEST(QuantizeWriteGpu, StreamKernelUnrotatedBitExact) {
   SKIP_WITHOUT_GPU();
-  for (int pattern : {0, 1, 2, 3}) {
-    for (uint32_t g : {128u, 64u}) {
-      WriteCase c;
-      c.pattern = pattern;
-      c.group = g;
-      c.kv_heads = 3;
-      c.tokens = pattern == 0 ? 4099 : 333;
-      c.page_tokens = g == 128 ? 64 : 128;
-      c.range_modes = {0, 16, 17, 18, 19, 20, 21, 22, 23, 16};
-      c.clip_values = {1.0f};
-      c.seed = 950 + g + pattern;
-      SCOPED_TRACE("pattern " + std::to_string(pattern));
-      RunWrite(c);
-    }
-  }
+  RunStreamBitExactCases(false, {0, 1, 2, 3}, {0, 16, 17, 18, 19, 20, 21, 22, 23, 16}, 950);
 }
 
 // Unbiased-fixed ranges under real rotations: the streaming kernel (R as bf16 hi + lo) and the
