@@ -143,8 +143,8 @@ __device__ __forceinline__ DevParams UnbiasedRefit(long long num, long long det,
 // integer work: vm = vb − (2^23 + O) (exact), wq = sat(fma(vm, r4, r4/2)) with r4 = rn(1/(4D)),
 // and kMagic + c = the bits of fma_rd(wq, 4 − 2^-18, 2^23). (vm + 1/2)/D is never an integer, it
 // lies at least 1/(2D) from one, and the roundings stay below 2^-20 of it; the scale 4 − 2^-18
-// maps wq = 1 (vm beyond 4D) to code 3. Checked exhaustively, every v and candidate, by
-// cuda_reference_test's FixedCodeOnTheFmaPipes.) The lane sums Σvb, Σ(kMagic + c)·vb (mod 2^32)
+// maps wq = 1 (vm beyond 4D) to code 3; cuda_reference_test's UnbiasedFixedCode test checks
+// every v of every candidate. The lane sums Σvb, Σ(kMagic + c)·vb (mod 2^32)
 // and Σvb² (mod 2^64), and the packed words Σ(kMagic + c_j) << 2j, carry the magic; FixedLaneDone
 // removes it. After the group reduction the exact integers are V1 = Σvb − G·M,
 // Y1 = Σc·vb − (Σc)·M and V2 = Σvb² − 2M·V1 − G·M² (M = 0x4B000000): all below 2^32 (2^64 for

@@ -5,7 +5,8 @@
 // (tiles of one (layer, K|V, head) matrix are consecutive) and walks it matrix by matrix: R's
 // bf16 hi + lo image (64 KiB, prepared once by PrepareRotationFragments) is copied into shared
 // memory, then warpgroup w takes tiles w, w + 4, ... of the matrix. Each warpgroup streams its
-// tiles through a private ring of 2 tiles (cp.async, 16 KiB per tile, 128-byte swizzled as the
+// tiles through a private ring of 2 tiles (3 for rows already rotated, which need no image;
+// cp.async, 16 KiB per tile, 128-byte swizzled as the
 // wgmma operand layout wants), rotates a tile with 16 wgmma.m64n128k16 (8 k-steps x R hi, lo;
 // A = the rows from shared memory; the next tile's copies and the destinations' loads are issued
 // while they run), and its 128 threads then hold two rows each, 32 consecutive
@@ -37,7 +38,8 @@ constexpr int kTileBytes = 2 * kHalfTile;
 // Warpgroups per CTA (4 by default, 128 registers, 2-stage rings; 3 with 168 registers and
 // 3-stage rings, LoadPath::kStream3, measured slower on an H200: unbiased-fixed 112.5 vs 105.0 us,
 // min-max 82.6 vs 78.0 us, BF16 pages equal; 5 warpgroups at 96 registers spilled and measured
-// 117.5 us) and tiles in flight per warpgroup (ring stages).
+// 117.5 us, 97.1-97.8 against 92.7-95.1 in session 25) and tiles in flight per warpgroup (ring
+// stages).
 // Unrotated rows (kParts = 0: the flush, or V with R_V absorbed) need no image, so their rings
 // take 3 stages at 4 warpgroups.
 constexpr int StagesOf(int wgs, int parts) { return parts == 0 || wgs != 4 ? 3 : 2; }

@@ -295,9 +295,6 @@ CodecProfile SmallProfile(uint32_t group) {
   return p;
 }
 
-// ReferenceQuantizeWrite (the POD-interface reference of the write kernel) lays out exactly
-// what EncodePage writes, for both kinds, with rotation and clipping, and with the rotation
-// set's per-head write-time range modes passed as QuantizeWriteParams::range_modes.
 // The write kernels' unbiased-fixed code (quantize_common.cuh, FixedElement) replaces the
 // three threshold compares of docs/FORMAT.md §1.3.1 by two roundings on the FMA pipes:
 // kMagic + c = bits(fma_rd(sat(rn(vm·r4 + r4/2)), 4 − 2^-18, 2^23)), vm = v − 2048·(2ci − 8),
@@ -323,6 +320,9 @@ TEST(UnbiasedFixedCode, FmaPipeFormulaMatchesThresholdsForEveryPosition) {
   }
 }
 
+// ReferenceQuantizeWrite (the POD-interface reference of the write kernel) lays out exactly
+// what EncodePage writes, for both kinds, with rotation and clipping, and with the rotation
+// set's per-head write-time range modes passed as QuantizeWriteParams::range_modes.
 TEST(ReferenceQuantizeWrite, MatchesEncodePagePayload) {
   for (uint32_t group : {128u, 64u})
   for (bool with_modes : {false, true}) {

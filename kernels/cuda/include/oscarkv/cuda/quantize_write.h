@@ -107,7 +107,8 @@ struct QuantizeWriteParams {
   // error for others).
   // kStream with precise_rotation false rotates by R's bf16 high part only (~2^-9 relative:
   // timing diagnostics only; kAuto never takes it). kStream3: the same kernel with 3 warpgroups
-  // (3-stage rings, 168 registers), for side-by-side benches.
+  // (3-stage rings, 168 registers), for side-by-side benches (rows already rotated: 4 warpgroups
+  // either way).
   enum class LoadPath : uint8_t {
     kAuto, kStaged, kDirect, kRound1, kRound2, kLoadAhead, kLoadAtTile, kPrefetchL1,
     kWgmma4, kWgmma8, kWgmma12, kStream, kStream3
