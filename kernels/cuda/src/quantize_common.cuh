@@ -61,7 +61,7 @@ __device__ __forceinline__ float GroupMax(float v) {
   if (G == 128) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
   return v;
 }
-// Sum over the group's lanes (integers: exact, wrapping where the type wraps).
+// Sum over the group's lanes (integers: exact, wrapping where the type wraps; floats rounded).
 template <int G, class T>
 __device__ __forceinline__ T GroupSum(T v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
@@ -144,11 +144,17 @@ __device__ __forceinline__ DevParams UnbiasedRefit(long long num, long long det,
 // and kMagic + c = the bits of fma_rd(wq, 4 − 2^-18, 2^23). (vm + 1/2)/D is never an integer, it
 // lies at least 1/(2D) from one, and the roundings stay below 2^-20 of it; the scale 4 − 2^-18
 // maps wq = 1 (vm beyond 4D) to code 3; cuda_reference_test's UnbiasedFixedCode test checks
-// every v of every candidate. The lane sums Σvb, Σ(kMagic + c)·vb (mod 2^32)
-// and Σvb² (mod 2^64), and the packed words Σ(kMagic + c_j) << 2j, carry the magic; FixedLaneDone
-// removes it. After the group reduction the exact integers are V1 = Σvb − G·M,
-// Y1 = Σc·vb − (Σc)·M and V2 = Σvb² − 2M·V1 − G·M² (M = 0x4B000000): all below 2^32 (2^64 for
-// V2), so the wrap-around is harmless.
+// every v of every candidate. The lane sums Σvb, Σ(kMagic + c)·vb and Σvb² (all mod 2^32), and
+// the packed words Σ(kMagic + c_j) << 2j, carry the magic; FixedLaneDone removes it from the
+// words and Σc·vb. After the group reduction the exact integers are V1 = Σvb − G·M and
+// Y1 = Σc·vb − (Σc)·M (M = 0x4B000000), both below 2^32, and V2 = Σv² mod 2^32 =
+// Σvb² − 2M·V1 − G·M². V2 itself needs up to 41 bits; a 64-bit IMAD.WIDE per element costs ~5
+// cycles of the FMA-heavy pipe (bench/results/NOTES.md session 26), so its high part comes from a
+// float sum instead: sf = Σ rn(vm² + ·) over the lane's elements, then rn sums over the group,
+// with vm = v − O exact and |vm| ≤ 98304 + 16384 < 2^17. Every partial sum is below
+// G·114688² < 2^40.6, so each of the ≤ 35 roundings errs by < 2^16 and sf + 2O·Σvm + G·O² is
+// within 2^22 of Σv² -- far inside ±2^31, where the low 32 bits decide V2 exactly
+// (FixedTotalsOf; cuda_reference_test's UnbiasedFixedSquares test replays it on extreme rows).
 struct FixedRange {
   float mn, mx, w, k, b;
   float off, r4, half_r4;  // the code's position offset 2^23 + O, rn(1/(4D)) and half of it
@@ -173,19 +179,21 @@ constexpr uint32_t FixedWordBias() {
   return s;
 }
 struct FixedSums {
-  uint32_t s0 = 0, sy = 0;
-  unsigned long long sq = 0;
+  uint32_t s0 = 0, sy = 0, sq = 0;  // Σvb, Σqb·vb, Σvb² (mod 2^32)
+  float sf = 0.f;                    // ≈ Σvm², vm = v − O
 };
 // One element: returns kMagic + c (to be shifted into the lane's packed word).
 __device__ __forceinline__ uint32_t FixedElement(float x, const FixedRange& f, FixedSums& a) {
   const float u = __saturatef(__fmaf_rn(x, f.k, f.b));
   const float vbf = __fmaf_rd(u, 98304.0f, 8388608.0f);
   const uint32_t vb = __float_as_uint(vbf);
-  const float wq = __saturatef(__fmaf_rn(__fsub_rn(vbf, f.off), f.r4, f.half_r4));
+  const float vm = __fsub_rn(vbf, f.off);
+  const float wq = __saturatef(__fmaf_rn(vm, f.r4, f.half_r4));
   const uint32_t qb = __float_as_uint(__fmaf_rd(wq, kFixedCodeScale, 8388608.0f));
   a.s0 += vb;
   a.sy += qb * vb;
-  a.sq += static_cast<unsigned long long>(vb) * vb;
+  a.sq += vb * vb;
+  a.sf = __fmaf_rn(vm, vm, a.sf);
   return qb;
 }
 // Removes the magic from a lane's two packed words (Σ_j qb_j << 2j) and from Σqb·vb.
@@ -206,14 +214,17 @@ struct FixedTotals {
   bool refit;  // det > 0 and num > 0
 };
 template <int G>
-__device__ __forceinline__ FixedTotals FixedTotalsOf(const FixedSums& a, uint32_t c1) {
-  constexpr unsigned long long kM = kMagic;
+__device__ __forceinline__ FixedTotals FixedTotalsOf(const FixedSums& a, uint32_t c1, const FixedRange& f) {
   FixedTotals t;
   t.V1 = static_cast<long long>(a.s0 - static_cast<uint32_t>(G) * kMagic);
   t.C1 = c1;
   const long long Y1 = static_cast<long long>(a.sy - c1 * kMagic);
-  const long long V2 = static_cast<long long>(a.sq - 2ull * kM * static_cast<unsigned long long>(t.V1) -
-                                              static_cast<unsigned long long>(G) * kM * kM);
+  // Σv² mod 2^32 exactly, and Σv² within 2^22 from Σvm² ≈ sf: the one integer that agrees with
+  // both.
+  const uint32_t lo = a.sq - 2u * kMagic * static_cast<uint32_t>(t.V1) - static_cast<uint32_t>(G) * kMagic * kMagic;
+  const long long O = static_cast<long long>(f.off) - 8388608ll;
+  const long long approx = __float2ll_rn(a.sf) + 2 * O * (t.V1 - G * O) + G * O * O;
+  const long long V2 = approx + static_cast<int32_t>(lo - static_cast<uint32_t>(approx));
   t.num = G * V2 - t.V1 * t.V1;
   t.det = G * Y1 - t.C1 * t.V1;
   t.refit = t.det > 0 && t.num > 0;
@@ -221,12 +232,13 @@ __device__ __forceinline__ FixedTotals FixedTotalsOf(const FixedSums& a, uint32_
 }
 // The lane sums reduced over the group's lanes, then the totals.
 template <int G>
-__device__ __forceinline__ FixedTotals FixedReduce(FixedSums a, uint32_t c1) {
+__device__ __forceinline__ FixedTotals FixedReduce(FixedSums a, uint32_t c1, const FixedRange& f) {
   a.s0 = GroupSum<G>(a.s0);
   a.sy = GroupSum<G>(a.sy);
   a.sq = GroupSum<G>(a.sq);
+  a.sf = GroupSum<G>(a.sf);
   c1 = GroupSum<G>(c1);
-  return FixedTotalsOf<G>(a, c1);
+  return FixedTotalsOf<G>(a, c1, f);
 }
 // The stored parameters given s = num/det and δ = w/98304 (fp64, correctly rounded).
 template <int G>
@@ -249,7 +261,7 @@ __device__ __forceinline__ DevParams SelectUnbiasedFixed(const float (&y)[32], i
 #pragma unroll
   for (int j = 0; j < 32; ++j) cw[j / 16] += FixedElement(y[j], f, a) << (2 * (j % 16));
   FixedLaneDone(cw, a);
-  const FixedTotals t = FixedReduce<G>(a, CodeSum(cw));
+  const FixedTotals t = FixedReduce<G>(a, CodeSum(cw), f);
   double s = 0.0, delta = 0.0;
   if (t.refit) {
     s = __ddiv_rn(static_cast<double>(t.num), static_cast<double>(t.det));

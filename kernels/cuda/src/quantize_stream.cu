@@ -155,15 +155,17 @@ __device__ __forceinline__ void FixedCodes2(const float (&y)[2][32], const float
   k.s0 += __shfl_xor_sync(0xffffffffu, o.s0, kFirst);
   k.sy += __shfl_xor_sync(0xffffffffu, o.sy, kFirst);
   k.sq += __shfl_xor_sync(0xffffffffu, o.sq, kFirst);
+  k.sf += __shfl_xor_sync(0xffffffffu, o.sf, kFirst);
   kc += __shfl_xor_sync(0xffffffffu, oc, kFirst);
   if constexpr (G == 128) {  // the quad's other lane of the same row
     k.s0 += __shfl_xor_sync(0xffffffffu, k.s0, 1);
     k.sy += __shfl_xor_sync(0xffffffffu, k.sy, 1);
     k.sq += __shfl_xor_sync(0xffffffffu, k.sq, 1);
+    k.sf += __shfl_xor_sync(0xffffffffu, k.sf, 1);
     kc += __shfl_xor_sync(0xffffffffu, kc, 1);
   }
-  const FixedTotals t = FixedTotalsOf<G>(k, kc);
   const FixedRange fm = mine ? f[1] : f[0];
+  const FixedTotals t = FixedTotalsOf<G>(k, kc, fm);
   double s, delta;
   if constexpr (G == 128) {
     const bool is_delta = tig & 1;

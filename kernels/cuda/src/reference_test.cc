@@ -3,6 +3,7 @@
 // decode reference against the dense one).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <set>
@@ -318,6 +319,50 @@ TEST(UnbiasedFixedCode, FmaPipeFormulaMatchesThresholdsForEveryPosition) {
     }
     EXPECT_EQ(mismatches, 0) << "candidate " << ci;
   }
+}
+
+// The write kernels take Σv² of a group from its low 32 bits (an integer sum that wraps) and a
+// float sum of vm² = (v − O)² (quantize_common.cuh, FixedTotalsOf): the float sum must land
+// within 2^31 of the true value. Replayed here as the kernels round (one fma per element on each
+// lane, lane partials added pairwise), on the rows that make the float sum largest and on
+// random ones, for every candidate and both group sizes.
+TEST(UnbiasedFixedSquares, LowBitsAndFloatSumGiveTheExactSum) {
+  constexpr uint32_t kM = 0x4B000000u;
+  std::mt19937 rng(7);
+  for (int G : {64, 128})
+    for (int ci = 0; ci < 8; ++ci) {
+      const long long O = static_cast<long long>(kUnbiasedStepsPerLevel) * (2 * ci - 8);
+      for (int pattern = 0; pattern < 6; ++pattern) {
+        std::vector<uint32_t> v(G);
+        for (int j = 0; j < G; ++j) {
+          switch (pattern) {
+            case 0: v[j] = kUnbiasedSteps; break;
+            case 1: v[j] = 0; break;
+            case 2: v[j] = j % 2 ? kUnbiasedSteps : 0; break;
+            case 3: v[j] = kUnbiasedSteps - static_cast<uint32_t>(j); break;
+            default: v[j] = std::uniform_int_distribution<uint32_t>(0, kUnbiasedSteps)(rng);
+          }
+        }
+        uint32_t s0 = 0, sq = 0;
+        long long exact = 0;
+        std::vector<float> lane(G / 32, 0.0f);
+        for (int j = 0; j < G; ++j) {
+          const uint32_t vb = kM + v[j];
+          s0 += vb;
+          sq += vb * vb;
+          exact += static_cast<long long>(v[j]) * v[j];
+          const float vm = static_cast<float>(static_cast<long long>(v[j]) - O);
+          lane[j / 32] = std::fma(vm, vm, lane[j / 32]);
+        }
+        const float sf = G == 128 ? (lane[0] + lane[1]) + (lane[2] + lane[3]) : lane[0] + lane[1];
+        const long long V1 = static_cast<long long>(s0 - static_cast<uint32_t>(G) * kM);
+        const uint32_t lo = sq - 2u * kM * static_cast<uint32_t>(V1) - static_cast<uint32_t>(G) * kM * kM;
+        const long long approx = std::llrint(sf) + 2 * O * (V1 - G * O) + G * O * O;
+        EXPECT_LT(std::llabs(approx - exact), 1ll << 22) << "G " << G << " candidate " << ci << " pattern " << pattern;
+        const long long V2 = approx + static_cast<int32_t>(lo - static_cast<uint32_t>(approx));
+        EXPECT_EQ(V2, exact) << "G " << G << " candidate " << ci << " pattern " << pattern;
+      }
+    }
 }
 
 // ReferenceQuantizeWrite (the POD-interface reference of the write kernel) lays out exactly
