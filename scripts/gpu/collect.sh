@@ -7,10 +7,11 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 b=${BUILD:-$root/build-f}
 out=$b/carry
 rm -rf "$out" && mkdir -p "$out/lib"
-for bin in kernels/cuda/cuda_kernels_gpu_test kernels/cuda/cuda_reference_test bench/kernel_bench cli/oscarkv; do
+for bin in kernels/cuda/cuda_kernels_gpu_test kernels/cuda/cuda_reference_test bench/kernel_bench bench/write_probe cli/oscarkv; do
   [ -f "$b/$bin" ] || continue
   cp "$b/$bin" "$out/" && strip "$out/$(basename $bin)"
-  ldd "$b/$bin" | awk '/=>/ {print $3}' | grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libdl|libpthread|librt' |
+  # (a binary may need none of them: grep then finds nothing, which is not an error)
+  { ldd "$b/$bin" | awk '/=>/ {print $3}' | grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libdl|libpthread|librt' || true; } |
     while read -r lib; do cp -Ln "$lib" "$out/lib/" 2>/dev/null || true; done
 done
 cp "$root/bench/sdpa_baseline.py" "$out/" 2>/dev/null || true

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: CPU-reference tests, GPU kernel tests (every decode variant, every range
 # mode), then the kernel benchmark (SDPA BF16 baseline, oscarkv BF16 pages, OSCAR INT2 pages in
-# every kernel variant, copy bandwidth, quantize-on-write) -- all in this one process tree.
+# every kernel variant, copy bandwidth, quantize-on-write), then write_probe (what bounds the
+# write) -- all in this one process tree.
 # Full logs, CSV, SVG plot and JSON go to $OUT; a short summary is printed last. Fits one
 # 10-minute call: the GPU tests take seconds, the bench is capped at 400 s.
 #   here:   cmake -S . -B build-f -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCARKV_MODULES=bench
@@ -41,6 +42,12 @@ timeout 400 "$c/kernel_bench" --sdpa "python3 $c/sdpa_baseline.py" \
 bench_rc=$?
 sed -n '/^{/,$p' "$out/kernel_bench.txt" >"$out/kernel_bench.json"
 t2=$(date +%s)
+# What bounds the write (pipes, per-tile code beside the wgmmas, the walk's memory ceiling).
+probe_rc=0
+if [ -x "$c/write_probe" ]; then
+  timeout 60 "$c/write_probe" >"$out/write_probe.txt" 2>&1
+  probe_rc=$?
+fi
 
 echo "== $(head -2 "$out/nvidia_smi.txt" | tail -1)"
 echo "== cpu reference tests rc=$ref_rc: $(grep -E '^\[  (PASSED|FAILED)' "$out/reference_test.log" | tr '\n' ' ')"
@@ -51,4 +58,8 @@ tail -5 "$out/kernel_bench.err"
 sed -n '1,/^{/p' "$out/kernel_bench.txt" | grep -v '^{'
 grep -E '"(int2_vs_sdpa_b32_32k|int2_vs_sdpa_b1_100k|bf16pages_vs_sdpa_b32_32k|int2_bw_fraction_b32|quant_bw_fraction|int2_best_variant_b32_32k|int2_best_variant_b1_100k)"' \
   "$out/kernel_bench.json"
-exit $(( ref_rc || gpu_rc || bench_rc ))
+if [ -f "$out/write_probe.txt" ]; then
+  echo "== write probe rc=$probe_rc"
+  cat "$out/write_probe.txt"
+fi
+exit $(( ref_rc || gpu_rc || bench_rc || probe_rc ))
