@@ -28,6 +28,21 @@ using namespace oscarkv::cuda::detail;
 
 constexpr int kSms = 132;  // CTAs of the tile and walk parts (one per SM of an H200)
 
+// The SM clock a kernel ran at: CTA 0's thread 0 stores (clock64, globaltimer ns) at its start
+// (clk[0], clk[1]) and end (clk[2], clk[3]).
+__device__ __forceinline__ void MarkClock(long long* clk, int at) {
+  if (clk == nullptr || blockIdx.x != 0 || threadIdx.x != 0) return;
+  long long ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  clk[at] = clock64();
+  clk[at + 1] = ns;
+}
+double ClockMhz(const long long* clk_dev) {
+  long long c[4] = {0, 0, 0, 0};
+  cudaMemcpy(c, clk_dev, sizeof(c), cudaMemcpyDeviceToHost);
+  return c[3] > c[1] ? static_cast<double>(c[2] - c[0]) / static_cast<double>(c[3] - c[1]) * 1e3 : 0.0;
+}
+
 // ---- pipes ----------------------------------------------------------------------------------
 constexpr int kChains = 8, kUnroll = 16;
 template <int OP>
@@ -104,7 +119,8 @@ __device__ __forceinline__ void Rotate(float (&y)[2][32], uint32_t alo, uint32_t
 // 2 rotate (hi + lo), 3 rotate (hi + lo) then quantize the result (the kernel's order),
 // 4 rotate (hi only), 5 rotate (hi only) then quantize. Cycles per iteration per warpgroup.
 template <int kWork>
-__global__ void __launch_bounds__(512, 1) TileKernel(uint32_t* out, long long* cycles, int iters, int roles, int ci) {
+__global__ void __launch_bounds__(512, 1) TileKernel(uint32_t* out, long long* cycles, int iters, int roles, int ci,
+                                                     long long* clk) {
   extern __shared__ __align__(1024) uint8_t smem[];
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), tig = tid & 3;
   const int role = (roles >> (4 * wg)) & 15;
@@ -117,6 +133,7 @@ __global__ void __launch_bounds__(512, 1) TileKernel(uint32_t* out, long long* c
   for (int j = 0; j < 16; ++j) base[j] = (j - 8) * 0.1f + tid * 1e-4f;
   const uint32_t rlo = SwizzledDescLo(SmemAddr(smem)), alo = SwizzledDescLo(SmemAddr(smem + 65536 + wg * 16384));
   uint32_t sink = 0u;
+  MarkClock(clk, 0);
   const long long t0 = clock64();
   for (int it = 0; it < iters && role != 0; ++it) {
     float y[2][32];
@@ -139,6 +156,7 @@ __global__ void __launch_bounds__(512, 1) TileKernel(uint32_t* out, long long* c
     }
   }
   const long long t1 = clock64();
+  MarkClock(clk, 2);
   out[blockIdx.x * 512 + tid] = sink;
   if ((tid & 127) == 0) cycles[blockIdx.x * 4 + wg] = t1 - t0;
 }
@@ -150,7 +168,8 @@ constexpr int kHeads = 8, kTileRows = 64, kHalfTile = 8192, kTileBytes = 16384, 
 // ...; a thread reads its two rows from the swizzled ring, runs `load` x 64 FFMAs on them and
 // stores 8 bytes of codes per row (and a 4-byte parameter word per row from one lane of four).
 __global__ void __launch_bounds__(512, 1) WalkKernel(const uint16_t* k, const uint16_t* v, uint8_t* dst, int T, int load,
-                                                     int total_tiles) {
+                                                     int total_tiles, long long* clk) {
+  MarkClock(clk, 0);
   extern __shared__ __align__(16) uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024u - (SmemAddr(smem_raw) & 1023u)) & 1023u);
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), tw = tid & 127, lane = tid & 31;
@@ -223,6 +242,7 @@ __global__ void __launch_bounds__(512, 1) WalkKernel(const uint16_t* k, const ui
     }
     CpAsyncWait<0>();
   }
+  MarkClock(clk, 2);
 }
 __global__ void CopyKernel(const uint4* a, uint4* b, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) b[i] = a[i];
@@ -270,11 +290,11 @@ bool Pipe(const char* name, float* out, long long* cyc) {
 
 // Cycles per iteration of each warpgroup (the slowest CTA's), roles as TileKernel reads them.
 template <int kWork>
-bool Tile(const char* name, int roles, int ci, uint32_t* out, long long* cyc, double* per_wg = nullptr) {
+bool Tile(const char* name, int roles, int ci, uint32_t* out, long long* cyc, long long* clk, double* per_wg = nullptr) {
   const int iters = 200, smem = 65536 + 4 * 16384;
   cudaFuncSetAttribute(TileKernel<kWork>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  TileKernel<kWork><<<kSms, 512, smem>>>(out, cyc, 4, roles, ci);
-  TileKernel<kWork><<<kSms, 512, smem>>>(out, cyc, iters, roles, ci);
+  TileKernel<kWork><<<kSms, 512, smem>>>(out, cyc, 4, roles, ci, nullptr);
+  TileKernel<kWork><<<kSms, 512, smem>>>(out, cyc, iters, roles, ci, clk);
   if (!Check(cudaDeviceSynchronize(), name)) return false;
   std::vector<long long> c(kSms * 4);
   cudaMemcpy(c.data(), cyc, c.size() * sizeof(long long), cudaMemcpyDeviceToHost);
@@ -290,7 +310,7 @@ bool Tile(const char* name, int roles, int ci, uint32_t* out, long long* cyc, do
       std::printf(" %7.0f", per);
     }
   }
-  std::printf("\n");
+  std::printf("  %5.0f MHz\n", ClockMhz(clk));
   return true;
 }
 
@@ -352,9 +372,9 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, SM clock up to %d MHz\n", prop.name, prop.multiProcessorCount, clock_khz / 1000);
   float* fout = nullptr;
   uint32_t* uout = nullptr;
-  long long* cyc = nullptr;
+  long long *cyc = nullptr, *clk = nullptr;
   if (!Check(cudaMalloc(&fout, kSms * 512 * 4), "alloc") || !Check(cudaMalloc(&uout, kSms * 512 * 4), "alloc") ||
-      !Check(cudaMalloc(&cyc, kSms * 4 * sizeof(long long)), "alloc")) {
+      !Check(cudaMalloc(&cyc, kSms * 4 * sizeof(long long)), "alloc") || !Check(cudaMalloc(&clk, 4 * sizeof(long long)), "alloc")) {
     return 1;
   }
   bool ok = true;
@@ -367,20 +387,20 @@ int main(int argc, char** argv) {
   double alu = 0, mma = 0, both = 0, mma1 = 0, both1 = 0, w[4];
   if (ok && (part == "all" || part == "tile")) {
     std::printf("\ntile: cycles per iteration of each warpgroup (one 64-row tile each), unbiased-fixed candidate %d\n", ci);
-    std::printf("  %-52s %7s %7s %7s %7s\n", "warpgroups' work", "wg0", "wg1", "wg2", "wg3");
-    ok = ok && Tile<kIdle>("rows only (the rows' 64 FFMAs)", 0x1111, ci, uout, cyc) &&
-         Tile<kRanges>("group ranges", 0x1111, ci, uout, cyc) && Tile<kMinMax>("ranges + min-max codes", 0x1111, ci, uout, cyc) &&
-         Tile<kFixed>("ranges + unbiased-fixed (default codec's rule)", 0x1111, ci, uout, cyc, w);
+    std::printf("  %-52s %7s %7s %7s %7s  %9s\n", "warpgroups' work", "wg0", "wg1", "wg2", "wg3", "SM clock");
+    ok = ok && Tile<kIdle>("rows only (the rows' 64 FFMAs)", 0x1111, ci, uout, cyc, clk) &&
+         Tile<kRanges>("group ranges", 0x1111, ci, uout, cyc, clk) && Tile<kMinMax>("ranges + min-max codes", 0x1111, ci, uout, cyc, clk) &&
+         Tile<kFixed>("ranges + unbiased-fixed (default codec's rule)", 0x1111, ci, uout, cyc, clk, w);
     alu = w[0];
-    ok = ok && Tile<kIdle>("rotation R hi + lo (16 wgmma)", 0x2222, ci, uout, cyc, w);
+    ok = ok && Tile<kIdle>("rotation R hi + lo (16 wgmma)", 0x2222, ci, uout, cyc, clk, w);
     mma = w[0];
-    ok = ok && Tile<kIdle>("rotation R hi only (8 wgmma)", 0x4444, ci, uout, cyc, w);
+    ok = ok && Tile<kIdle>("rotation R hi only (8 wgmma)", 0x4444, ci, uout, cyc, clk, w);
     mma1 = w[0];
-    ok = ok && Tile<kFixed>("2 wg unbiased-fixed alone", 0x0011, ci, uout, cyc) &&
-         Tile<kFixed>("2 wg unbiased-fixed beside 2 wg rotating (hi + lo)", 0x2211, ci, uout, cyc) &&
-         Tile<kFixed>("rotate hi + lo, then unbiased-fixed (the kernel)", 0x3333, ci, uout, cyc, w);
+    ok = ok && Tile<kFixed>("2 wg unbiased-fixed alone", 0x0011, ci, uout, cyc, clk) &&
+         Tile<kFixed>("2 wg unbiased-fixed beside 2 wg rotating (hi + lo)", 0x2211, ci, uout, cyc, clk) &&
+         Tile<kFixed>("rotate hi + lo, then unbiased-fixed (the kernel)", 0x3333, ci, uout, cyc, clk, w);
     both = w[0];
-    ok = ok && Tile<kFixed>("rotate hi only, then unbiased-fixed", 0x5555, ci, uout, cyc, w);
+    ok = ok && Tile<kFixed>("rotate hi only, then unbiased-fixed", 0x5555, ci, uout, cyc, clk, w);
     both1 = w[0];
     if (ok) {
       std::printf("  per warp-tile per scheduler: rule %.0f, rotation %.0f (hi only %.0f); together %.0f (hi only %.0f),\n"
@@ -403,17 +423,18 @@ int main(int argc, char** argv) {
       const float cus = MedianUs([&] { CopyKernel<<<kSms * 8, 512>>>(ca, cb, copy_bytes / 16); }, 30);
       const double copy = 2.0 * copy_bytes / cus / 1e3;
       std::printf("\nwalk: 32768 tokens x 8 heads x K|V, copy kernel %.0f GB/s (read + write) in this run\n", copy);
-      std::printf("  %-34s %8s %8s %9s\n", "FFMAs per thread per tile", "us", "GB/s", "of copy");
+      std::printf("  %-34s %8s %8s %9s %10s\n", "FFMAs per thread per tile", "us", "GB/s", "of copy", "SM clock");
       const int smem = 1024 + kWgs * kStages * kTileBytes;
       cudaFuncSetAttribute(WalkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       const double bytes = 2.0 * T * kHeads * (256 + 36);
       for (int load : {0, 4, 8, 10, 12, 14, 16, 20}) {
-        const float us = MedianUs([&] { WalkKernel<<<kSms, 512, smem>>>(k, v, dst, T, load, total); }, 30);
+        const float us = MedianUs([&] { WalkKernel<<<kSms, 512, smem>>>(k, v, dst, T, load, total, clk); }, 30);
         if (!Check(cudaGetLastError(), "walk")) {
           ok = false;
           break;
         }
-        std::printf("  %-34d %8.1f %8.0f %8.0f%%\n", load * 64, us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy);
+        std::printf("  %-34d %8.1f %8.0f %8.0f%% %6.0f MHz\n", load * 64, us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy,
+                    ClockMhz(clk));
       }
     }
     cudaFree(k);
@@ -425,5 +446,6 @@ int main(int argc, char** argv) {
   cudaFree(fout);
   cudaFree(uout);
   cudaFree(cyc);
+  cudaFree(clk);
   return ok ? 0 : 1;
 }
