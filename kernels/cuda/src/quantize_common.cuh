@@ -140,25 +140,37 @@ __device__ __forceinline__ DevParams UnbiasedRefit(long long num, long long det,
 // (an FFMA rounding down onto 2^23), and the code c = [L >= 8+ci] + [L >= 24] + [L >= 40−ci]. The
 // three thresholds are evenly spaced, O + D, O + 2D, O + 3D in steps of v with O = 2048·(2ci − 8)
 // and D = 2048·(16 − ci), so c = clamp(floor((v − O)/D), 0, 3), computed on the FMA pipes without
-// integer work: vm = vb − (2^23 + O) (exact), wq = sat(fma(vm, r4, r4/2)) with r4 = rn(1/(4D)),
-// and kMagic + c = the bits of fma_rd(wq, 4 − 2^-18, 2^23). (vm + 1/2)/D is never an integer, it
-// lies at least 1/(2D) from one, and the roundings stay below 2^-20 of it; the scale 4 − 2^-18
-// maps wq = 1 (vm beyond 4D) to code 3; cuda_reference_test's UnbiasedFixedCode test checks
-// every v of every candidate. The lane sums Σvb, Σ(kMagic + c)·vb and Σvb² (all mod 2^32), and
+// integer work: wq = sat(fma(2^23 + v, r4, cb)) with r4 = rn(1/(4D)) and cb = rn(r4/2 − (2^23 + O)·r4)
+// (FixedCodeBias), and kMagic + c = the bits of fma_rd(wq, 4 − 2^-18, 2^23): wq is (v − O + 1/2)/(4D)
+// up to the roundings of cb and of the fma, and (v − O + 1/2)/D is never an integer; the scale
+// 4 − 2^-18 maps wq = 1 (v − O beyond 4D) to code 3. The margins are narrow (for some candidates
+// only this cb works), so cuda_reference_test's UnbiasedFixedCode test checks every v of every
+// candidate. The lane sums Σvb, Σ(kMagic + c)·vb and Σvb² (all mod 2^32), and
 // the packed words Σ(kMagic + c_j) << 2j, carry the magic; FixedLaneDone removes it from the
 // words and Σc·vb. After the group reduction the exact integers are V1 = Σvb − G·M and
 // Y1 = Σc·vb − (Σc)·M (M = 0x4B000000), both below 2^32, and V2 = Σv² mod 2^32 =
-// Σvb² − 2M·V1 − G·M². V2 itself needs up to 41 bits; a 64-bit IMAD.WIDE per element costs ~5
-// cycles of the FMA-heavy pipe (bench/results/NOTES.md session 26), so its high part comes from a
-// float sum instead: sf = Σ rn(vm² + ·) over the lane's elements, then rn sums over the group,
-// with vm = v − O exact and |vm| ≤ 98304 + 16384 < 2^17. Every partial sum is below
-// G·114688² < 2^40.6, so each of the ≤ 35 roundings errs by < 2^16 and sf + 2O·Σvm + G·O² is
-// within 2^22 of Σv² -- far inside ±2^31, where the low 32 bits decide V2 exactly
-// (FixedTotalsOf; cuda_reference_test's UnbiasedFixedSquares test replays it on extreme rows).
+// Σvb² − 2M·V1 − G·M². V2 itself needs up to 41 bits; a 64-bit IMAD.WIDE per element costs ~4
+// cycles of the FMA-heavy pipe (bench/write_probe.cu, bench/results/NOTES.md session 26), so its
+// high part comes from a float sum instead: sf = Σ rn(u² + ·) over the lane's elements, then rn
+// sums over the group. v = floor(98304·u), so 0 ≤ (98304u)² − v² < 2·98304 per element (< 2^24.6
+// over a group), and each of the ≤ 35 roundings of partial sums below 128 errs by < 2^-17, i.e.
+// < 2^16 after the scale 98304² < 2^33.2: 98304²·sf is within 2^25 of Σv² -- far inside ±2^31,
+// where the low 32 bits decide V2 exactly (FixedTotalsOf; cuda_reference_test's
+// UnbiasedFixedSquares test replays it on extreme rows).
 struct FixedRange {
   float mn, mx, w, k, b;
-  float off, r4, half_r4;  // the code's position offset 2^23 + O, rn(1/(4D)) and half of it
+  float r4, cb;  // rn(1/(4D)) and the code's bias rn(r4/2 − (2^23 + O)·r4)
 };
+// r4 and cb of candidate ci. In double, (2^23 + O)·r4 (24 x 24 bits) and the difference (48
+// bits) are exact, so cb is rounded once.
+__host__ __device__ inline float FixedCodeR4(int ci) {
+  return 1.0f / (4.0f * static_cast<float>(static_cast<int>(kUnbiasedStepsPerLevel) * (16 - ci)));
+}
+__host__ __device__ inline float FixedCodeBias(int ci) {
+  const double r4 = FixedCodeR4(ci);
+  const double off = 8388608.0 + static_cast<double>(static_cast<int>(kUnbiasedStepsPerLevel) * (2 * ci - 8));
+  return static_cast<float>(0.5 * r4 - off * r4);
+}
 __device__ __forceinline__ FixedRange MakeFixedRange(float mn, float mx, int ci) {
   FixedRange f;
   f.mn = mn;
@@ -166,9 +178,8 @@ __device__ __forceinline__ FixedRange MakeFixedRange(float mn, float mx, int ci)
   f.w = __fsub_rn(mx, mn);
   f.k = f.w > 0.f ? __frcp_rn(f.w) : 0.f;
   f.b = -__fmul_rn(mn, f.k);
-  f.off = 8388608.0f + static_cast<float>(static_cast<int>(kUnbiasedStepsPerLevel) * (2 * ci - 8));
-  f.r4 = __frcp_rn(4.0f * static_cast<float>(kUnbiasedStepsPerLevel * (16 - ci)));
-  f.half_r4 = 0.5f * f.r4;
+  f.r4 = FixedCodeR4(ci);
+  f.cb = FixedCodeBias(ci);
   return f;
 }
 constexpr float kFixedCodeScale = 4.0f - 1.0f / 262144.0f;  // 4 − 2^-18
@@ -180,20 +191,19 @@ constexpr uint32_t FixedWordBias() {
 }
 struct FixedSums {
   uint32_t s0 = 0, sy = 0, sq = 0;  // Σvb, Σqb·vb, Σvb² (mod 2^32)
-  float sf = 0.f;                    // ≈ Σvm², vm = v − O
+  float sf = 0.f;                    // ≈ Σu² (98304²·Σu² ≈ Σv²)
 };
 // One element: returns kMagic + c (to be shifted into the lane's packed word).
 __device__ __forceinline__ uint32_t FixedElement(float x, const FixedRange& f, FixedSums& a) {
   const float u = __saturatef(__fmaf_rn(x, f.k, f.b));
   const float vbf = __fmaf_rd(u, 98304.0f, 8388608.0f);
   const uint32_t vb = __float_as_uint(vbf);
-  const float vm = __fsub_rn(vbf, f.off);
-  const float wq = __saturatef(__fmaf_rn(vm, f.r4, f.half_r4));
+  const float wq = __saturatef(__fmaf_rn(vbf, f.r4, f.cb));
   const uint32_t qb = __float_as_uint(__fmaf_rd(wq, kFixedCodeScale, 8388608.0f));
   a.s0 += vb;
   a.sy += qb * vb;
   a.sq += vb * vb;
-  a.sf = __fmaf_rn(vm, vm, a.sf);
+  a.sf = __fmaf_rn(u, u, a.sf);
   return qb;
 }
 // Removes the magic from a lane's two packed words (Σ_j qb_j << 2j) and from Σqb·vb.
@@ -214,16 +224,15 @@ struct FixedTotals {
   bool refit;  // det > 0 and num > 0
 };
 template <int G>
-__device__ __forceinline__ FixedTotals FixedTotalsOf(const FixedSums& a, uint32_t c1, const FixedRange& f) {
+__device__ __forceinline__ FixedTotals FixedTotalsOf(const FixedSums& a, uint32_t c1) {
   FixedTotals t;
   t.V1 = static_cast<long long>(a.s0 - static_cast<uint32_t>(G) * kMagic);
   t.C1 = c1;
   const long long Y1 = static_cast<long long>(a.sy - c1 * kMagic);
-  // Σv² mod 2^32 exactly, and Σv² within 2^22 from Σvm² ≈ sf: the one integer that agrees with
-  // both.
+  // Σv² mod 2^32 exactly, and Σv² within 2^25 from 98304²·sf: the one integer that agrees with
+  // both (the product is exact in double).
   const uint32_t lo = a.sq - 2u * kMagic * static_cast<uint32_t>(t.V1) - static_cast<uint32_t>(G) * kMagic * kMagic;
-  const long long O = static_cast<long long>(f.off) - 8388608ll;
-  const long long approx = __float2ll_rn(a.sf) + 2 * O * (t.V1 - G * O) + G * O * O;
+  const long long approx = __double2ll_rn(static_cast<double>(a.sf) * 9663676416.0);
   const long long V2 = approx + static_cast<int32_t>(lo - static_cast<uint32_t>(approx));
   t.num = G * V2 - t.V1 * t.V1;
   t.det = G * Y1 - t.C1 * t.V1;
@@ -232,13 +241,13 @@ __device__ __forceinline__ FixedTotals FixedTotalsOf(const FixedSums& a, uint32_
 }
 // The lane sums reduced over the group's lanes, then the totals.
 template <int G>
-__device__ __forceinline__ FixedTotals FixedReduce(FixedSums a, uint32_t c1, const FixedRange& f) {
+__device__ __forceinline__ FixedTotals FixedReduce(FixedSums a, uint32_t c1) {
   a.s0 = GroupSum<G>(a.s0);
   a.sy = GroupSum<G>(a.sy);
   a.sq = GroupSum<G>(a.sq);
   a.sf = GroupSum<G>(a.sf);
   c1 = GroupSum<G>(c1);
-  return FixedTotalsOf<G>(a, c1, f);
+  return FixedTotalsOf<G>(a, c1);
 }
 // The stored parameters given s = num/det and δ = w/98304 (fp64, correctly rounded).
 template <int G>
@@ -261,7 +270,7 @@ __device__ __forceinline__ DevParams SelectUnbiasedFixed(const float (&y)[32], i
 #pragma unroll
   for (int j = 0; j < 32; ++j) cw[j / 16] += FixedElement(y[j], f, a) << (2 * (j % 16));
   FixedLaneDone(cw, a);
-  const FixedTotals t = FixedReduce<G>(a, CodeSum(cw), f);
+  const FixedTotals t = FixedReduce<G>(a, CodeSum(cw));
   double s = 0.0, delta = 0.0;
   if (t.refit) {
     s = __ddiv_rn(static_cast<double>(t.num), static_cast<double>(t.det));

@@ -133,7 +133,7 @@ __device__ __forceinline__ void FixedCodes2(const float (&y)[2][32], const float
     kc += __shfl_xor_sync(0xffffffffu, kc, 1);
   }
   const FixedRange fm = mine ? f[1] : f[0];
-  const FixedTotals t = FixedTotalsOf<G>(k, kc, fm);
+  const FixedTotals t = FixedTotalsOf<G>(k, kc);
   double s, delta;
   if constexpr (G == 128) {
     const bool is_delta = tig & 1;

@@ -298,22 +298,22 @@ CodecProfile SmallProfile(uint32_t group) {
 
 // The write kernels' unbiased-fixed code (quantize_common.cuh, FixedElement) replaces the
 // three threshold compares of docs/FORMAT.md §1.3.1 by two roundings on the FMA pipes:
-// kMagic + c = bits(fma_rd(sat(rn(vm·r4 + r4/2)), 4 − 2^-18, 2^23)), vm = v − 2048·(2ci − 8),
-// r4 = rn(1/(8192·(16 − ci))). Emulated here exactly (the first fma in double is exact before its
-// one rounding to float; fma_rd onto 2^23 is 2^23 + floor of the exact product, which double
-// holds), every position v of every candidate.
+// kMagic + c = bits(fma_rd(sat(rn((2^23 + v)·r4 + cb)), 4 − 2^-18, 2^23)), r4 = rn(1/(8192·(16 − ci))),
+// cb = rn(r4/2 − (2^23 + O)·r4), O = 2048·(2ci − 8). Emulated here exactly (the first fma in
+// double is exact before its one rounding to float; fma_rd onto 2^23 is 2^23 + floor of the exact
+// product, which double holds), every position v of every candidate.
 TEST(UnbiasedFixedCode, FmaPipeFormulaMatchesThresholdsForEveryPosition) {
   constexpr uint32_t kSteps = kUnbiasedStepsPerLevel;
   const double scale = 4.0 - 1.0 / 262144.0;
   for (int ci = 0; ci < 8; ++ci) {
     const int O = static_cast<int>(kSteps) * (2 * ci - 8);
     const float r4 = 1.0f / (4.0f * static_cast<float>(kSteps * (16 - ci)));
-    const float half_r4 = 0.5f * r4;
+    const float cb = static_cast<float>(0.5 * r4 - (8388608.0 + O) * static_cast<double>(r4));
     int mismatches = 0;
     for (uint32_t v = 0; v <= 48 * kSteps; ++v) {
       const int want = (v >= (8 + ci) * kSteps) + (v >= 24 * kSteps) + (v >= (40 - ci) * kSteps);
-      const double vm = static_cast<double>(static_cast<int>(v) - O);  // exact in float too
-      const float wq = std::clamp(static_cast<float>(vm * r4 + half_r4), 0.0f, 1.0f);
+      const double vb = 8388608.0 + v;
+      const float wq = std::clamp(static_cast<float>(vb * r4 + cb), 0.0f, 1.0f);
       const int got = static_cast<int>(std::floor(static_cast<double>(wq) * scale));
       mismatches += got != want;
     }
@@ -321,25 +321,37 @@ TEST(UnbiasedFixedCode, FmaPipeFormulaMatchesThresholdsForEveryPosition) {
   }
 }
 
-// The write kernels take Σv² of a group from its low 32 bits (an integer sum that wraps) and a
-// float sum of vm² = (v − O)² (quantize_common.cuh, FixedTotalsOf): the float sum must land
-// within 2^31 of the true value. Replayed here as the kernels round (one fma per element on each
-// lane, lane partials added pairwise), on the rows that make the float sum largest and on
-// random ones, for every candidate and both group sizes.
+// The write kernels take Σv² of a group from its low 32 bits (an integer sum that wraps) and
+// 98304²·Σu² with Σu² summed in float (quantize_common.cuh, FixedTotalsOf; v = floor(98304·u)):
+// that must land within 2^31 of the true value. Replayed here as the kernels round (one fma per
+// element on each lane, lane partials added pairwise), with each u the largest or the smallest
+// float of its position (the largest (98304u)² − v²), on the rows that make the sums largest and
+// on random ones, for both group sizes.
 TEST(UnbiasedFixedSquares, LowBitsAndFloatSumGiveTheExactSum) {
   constexpr uint32_t kM = 0x4B000000u;
   std::mt19937 rng(7);
+  // The smallest and the largest float u with floor(98304·u) = v.
+  auto u_of = [](uint32_t v, bool largest) {
+    if (v == kUnbiasedSteps) return 1.0f;
+    const double edge = largest ? (v + 1.0) / kUnbiasedSteps : static_cast<double>(v) / kUnbiasedSteps;
+    float u = static_cast<float>(edge);
+    if (largest) {
+      while (static_cast<double>(u) >= edge) u = std::nextafter(u, 0.0f);
+    } else {
+      while (static_cast<double>(u) < edge) u = std::nextafter(u, 2.0f);
+    }
+    return u;
+  };
   for (int G : {64, 128})
-    for (int ci = 0; ci < 8; ++ci) {
-      const long long O = static_cast<long long>(kUnbiasedStepsPerLevel) * (2 * ci - 8);
+    for (bool largest : {false, true})
       for (int pattern = 0; pattern < 6; ++pattern) {
         std::vector<uint32_t> v(G);
         for (int j = 0; j < G; ++j) {
           switch (pattern) {
-            case 0: v[j] = kUnbiasedSteps; break;
+            case 0: v[j] = kUnbiasedSteps - 1; break;
             case 1: v[j] = 0; break;
-            case 2: v[j] = j % 2 ? kUnbiasedSteps : 0; break;
-            case 3: v[j] = kUnbiasedSteps - static_cast<uint32_t>(j); break;
+            case 2: v[j] = j % 2 ? kUnbiasedSteps - 1 : 0; break;
+            case 3: v[j] = kUnbiasedSteps - 1 - static_cast<uint32_t>(j); break;
             default: v[j] = std::uniform_int_distribution<uint32_t>(0, kUnbiasedSteps)(rng);
           }
         }
@@ -347,22 +359,22 @@ TEST(UnbiasedFixedSquares, LowBitsAndFloatSumGiveTheExactSum) {
         long long exact = 0;
         std::vector<float> lane(G / 32, 0.0f);
         for (int j = 0; j < G; ++j) {
+          const float u = u_of(v[j], largest);
+          ASSERT_EQ(static_cast<uint32_t>(std::floor(static_cast<double>(u) * kUnbiasedSteps)), v[j]);
           const uint32_t vb = kM + v[j];
           s0 += vb;
           sq += vb * vb;
           exact += static_cast<long long>(v[j]) * v[j];
-          const float vm = static_cast<float>(static_cast<long long>(v[j]) - O);
-          lane[j / 32] = std::fma(vm, vm, lane[j / 32]);
+          lane[j / 32] = std::fma(u, u, lane[j / 32]);
         }
         const float sf = G == 128 ? (lane[0] + lane[1]) + (lane[2] + lane[3]) : lane[0] + lane[1];
         const long long V1 = static_cast<long long>(s0 - static_cast<uint32_t>(G) * kM);
         const uint32_t lo = sq - 2u * kM * static_cast<uint32_t>(V1) - static_cast<uint32_t>(G) * kM * kM;
-        const long long approx = std::llrint(sf) + 2 * O * (V1 - G * O) + G * O * O;
-        EXPECT_LT(std::llabs(approx - exact), 1ll << 22) << "G " << G << " candidate " << ci << " pattern " << pattern;
+        const long long approx = std::llrint(static_cast<double>(sf) * 9663676416.0);
+        EXPECT_LT(std::llabs(approx - exact), 1ll << 25) << "G " << G << " pattern " << pattern;
         const long long V2 = approx + static_cast<int32_t>(lo - static_cast<uint32_t>(approx));
-        EXPECT_EQ(V2, exact) << "G " << G << " candidate " << ci << " pattern " << pattern;
+        EXPECT_EQ(V2, exact) << "G " << G << " pattern " << pattern << (largest ? " largest u" : " smallest u");
       }
-    }
 }
 
 // ReferenceQuantizeWrite (the POD-interface reference of the write kernel) lays out exactly
