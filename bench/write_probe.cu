@@ -7,7 +7,8 @@
 //          rotation's wgmmas (R hi + lo, or hi only) in the same or in other warpgroups;
 //   walk   the kernel's tile walk (rings, cp.async, shared-memory reads, code stores) with a
 //          synthetic ALU load in place of the quantization, GB/s counted as `oscarkv bench
-//          kernels` counts the write, against a copy kernel measured in the same run.
+//          kernels` counts the write, against a copy kernel measured in the same run, and the
+//          same walk without global loads (its instruction issue alone).
 // The tile and walk parts give the cycle budget a write at a given fraction of copy leaves for
 // the quantization, and what the default codec's code needs (bench/results/NOTES.md session 26).
 #include <cuda_runtime.h>
@@ -167,6 +168,9 @@ constexpr int kHeads = 8, kTileRows = 64, kHalfTile = 8192, kTileBytes = 16384, 
 // takes a contiguous range of the (K|V, head) matrices' 64-row tiles, warpgroup w tiles w, w + 4,
 // ...; a thread reads its two rows from the swizzled ring, runs `load` x 64 FFMAs on them and
 // stores 8 bytes of codes per row (and a 4-byte parameter word per row from one lane of four).
+// Without kLoad it issues no global loads (and reads whatever the rings hold): the walk's issue
+// time alone.
+template <bool kLoad>
 __global__ void __launch_bounds__(512, 1) WalkKernel(const uint16_t* k, const uint16_t* v, uint8_t* dst, int T, int load,
                                                      int total_tiles, long long* clk) {
   MarkClock(clk, 0);
@@ -191,7 +195,7 @@ __global__ void __launch_bounds__(512, 1) WalkKernel(const uint16_t* k, const ui
     const int cchunk = tw & 15, crow = tw >> 4;
     const int cdst = (cchunk >> 3) * kHalfTile + Swizzle128(crow, cchunk & 7);
     auto issue = [&](int i, int stage) {
-      if (i < n) {
+      if (kLoad && i < n) {
         const uint16_t* gsrc = src + int64_t(tile_of(i) * kTileRows + crow) * kHeads * 128 + 8 * cchunk;
         uint8_t* st = ring + stage * kTileBytes + cdst;
 #pragma unroll
@@ -329,7 +333,8 @@ int Usage(const char* argv0, int rc) {
       "  walk   the kernel's tile walk over 32768 tokens x 8 heads x K|V (rings, cp.async, shared\n"
       "         reads, code stores) with N x 64 FFMAs per thread per tile instead of the quantization:\n"
       "         GB/s as `oscarkv bench kernels` counts the write (bf16 rows in, 36 bytes per row out)\n"
-      "         and the fraction of a copy kernel's bandwidth measured in the same run.\n"
+      "         and the fraction of a copy kernel's bandwidth measured in the same run; then the same\n"
+      "         walk without global loads (its instruction issue alone).\n"
       "--candidate I: the unbiased-fixed candidate of the tile part (0..7, default 6).\n"
       "Needs a GPU of compute capability 9.0; built only where nvcc targets sm_90.\n",
       argv0);
@@ -425,18 +430,22 @@ int main(int argc, char** argv) {
       const float cus = MedianUs([&] { CopyKernel<<<kSms * 8, 512>>>(ca, cb, copy_bytes / 16); }, 30);
       const double copy = 2.0 * copy_bytes / cus / 1e3;
       std::printf("\nwalk: 32768 tokens x 8 heads x K|V, copy kernel %.0f GB/s (read + write) in this run\n", copy);
-      std::printf("  %-34s %8s %8s %9s %10s\n", "FFMAs per thread per tile", "us", "GB/s", "of copy", "SM clock");
+      std::printf("  %-26s %8s %8s %9s %10s %16s\n", "FFMAs per thread per tile", "us", "GB/s", "of copy", "SM clock",
+                  "us without loads");
       const int smem = 1024 + kWgs * kStages * kTileBytes;
-      cudaFuncSetAttribute(WalkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      cudaFuncSetAttribute(WalkKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      cudaFuncSetAttribute(WalkKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       const double bytes = 2.0 * T * kHeads * (256 + 36);
       for (int load : {0, 4, 8, 10, 12, 14, 16, 20}) {
-        const float us = MedianUs([&] { WalkKernel<<<kSms, 512, smem>>>(k, v, dst, T, load, total, clk); }, 30);
+        const float us = MedianUs([&] { WalkKernel<true><<<kSms, 512, smem>>>(k, v, dst, T, load, total, clk); }, 30);
+        const double mhz = ClockMhz(clk);
+        const float bare = MedianUs([&] { WalkKernel<false><<<kSms, 512, smem>>>(k, v, dst, T, load, total, nullptr); }, 30);
         if (!Check(cudaGetLastError(), "walk")) {
           ok = false;
           break;
         }
-        std::printf("  %-34d %8.1f %8.0f %8.0f%% %6.0f MHz\n", load * 64, us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy,
-                    ClockMhz(clk));
+        std::printf("  %-26d %8.1f %8.0f %8.0f%% %6.0f MHz %16.1f\n", load * 64, us, bytes / us / 1e3, 100 * bytes / us / 1e3 / copy,
+                    mhz, bare);
       }
     }
     cudaFree(k);
