@@ -180,13 +180,10 @@ __global__ void __launch_bounds__(512, 1) WalkKernel(const uint16_t* k, const ui
   const int gid = lane >> 2, tig = lane & 3, wrow = 16 * ((tid >> 5) & 3);
   uint8_t* ring = smem + wg * kStages * kTileBytes;
   const int tiles_per_mat = T / kTileRows;
-  const long long g_begin = static_cast<long long>(total_tiles) * blockIdx.x / gridDim.x;
-  const long long g_end = static_cast<long long>(total_tiles) * (blockIdx.x + 1) / gridDim.x;
-  for (long long g = g_begin; g < g_end;) {
-    const int mat = static_cast<int>(g / tiles_per_mat), t_first = static_cast<int>(g % tiles_per_mat);
-    const long long run_end = t_first + (g_end - g);
-    const int t_end = run_end < tiles_per_mat ? static_cast<int>(run_end) : tiles_per_mat;
-    g += t_end - t_first;
+  const TileSpan span = CtaTileSpan(total_tiles);
+  for (long long g = span.begin; g < span.end;) {
+    const MatrixRun run = NextMatrixRun(g, span.end, tiles_per_mat);
+    const int mat = run.mat, t_first = run.t_first, t_end = run.t_end;
     const uint16_t* src = (mat / kHeads ? v : k) + (mat % kHeads) * 128;
     uint8_t* out = dst + static_cast<size_t>(mat) * T * 36;
     __syncthreads();

@@ -69,14 +69,11 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
   const PageGeometry g2{p.num_layers, p.num_kv_heads, 128, G, p.page_tokens, PageKind::kInt2};
   const PageGeometry gb{p.num_layers, p.num_kv_heads, 128, G, p.page_tokens, PageKind::kBf16};
   const size_t codes_bytes = g2.codes_bytes();
-  const long long g_begin = static_cast<long long>(total_tiles) * blockIdx.x / gridDim.x;
-  const long long g_end = static_cast<long long>(total_tiles) * (blockIdx.x + 1) / gridDim.x;
-  for (long long g = g_begin; g < g_end;) {
+  const TileSpan span = CtaTileSpan(total_tiles);
+  for (long long g = span.begin; g < span.end;) {
     // One matrix's run of this CTA's tiles.
-    const int mat = static_cast<int>(g / tiles_per_mat), t_first = static_cast<int>(g % tiles_per_mat);
-    const long long run_end = t_first + (g_end - g);
-    const int t_end = run_end < tiles_per_mat ? static_cast<int>(run_end) : tiles_per_mat;
-    g += t_end - t_first;
+    const MatrixRun run = NextMatrixRun(g, span.end, tiles_per_mat);
+    const int mat = run.mat, t_first = run.t_first, t_end = run.t_end;
     const int li = mat / (2 * H), kv = (mat / H) & 1, head = mat % H;
     const uint8_t mode = static_cast<uint8_t>(p.range_modes != nullptr ? p.range_modes[mat] : static_cast<uint8_t>(p.range_mode));
     if (mode != 0 && !IsUnbiasedFixed(static_cast<RangeMode>(mode))) __trap();  // the launcher checks

@@ -14,6 +14,29 @@
 namespace oscarkv::cuda::detail {
 namespace {
 
+// The launch's 64-row tiles, (layer, K|V, head) matrix by matrix, are split into one contiguous
+// span per CTA; a CTA walks its span as runs of one matrix's consecutive tiles.
+struct TileSpan {
+  long long begin, end;
+};
+__device__ __forceinline__ TileSpan CtaTileSpan(int total_tiles) {
+  return {static_cast<long long>(total_tiles) * blockIdx.x / gridDim.x,
+          static_cast<long long>(total_tiles) * (blockIdx.x + 1) / gridDim.x};
+}
+struct MatrixRun {
+  int mat, t_first, t_end;  // the matrix and its tiles [t_first, t_end)
+};
+// The run that starts at tile g of the span (g < end); advances g past it.
+__device__ __forceinline__ MatrixRun NextMatrixRun(long long& g, long long end, int tiles_per_mat) {
+  MatrixRun r;
+  r.mat = static_cast<int>(g / tiles_per_mat);
+  r.t_first = static_cast<int>(g % tiles_per_mat);
+  const long long run_end = r.t_first + (end - g);
+  r.t_end = run_end < tiles_per_mat ? static_cast<int>(run_end) : tiles_per_mat;
+  g += r.t_end - r.t_first;
+  return r;
+}
+
 // Shared-memory matrix descriptor of a K-major, 128-byte swizzled operand tile (8-row groups
 // 1024 bytes apart); the start address may sit 32/64/96 bytes into the swizzle atom (k-steps).
 // Low word: start address >> 4 (14 bits; shared addresses are < 2^18, so adding an offset >> 4
