@@ -90,13 +90,16 @@ __global__ void __launch_bounds__(512) PipeKernel(float* out, long long* cycles,
 enum Work : int { kIdle = 0, kRanges = 1, kMinMax = 2, kFixed = 3 };
 template <int kWork>
 __device__ __forceinline__ uint32_t Quantize(const float (&y)[2][32], int ci, int tig) {
-  float mn[2], mx[2];
-  RowRanges<128>(y, mn, mx);
   uint32_t cw[2][2] = {{0u, 0u}, {0u, 0u}}, pw = 0u;
   int mine = 0;
-  if constexpr (kWork == kRanges) return __float_as_uint(mn[0]) ^ __float_as_uint(mx[0]) ^ __float_as_uint(mn[1]) ^ __float_as_uint(mx[1]);
-  if constexpr (kWork == kMinMax) pw = PackParams(MinMaxCodes(y[0], mn[0], mx[0], cw[0])) ^ PackParams(MinMaxCodes(y[1], mn[1], mx[1], cw[1]));
-  if constexpr (kWork == kFixed) FixedCodes2<128>(y, mn, mx, ci, tig, cw, pw, mine);
+  if constexpr (kWork == kFixed) {
+    FixedCodes2<128>(y, ci, tig, cw, pw, mine);  // its ranges included, as in the kernel
+  } else {
+    float mn[2], mx[2];
+    RowRanges<128>(y, mn, mx);
+    if constexpr (kWork == kRanges) return __float_as_uint(mn[0]) ^ __float_as_uint(mx[0]) ^ __float_as_uint(mn[1]) ^ __float_as_uint(mx[1]);
+    pw = PackParams(MinMaxCodes(y[0], mn[0], mx[0], cw[0])) ^ PackParams(MinMaxCodes(y[1], mn[1], mx[1], cw[1]));
+  }
   return pw ^ static_cast<uint32_t>(mine) ^ cw[0][0] ^ cw[0][1] ^ cw[1][0] ^ cw[1][1];
 }
 // kParts wgmmas per k-step (2: R hi + lo as the product, 1: hi only), one tile's 8 k-steps.

@@ -212,8 +212,6 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
       }
       // A row's lanes (a quad) share its kind; the selection's shuffles need the whole warp.
       if (!__any_sync(0xffffffffu, int2[0] || int2[1])) return;
-      float mn[2], mx[2];
-      RowRanges<G>(y, mn, mx);
       uint32_t cw[2][2];
       constexpr int kLanesPerGroup = G / 32;
       auto params_at = [&](int r, int group) {  // r may be a runtime row: selects, no local array
@@ -224,11 +222,13 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
       if (fixed) {
         uint32_t pw;
         int mine;
-        FixedCodes2<G>(y, mn, mx, ci, tig, cw, pw, mine);
+        FixedCodes2<G>(y, ci, tig, cw, pw, mine);
         // G = 128: the even lane of each row's pair stores; G = 64: every lane, its (row, group).
         const bool int2_mine = mine ? int2[1] : int2[0];
         if (int2_mine && (G == 64 || (tig & 1) == 0)) *params_at(mine, G == 64 ? tig >> 1 : 0) = pw;
       } else {
+        float mn[2], mx[2];
+        RowRanges<G>(y, mn, mx);
         const DevParams q[2] = {MinMaxCodes(y[0], mn[0], mx[0], cw[0]), MinMaxCodes(y[1], mn[1], mx[1], cw[1])};
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
