@@ -153,8 +153,8 @@ __device__ __forceinline__ DevParams UnbiasedRefit(long long num, long long det,
 // cycles of the FMA-heavy pipe (bench/write_probe.cu, bench/results/NOTES.md session 26), so its
 // high part comes from a float sum instead: sf = Σ rn(u² + ·) over the lane's elements, then rn
 // sums over the group. v = floor(98304·u), so 0 ≤ (98304u)² − v² < 2·98304 per element (< 2^24.6
-// over a group), and each of the ≤ 35 roundings of partial sums below 128 errs by < 2^-17, i.e.
-// < 2^16 after the scale 98304² < 2^33.2: 98304²·sf is within 2^25 of Σv² -- far inside ±2^31,
+// over a group), and each of the ≤ 35 roundings of partial sums below 128 errs by ≤ 2^-18, i.e.
+// < 2^15.2 after the scale 98304² < 2^33.2: 98304²·sf is within 2^25 of Σv² -- far inside ±2^31,
 // where the low 32 bits decide V2 exactly (FixedTotalsOf; cuda_reference_test's
 // UnbiasedFixedSquares test replays it on extreme rows).
 struct FixedRange {

@@ -88,6 +88,12 @@ __device__ __forceinline__ void WarpgroupBarrier(int wg) {
   asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
 }
 
+// A row's group minimum / maximum from its lanes' ones, saturated to ±65504.
+template <int G>
+__device__ __forceinline__ float SaturatedGroupMin(float v) { return fminf(fmaxf(GroupMin<G>(v), -65504.0f), 65504.0f); }
+template <int G>
+__device__ __forceinline__ float SaturatedGroupMax(float v) { return fminf(fmaxf(GroupMax<G>(v), -65504.0f), 65504.0f); }
+
 // The group minimum and maximum (saturated to ±65504) of both of this lane's rows.
 template <int G>
 __device__ __forceinline__ void RowRanges(const float (&y)[2][32], float (&mn)[2], float (&mx)[2]) {
@@ -102,8 +108,8 @@ __device__ __forceinline__ void RowRanges(const float (&y)[2][32], float (&mn)[2
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    mn[r] = fminf(fmaxf(GroupMin<G>(mn[r]), -65504.0f), 65504.0f);
-    mx[r] = fminf(fmaxf(GroupMax<G>(mx[r]), -65504.0f), 65504.0f);
+    mn[r] = SaturatedGroupMin<G>(mn[r]);
+    mx[r] = SaturatedGroupMax<G>(mx[r]);
   }
 }
 
@@ -169,15 +175,15 @@ __device__ __forceinline__ void FixedFinish2(const FixedRange (&f)[2], FixedSums
 // flush, bench/results/NOTES.md session 26). Then FixedFinish2.
 template <int G>
 __device__ __forceinline__ void FixedCodes2(const float (&y)[2][32], int ci, int tig, uint32_t (&cw)[2][2],
-                                                  uint32_t& params, int& mine) {
+                                            uint32_t& params, int& mine) {
   float mn0 = y[0][0], mx0 = y[0][0];
 #pragma unroll
   for (int i = 1; i < 32; ++i) {
     mn0 = fminf(mn0, y[0][i]);
     mx0 = fmaxf(mx0, y[0][i]);
   }
-  mn0 = fminf(fmaxf(GroupMin<G>(mn0), -65504.0f), 65504.0f);
-  mx0 = fminf(fmaxf(GroupMax<G>(mx0), -65504.0f), 65504.0f);
+  mn0 = SaturatedGroupMin<G>(mn0);
+  mx0 = SaturatedGroupMax<G>(mx0);
   FixedRange f[2];
   f[0] = MakeFixedRange(mn0, mx0, ci);
   FixedSums a[2];
@@ -191,8 +197,8 @@ __device__ __forceinline__ void FixedCodes2(const float (&y)[2][32], int ci, int
       mx1 = fmaxf(mx1, y[1][j]);
     }
   }
-  mn1 = fminf(fmaxf(GroupMin<G>(mn1), -65504.0f), 65504.0f);
-  mx1 = fminf(fmaxf(GroupMax<G>(mx1), -65504.0f), 65504.0f);
+  mn1 = SaturatedGroupMin<G>(mn1);
+  mx1 = SaturatedGroupMax<G>(mx1);
   f[1] = MakeFixedRange(mn1, mx1, ci);
 #pragma unroll
   for (int j = 0; j < 32; ++j) cw[1][j / 16] += FixedElement(y[1][j], f[1], a[1]) << (2 * (j % 16));
