@@ -108,7 +108,7 @@ __device__ __forceinline__ void Rotate(float (&y)[2][32], uint32_t alo, uint32_t
   WgmmaFenceAcc(y[0], y[1]);
 #pragma unroll
   for (int s = 0; s < 8; ++s) {
-    const uint32_t koff = ((s >> 2) * 8192 + (s & 3) * 32) >> 4, roff = ((s >> 2) * 16384 + (s & 3) * 32) >> 4;
+    const uint32_t koff = ((s >> 2) * kHalfTile + (s & 3) * 32) >> 4, roff = ((s >> 2) * 16384 + (s & 3) * 32) >> 4;
     if (s == 0) {
       WgmmaBf16<0>(y[0], y[1], SwizzledDesc(alo + koff), SwizzledDesc(rlo + roff));
     } else {
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(512, 1) TileKernel(uint32_t* out, long long* c
 }
 
 // ---- walk -----------------------------------------------------------------------------------
-constexpr int kHeads = 8, kTileRows = 64, kHalfTile = 8192, kTileBytes = 16384, kStages = 3, kWgs = 4;
+constexpr int kHeads = 8, kStages = 3, kWgs = 4;
 // The streaming kernel's walk for rows already rotated (4 warpgroups, 3-stage rings): each CTA
 // takes a contiguous range of the (K|V, head) matrices' 64-row tiles, warpgroup w tiles w, w + 4,
 // ...; a thread reads its two rows from the swizzled ring, runs `load` x 64 FFMAs on them and
@@ -208,21 +208,7 @@ __global__ void __launch_bounds__(512, 1) WalkKernel(const uint16_t* k, const ui
       CpAsyncWait<kStages - 2>();
       asm volatile("bar.sync %0, 128;\n" ::"r"(wg + 1) : "memory");
       float y[2][32];
-      const uint8_t* st = ring + (i % kStages) * kTileBytes + (tig >> 1) * kHalfTile;
-      const int c0 = (4 * tig) & 7;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint4 w4 = *reinterpret_cast<const uint4*>(st + Swizzle128(wrow + gid + 8 * r, c0 + q));
-          const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            y[r][8 * q + 2 * e] = __uint_as_float(w[e] << 16);
-            y[r][8 * q + 2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-          }
-        }
-      }
+      LoadTileRows(ring + (i % kStages) * kTileBytes, wrow + gid, tig, y);
       issue(i + kStages - 1, (i + kStages - 1) % kStages);
       for (int l = 0; l < load; ++l) {
 #pragma unroll

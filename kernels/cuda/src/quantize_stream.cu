@@ -33,9 +33,6 @@
 namespace oscarkv::cuda::detail {
 namespace {
 
-constexpr int kTileRows = 64;              // rows per tile (wgmma M)
-constexpr int kHalfTile = kTileRows * 128;  // 64 rows x 64 channels (bf16) = 8 KiB
-constexpr int kTileBytes = 2 * kHalfTile;
 // Warpgroups per CTA (4 by default, 128 registers, 2-stage rings; 3 with 168 registers and
 // 3-stage rings, LoadPath::kStream3, measured slower on an H200: unbiased-fixed 112.5 vs 105.0 us,
 // min-max 82.6 vs 78.0 us, BF16 pages equal; 5 warpgroups at 96 registers spilled and measured
@@ -156,26 +153,6 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
       }
       WgmmaCommit();
     };
-    // Unrotated rows: this thread's two rows, channels 32·tig .. 32·tig + 31 (the rotated
-    // accumulators' order), from the swizzled tile in `stage`.
-    auto load_rows = [&](int stage, float (&y)[2][32]) {
-      const uint8_t* st = ring + stage * kTileBytes + (tig >> 1) * kHalfTile;
-      const int c0 = (4 * tig) & 7;
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = wrow + gid + 8 * r;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const uint4 v = *reinterpret_cast<const uint4*>(st + Swizzle128(row, c0 + q));
-          const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            y[r][8 * q + 2 * e] = __uint_as_float(w[e] << 16);
-            y[r][8 * q + 2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
-          }
-        }
-      }
-    };
     // Page kind and pointer of this thread's rows of the current tile (their destinations were
     // loaded a tile ahead), then the next tile's destinations.
     struct RowDst {
@@ -253,7 +230,7 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
       if constexpr (kParts > 0) {
         rotate(i % kStages, y);
       } else {
-        load_rows(i % kStages, y);
+        LoadTileRows(ring + (i % kStages) * kTileBytes, wrow + gid, tig, y);
       }
       issue(i + kStages - 1, (i + kStages - 1) % kStages);
       const RowDst d = take_dst(i + 1);

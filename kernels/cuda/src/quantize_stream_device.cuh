@@ -10,9 +10,36 @@
 #include <cstdint>
 
 #include "quantize_common.cuh"
+#include "quantize_stream.h"
 
 namespace oscarkv::cuda::detail {
 namespace {
+
+// A tile: 64 rows (wgmma M) of 128 bf16 channels, stored as two halves of 64 channels (8 KiB
+// each), 128-byte swizzled as the wgmma operand layout wants.
+constexpr int kTileRows = 64;
+constexpr int kHalfTile = kTileRows * 128;
+constexpr int kTileBytes = 2 * kHalfTile;
+
+// Rows already rotated, read from a swizzled tile into the rotated accumulators' layout: this
+// thread's rows `row` and `row` + 8, channels 32·tig .. 32·tig + 31, widened to fp32.
+__device__ __forceinline__ void LoadTileRows(const uint8_t* tile, int row, int tig, float (&y)[2][32]) {
+  const uint8_t* st = tile + (tig >> 1) * kHalfTile;
+  const int c0 = (4 * tig) & 7;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const uint4 v = *reinterpret_cast<const uint4*>(st + Swizzle128(row + 8 * r, c0 + q));
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        y[r][8 * q + 2 * e] = __uint_as_float(w[e] << 16);
+        y[r][8 * q + 2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+      }
+    }
+  }
+}
 
 // The launch's 64-row tiles, (layer, K|V, head) matrix by matrix, are split into one contiguous
 // span per CTA; a CTA walks its span as runs of one matrix's consecutive tiles.
