@@ -38,10 +38,9 @@ struct Tally {
   std::atomic<int> lost{0}, corrupt{0}, errors{0}, loads{0}, foreign_hits{0}, shared_waits{0};
 };
 
-// Store reports a key that another client has reserved but not yet committed as deduplicated
-// (ALREADY_EXISTS means "stored or being stored", oscarkv.proto ReserveResult), so right after
-// this client's Store the racing duplicate store of a shared page may still be in flight. Waits
-// (bounded) until the whole shared prefix is committed; a page that never shows up is lost.
+// Store counts a key as deduplicated only once it is committed (a key another client has only
+// reserved is retried, oscarkv.proto ReserveResult), so the shared prefix should be visible
+// right after this client's Store. Waits (bounded) anyway; a page that never shows up is lost.
 bool WaitForSharedPrefix(client::Client& c, const World& w, Tally* t) {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   for (bool waited = false;; waited = true) {

@@ -356,10 +356,23 @@ class GrpcClient final : public Client {
         out.item_status[i] = s;
       }
     }
-    for (size_t begin = 0; begin < valid.size(); begin += server_.max_batch) {
-      const size_t n = std::min<size_t>(server_.max_batch, valid.size() - begin);
-      OSCARKV_RETURN_IF_ERROR(StoreChunk(
-          codec, pages, std::span<const size_t>(valid).subspan(begin, n), &out.item_status));
+    // A key another reservation holds but has not committed is ABORTED (in progress): retry it
+    // with a short backoff until it is committed by them (ALREADY_EXISTS), stored by us, or the
+    // bounded wait ends (then it stays ABORTED: reported as not stored).
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    for (int attempt = 0; !valid.empty(); ++attempt) {
+      for (size_t begin = 0; begin < valid.size(); begin += server_.max_batch) {
+        const size_t n = std::min<size_t>(server_.max_batch, valid.size() - begin);
+        OSCARKV_RETURN_IF_ERROR(StoreChunk(
+            codec, pages, std::span<const size_t>(valid).subspan(begin, n), &out.item_status));
+      }
+      std::vector<size_t> busy;
+      for (size_t i : valid) {
+        if (absl::IsAborted(out.item_status[i])) busy.push_back(i);
+      }
+      if (busy.empty() || std::chrono::steady_clock::now() > give_up) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(200 << std::min(attempt, 5)));
+      valid = std::move(busy);
     }
     for (const absl::Status& s : out.item_status) {
       if (s.ok()) {

@@ -99,14 +99,18 @@ std::string Metrics::Render(const PageCache& cache) const {
           c.bytes_read.load());
   Counter(&out, "oscarkv_pages_reserved_total", "Slots handed out by Reserve.", c.reserved.load());
   Counter(&out, "oscarkv_dedup_rejects_total",
-          "Reserve items refused with ALREADY_EXISTS (stored or being stored).",
+          "Reserve items refused with ALREADY_EXISTS (already stored).",
           c.dedup_rejects.load());
+  Counter(&out, "oscarkv_in_progress_rejects_total",
+          "Reserve items refused with ABORTED (reserved by another reservation, not committed).",
+          c.in_progress_rejects.load());
   Counter(&out, "oscarkv_reserve_failures_total", "Reserve items refused for lack of space.",
           c.reserve_failures.load());
   Counter(&out, "oscarkv_commits_total", "Pages verified and published by Commit.",
           c.commits.load());
   Counter(&out, "oscarkv_commit_failures_total",
-          "Commit items rejected (bad header, checksum, unknown key).", c.commit_failures.load());
+          "Commit items rejected (bad header, checksum, unknown key); a page that fails "
+          "verification frees its slot.", c.commit_failures.load());
   Counter(&out, "oscarkv_aborted_pages_total", "Reserved slots freed by Abort or expiry.",
           c.aborted_pages.load());
   Counter(&out, "oscarkv_leases_expired_total", "Leases reclaimed at their deadline.",

@@ -387,10 +387,18 @@ absl::Status PageCache::Reserve(const pb::ReserveRequest& req, pb::ReserveRespon
       absl::MutexLock lock(&shard.mu);
       auto [it, inserted] = shard.map.try_emplace(k);
       if (!inserted) {
-        SetItem(out->mutable_status(),
-                absl::AlreadyExistsError(it->second.committed ? "already stored"
-                                                              : "being stored by another client"));
-        counters_.dedup_rejects.fetch_add(1, std::memory_order_relaxed);
+        if (it->second.committed) {
+          SetItem(out->mutable_status(), absl::AlreadyExistsError("already stored"));
+          counters_.dedup_rejects.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          // Only reserved: the page is not stored yet and may never be (its Commit can fail).
+          // Never ALREADY_EXISTS here, which clients count as stored.
+          SetItem(out->mutable_status(),
+                  absl::AbortedError(absl::StrCat(
+                      "being stored by reservation ", it->second.reservation_id,
+                      " (not committed yet); retry shortly: it commits, fails or expires")));
+          counters_.in_progress_rejects.fetch_add(1, std::memory_order_relaxed);
+        }
         continue;
       }
       it->second.gen = gen;
@@ -472,15 +480,21 @@ absl::Status PageCache::Commit(const pb::CommitRequest& req, pb::CommitResponse*
     if (item.released) return absl::NotFoundError("slot was released (aborted or expired)");
     const std::span<const uint8_t> page(pool_->Data(item.offset), item.page_bytes);
     auto hdr = ParsePageHeader(page, res->codec->profile, /*verify_checksum=*/true);
+    absl::Status bad;
     if (!hdr.ok()) {
-      return absl::Status(hdr.status().code(),
-                          absl::StrCat(hdr.status().message(), " (the slot stays reserved: ",
-                                       "rewrite it and commit again, or abort)"));
+      bad = hdr.status();
+    } else if (hdr->kind != static_cast<uint8_t>(item.kind)) {
+      bad = absl::InvalidArgumentError(absl::StrCat(
+          "page is ", PageKindName(static_cast<PageKind>(hdr->kind)),
+          " but the slot was reserved for ", PageKindName(item.kind)));
     }
-    if (hdr->kind != static_cast<uint8_t>(item.kind)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "page is ", PageKindName(static_cast<PageKind>(hdr->kind)), " but the slot was reserved for ",
-          PageKindName(item.kind)));
+    if (!bad.ok()) {
+      // A page that fails verification frees its slot and key at once: nothing of it stays
+      // behind for a later Reserve of the key to mistake for a stored page.
+      ReleaseItemLocked(*res, i);
+      return absl::Status(bad.code(),
+                          absl::StrCat(bad.message(), " (the slot was released; store the page ",
+                                       "again with a new Reserve)"));
     }
     Shard& shard = ShardFor(item.key);
     absl::MutexLock lock(&shard.mu);
@@ -530,28 +544,32 @@ absl::Status PageCache::Commit(const pb::CommitRequest& req, pb::CommitResponse*
   return absl::OkStatus();
 }
 
-void PageCache::AbortReservation(Reservation& res, bool expired) {
-  absl::MutexLock res_lock(&res.mu);
-  for (Reservation::Item& item : res.items) {
-    if (item.committed || item.released) continue;
-    item.released = true;
-    --res.pending;
-    bool erased = false;
-    {
-      Shard& shard = ShardFor(item.key);
-      absl::MutexLock lock(&shard.mu);
-      auto it = shard.map.find(item.key);
-      if (it != shard.map.end() && it->second.gen == item.gen && !it->second.committed) {
-        shard.map.erase(it);
-        erased = true;
-      }
-    }
-    if (erased) {
-      pool_->Unref(item.offset);
-      counters_.reserved_pages.fetch_sub(1, std::memory_order_relaxed);
-      counters_.aborted_pages.fetch_add(1, std::memory_order_relaxed);
+void PageCache::ReleaseItemLocked(Reservation& res, uint32_t i) {
+  res.mu.AssertHeld();
+  Reservation::Item& item = res.items[i];
+  if (item.committed || item.released) return;
+  item.released = true;
+  --res.pending;
+  bool erased = false;
+  {
+    Shard& shard = ShardFor(item.key);
+    absl::MutexLock lock(&shard.mu);
+    auto it = shard.map.find(item.key);
+    if (it != shard.map.end() && it->second.gen == item.gen && !it->second.committed) {
+      shard.map.erase(it);
+      erased = true;
     }
   }
+  if (erased) {
+    pool_->Unref(item.offset);
+    counters_.reserved_pages.fetch_sub(1, std::memory_order_relaxed);
+    counters_.aborted_pages.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void PageCache::AbortReservation(Reservation& res, bool expired) {
+  absl::MutexLock res_lock(&res.mu);
+  for (uint32_t i = 0; i < res.items.size(); ++i) ReleaseItemLocked(res, i);
   if (expired) counters_.reservations_expired.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -246,9 +246,11 @@ TEST_F(PageCacheTest, StoreLookupReadRoundTrip) {
 TEST_F(PageCacheTest, DedupConcurrentReservesConvergeOnOnePage) {
   auto a = Reserve({Key(1), Key(2), Key(1)});
   EXPECT_EQ(a.results(0).status().code(), 0);
-  EXPECT_EQ(a.results(2).status().code(), static_cast<int>(Code::kAlreadyExists));
+  // Only reserved, not stored: in progress (ABORTED), never ALREADY_EXISTS.
+  EXPECT_EQ(a.results(2).status().code(), static_cast<int>(Code::kAborted));
   auto b = Reserve({Key(1), Key(3)});
-  EXPECT_EQ(b.results(0).status().code(), static_cast<int>(Code::kAlreadyExists));
+  EXPECT_EQ(b.results(0).status().code(), static_cast<int>(Code::kAborted));
+  EXPECT_NE(b.results(0).status().message().find("retry"), std::string::npos);
   EXPECT_EQ(b.results(1).status().code(), 0);
   // Reserved but not committed: invisible.
   EXPECT_EQ(Lookup({Key(1)}, false).matched(), 0u);
@@ -259,31 +261,40 @@ TEST_F(PageCacheTest, DedupConcurrentReservesConvergeOnOnePage) {
   EXPECT_EQ(Lookup({Key(1)}, false).matched(), 1u);
 }
 
-TEST_F(PageCacheTest, CommitVerifiesPagesAndKeepsBadSlotsReserved) {
-  auto r = Reserve({Key(1), Key(2), Key(3)});
+TEST_F(PageCacheTest, CommitVerifiesPagesAndReleasesBadSlots) {
+  const size_t before = pool_->bytes_used();
+  auto r = Reserve({Key(1), Key(2), Key(3), Key(4)});
   const uint64_t id = r.reservation_id();
+  const size_t reserved4 = pool_->bytes_used();
   std::string good = MakePage(TinyProfile(), PageKind::kInt2, 1);
   std::string corrupt = good;
   corrupt[500] ^= 1;
   ASSERT_TRUE(Write(id, Key(1), corrupt).ok());
   ASSERT_TRUE(Write(id, Key(2), MakePage(TinyProfile("other-model"), PageKind::kInt2, 2)).ok());
   ASSERT_TRUE(Write(id, Key(3), "garbage").ok());
-  auto c = Commit(id);
+  auto c = Commit(id, {Key(1), Key(2), Key(3)});
   EXPECT_EQ(c.results(0).code(), static_cast<int>(Code::kDataLoss)) << c.results(0).message();
   EXPECT_EQ(c.results(1).code(), static_cast<int>(Code::kInvalidArgument));
   EXPECT_EQ(c.results(2).code(), static_cast<int>(Code::kInvalidArgument));
-  EXPECT_NE(c.results(0).message().find("stays reserved"), std::string::npos);
+  EXPECT_NE(c.results(0).message().find("released"), std::string::npos);
   EXPECT_EQ(Lookup({Key(1)}, false).matched(), 0u);
-  // Rewrite and commit again.
-  ASSERT_TRUE(Write(id, Key(1), good).ok());
-  c = Commit(id, {Key(1), Key(1), Key(7), "short"});
+  // The failed slots are free at once (only Key(4) still holds one) ...
+  EXPECT_EQ(pool_->bytes_used() - before, (reserved4 - before) / 4);
+  // ... and the key is free: a rewrite into the released slot is refused, a new Reserve of the
+  // key gets a slot (not ALREADY_EXISTS, not in progress) and stores the good page.
+  EXPECT_EQ(Write(id, Key(1), good).code(), Code::kNotFound);
+  EXPECT_EQ(Commit(id, {Key(1)}).results(0).code(), static_cast<int>(Code::kNotFound));
+  auto again = Reserve({Key(1)});
+  ASSERT_EQ(again.results(0).status().code(), 0) << again.results(0).status().message();
+  ASSERT_TRUE(Write(again.reservation_id(), Key(1), good).ok());
+  c = Commit(again.reservation_id(), {Key(1), Key(1), Key(7), "short"});
   EXPECT_EQ(c.results(0).code(), 0);
   EXPECT_EQ(c.results(1).code(), 0);  // idempotent
   EXPECT_EQ(c.results(2).code(), static_cast<int>(Code::kNotFound));
   EXPECT_EQ(c.results(3).code(), static_cast<int>(Code::kInvalidArgument));
   EXPECT_EQ(Lookup({Key(1)}, false).matched(), 1u);
   // A committed page is immutable.
-  EXPECT_EQ(Write(id, Key(1), good).code(), Code::kFailedPrecondition);
+  EXPECT_EQ(Write(again.reservation_id(), Key(1), good).code(), Code::kFailedPrecondition);
   // Wrong kind: a BF16 page into an INT2 slot is the wrong size, so bad header/size.
   auto r2 = Reserve({Key(9)}, v1::PAGE_KIND_BF16);
   const std::string bf16 = MakePage(TinyProfile(), PageKind::kBf16, 9);
@@ -294,8 +305,8 @@ TEST_F(PageCacheTest, CommitVerifiesPagesAndKeepsBadSlotsReserved) {
   EXPECT_EQ(look.pages(0).kind(), v1::PAGE_KIND_BF16);
   EXPECT_EQ(look.pages(0).bytes(), bf16.size());
   // Out of range and unknown writes.
-  EXPECT_EQ(Write(id, Key(2), "xx", 831).code(), Code::kOutOfRange);
-  EXPECT_EQ(Write(id, Key(2), "x", ~uint64_t{0}).code(), Code::kOutOfRange);
+  EXPECT_EQ(Write(id, Key(4), "xx", 831).code(), Code::kOutOfRange);
+  EXPECT_EQ(Write(id, Key(4), "x", ~uint64_t{0}).code(), Code::kOutOfRange);
   EXPECT_EQ(Write(id + 12345, Key(2), "x").code(), Code::kNotFound);
   EXPECT_EQ(Write(id, Key(77), "x").code(), Code::kNotFound);
   EXPECT_EQ(Write(id, "bad", "x").code(), Code::kInvalidArgument);

@@ -131,7 +131,7 @@ struct PageWrite {
 
 struct StoreResult {
   uint32_t stored = 0;        // newly committed
-  uint32_t deduplicated = 0;  // already stored (or being stored by someone else): skipped
+  uint32_t deduplicated = 0;  // already stored (committed and verified): skipped
   uint32_t failed = 0;        // see item_status
   std::vector<absl::Status> item_status;  // per input page: OK, ALREADY_EXISTS, or the error
 };

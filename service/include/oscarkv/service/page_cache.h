@@ -3,8 +3,10 @@
 // * Index: (codec, 16-byte block key) -> page entry, split over lock shards (a key's shard is a
 //   function of its hash). An entry is RESERVED (a slot handed to one reservation, invisible to
 //   Lookup) or COMMITTED (verified and visible). Dedup: a key has at most one entry, so
-//   concurrent stores of one key converge on one page -- the first Reserve wins, the others get
-//   ALREADY_EXISTS for that item.
+//   concurrent stores of one key converge on one page -- the first Reserve wins. Others get
+//   ALREADY_EXISTS only once the page is committed; while it is only reserved they get ABORTED
+//   (in progress: retry), because a reservation may still fail. A Commit that fails
+//   verification releases that item's slot and key at once.
 // * Leases: a pinning Lookup pins the matched pages (entry pin count + a pool reference) until
 //   Release, or until the lease deadline passes and Reap() expires it. Reservations expire the
 //   same way, so a client that dies frees its pins and slots.
@@ -63,7 +65,7 @@ struct CacheOptions {
 struct CacheCounters {
   std::atomic<uint64_t> lookups{0}, hits{0}, misses{0}, evictions{0};
   std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
-  std::atomic<uint64_t> reserved{0}, dedup_rejects{0}, reserve_failures{0};
+  std::atomic<uint64_t> reserved{0}, dedup_rejects{0}, in_progress_rejects{0}, reserve_failures{0};
   std::atomic<uint64_t> commits{0}, commit_failures{0}, aborted_pages{0};
   std::atomic<uint64_t> leases_expired{0}, reservations_expired{0}, deletes{0};
   // gauges
@@ -206,6 +208,8 @@ class PageCache {
   void EvictSpanMates(const SpanInfo& span, uint64_t victim);
   void ReleaseLease(Lease& lease);
   void AbortReservation(Reservation& res, bool expired);
+  // Frees item i's slot and key unless it is committed or already released; res.mu held.
+  void ReleaseItemLocked(Reservation& res, uint32_t i);
   void UnpinPage(const PinnedPage& p);
   // Pins the committed entry of `k` (entry pin + pool reference); false when not committed.
   bool PinCommitted(const IndexKey& k, PinnedPage* out, PageKind* kind, uint16_t* tokens);
