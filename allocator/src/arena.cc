@@ -92,15 +92,65 @@ void CudaUnregister(void* p) {
 #endif
 }
 
+// The owner lock of a pool file: an open-file-description lock (F_OFD_SETLK: it conflicts
+// within one process too, and the kernel drops it when the owner dies, kill -9 included), held
+// through the arena's fd for its lifetime. It covers the one byte at offset <owner pid>, so
+// F_OFD_GETLK on the whole file tells a second daemon who owns it. It is taken as a whole-file
+// lock first and then narrowed, so two daemons starting at once cannot both get one.
+bool LockOwner(int fd) {
+  struct flock l{};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  if (fcntl(fd, F_OFD_SETLK, &l) != 0) return false;
+  const off_t pid = getpid();
+  struct flock below{};
+  below.l_type = F_UNLCK;
+  below.l_whence = SEEK_SET;
+  below.l_len = pid;
+  struct flock above = below;
+  above.l_start = pid + 1;
+  above.l_len = 0;
+  return fcntl(fd, F_OFD_SETLK, &below) == 0 && fcntl(fd, F_OFD_SETLK, &above) == 0;
+}
+// The pid of the live owner of the file's lock, or 0.
+pid_t OwnerPid(int fd) {
+  struct flock l{};
+  l.l_type = F_WRLCK;
+  l.l_whence = SEEK_SET;
+  if (fcntl(fd, F_OFD_GETLK, &l) != 0 || l.l_type == F_UNLCK || l.l_len != 1) return 0;
+  return static_cast<pid_t>(l.l_start);
+}
+
+// Bytes this machine can back with memory right now: MemAvailable + SwapFree (/proc/meminfo);
+// 0 when unknown.
+uint64_t MemoryAvailableBytes() {
+  FILE* f = std::fopen("/proc/meminfo", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  uint64_t avail = 0, swap = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long long kb = 0;
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = kb << 10;
+    if (std::sscanf(line, "SwapFree: %llu kB", &kb) == 1) swap = kb << 10;
+  }
+  std::fclose(f);
+  return avail == 0 ? 0 : avail + swap;
+}
+
 class ShmArena final : public Arena {
  public:
-  ShmArena(std::string name, uint8_t* base, size_t size, bool huge, bool cuda)
-      : name_(std::move(name)), base_(base), size_(size), huge_(huge), cuda_(cuda) {}
+  ShmArena(std::string name, int fd, uint8_t* base, size_t size, bool huge, bool cuda,
+           pid_t stale_owner)
+      : name_(std::move(name)), fd_(fd), base_(base), size_(size), huge_(huge), cuda_(cuda),
+        stale_owner_(stale_owner) {}
   ~ShmArena() override {
     if (cuda_) CudaUnregister(base_);
     munmap(base_, size_);
-    shm_unlink(name_.c_str());
+    shm_unlink(name_.c_str());  // while still holding the owner lock
+    close(fd_);
   }
+  bool took_over_stale() const override { return took_over_; }
+  void set_took_over(bool v) { took_over_ = v; }
   uint8_t* base() const override { return base_; }
   size_t size() const override { return size_; }
   std::string shm_path() const override { return absl::StrCat("/dev/shm", name_); }
@@ -109,10 +159,13 @@ class ShmArena final : public Arena {
 
  private:
   std::string name_;  // "/<name>", as shm_open wants it
+  int fd_;            // holds the owner lock
   uint8_t* base_;
   size_t size_;
   bool huge_;
   bool cuda_;
+  [[maybe_unused]] pid_t stale_owner_;
+  bool took_over_ = false;
 };
 
 }  // namespace
@@ -141,54 +194,86 @@ absl::StatusOr<std::unique_ptr<Arena>> CreateShmArena(const ShmArenaOptions& o) 
     }
   }
   if (o.bytes == 0) return absl::InvalidArgumentError("shm arena: size 0");
+  const std::string shm_name = absl::StrCat("/", o.name);
+  const int flags = O_RDWR | O_CREAT | O_EXCL;
+  int fd = shm_open(shm_name.c_str(), flags, 0600);
+  if (fd < 0 && errno == EEXIST && o.replace_existing) {
+    shm_unlink(shm_name.c_str());
+    fd = shm_open(shm_name.c_str(), flags, 0600);
+  }
+  bool created = fd >= 0;
+  if (fd < 0 && errno == EEXIST) {
+    // Someone's pool file: a live daemon's (its owner lock is held) or a dead one's (kill -9,
+    // OOM kill): take that one over instead of refusing to start.
+    fd = shm_open(shm_name.c_str(), O_RDWR, 0600);
+    if (fd < 0 && errno == ENOENT) {  // removed meanwhile: create it after all
+      fd = shm_open(shm_name.c_str(), flags, 0600);
+      created = fd >= 0;
+    }
+  }
+  if (fd < 0) {
+    const int err = errno;
+    return absl::InternalError(
+        absl::StrCat("shm arena: shm_open /dev/shm/", o.name, ": ", Errno(err)));
+  }
+  auto fail = [&](absl::Status s) {
+    close(fd);
+    if (created) shm_unlink(shm_name.c_str());
+    return s;
+  };
+  if (!LockOwner(fd)) {
+    const pid_t owner = OwnerPid(fd);
+    close(fd);  // never unlink a live daemon's file
+    return absl::AlreadyExistsError(absl::StrCat(
+        "shm arena: /dev/shm/", o.name, " is in use by pid ",
+        owner > 0 ? absl::StrCat(owner) : std::string("unknown"),
+        " (a running oscarkvd); stop it or choose another pool.shm_name"));
+  }
+  // Ours now. A taken-over file is emptied first (its old pages are not trusted, and its space
+  // counts as free below).
+  if (!created && ftruncate(fd, 0) != 0) {
+    return fail(absl::InternalError(
+        absl::StrCat("shm arena: cannot reset stale /dev/shm/", o.name, ": ", Errno(errno))));
+  }
   if (o.check_free_space) {
     struct statvfs vfs;
     if (statvfs("/dev/shm", &vfs) == 0) {
       const unsigned long long avail =
           static_cast<unsigned long long>(vfs.f_bavail) * vfs.f_frsize;
       if (avail < o.bytes) {
-        return absl::ResourceExhaustedError(
+        return fail(absl::ResourceExhaustedError(
             absl::StrCat("shm arena: /dev/shm has ", avail >> 20, " MiB free, the pool needs ",
-                         o.bytes >> 20, " MiB (use a smaller pool or enlarge /dev/shm)"));
+                         o.bytes >> 20, " MiB (use a smaller pool or enlarge /dev/shm)")));
       }
     }
-  }
-  const std::string shm_name = absl::StrCat("/", o.name);
-  int flags = O_RDWR | O_CREAT | O_EXCL;
-  int fd = shm_open(shm_name.c_str(), flags, 0600);
-  if (fd < 0 && errno == EEXIST && o.replace_existing) {
-    shm_unlink(shm_name.c_str());
-    fd = shm_open(shm_name.c_str(), flags, 0600);
-  }
-  if (fd < 0) {
-    const int err = errno;
-    if (err == EEXIST) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "shm arena: /dev/shm/", o.name,
-          " already exists (another oscarkvd uses it, or a stale file: remove it)"));
+    // tmpfs may be larger than the memory behind it: a pool the machine cannot back would be
+    // killed (SIGBUS / OOM) once it fills.
+    const uint64_t mem = MemoryAvailableBytes();
+    if (mem != 0 && mem < o.bytes) {
+      return fail(absl::ResourceExhaustedError(absl::StrCat(
+          "shm arena: the pool needs ", o.bytes >> 20, " MiB but this machine has only ",
+          mem >> 20, " MiB of memory available (MemAvailable + SwapFree); use a smaller pool")));
     }
-    return absl::InternalError(
-        absl::StrCat("shm arena: shm_open /dev/shm/", o.name, ": ", Errno(err)));
   }
   if (ftruncate(fd, static_cast<off_t>(o.bytes)) != 0) {
     const int err = errno;
-    close(fd);
-    shm_unlink(shm_name.c_str());
-    return absl::ResourceExhaustedError(
-        absl::StrCat("shm arena: ftruncate to ", o.bytes, " bytes: ", Errno(err)));
+    return fail(absl::ResourceExhaustedError(
+        absl::StrCat("shm arena: ftruncate to ", o.bytes, " bytes: ", Errno(err))));
   }
   bool huge = false;
   void* p = MapAdvised(o.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, o.try_huge_pages, &huge);
   const int map_err = errno;
-  close(fd);  // the mapping keeps the file alive
   if (p == MAP_FAILED) {
     shm_unlink(shm_name.c_str());
+    close(fd);
     return absl::ResourceExhaustedError(
         absl::StrCat("shm arena: mmap of ", o.bytes, " bytes: ", Errno(map_err)));
   }
   const bool cuda = o.try_cuda_register && TryCudaRegister(p, o.bytes);
-  return std::unique_ptr<Arena>(
-      new ShmArena(shm_name, static_cast<uint8_t*>(p), o.bytes, huge, cuda));
+  auto arena = std::make_unique<ShmArena>(shm_name, fd, static_cast<uint8_t*>(p), o.bytes, huge,
+                                          cuda, 0);
+  arena->set_took_over(!created);
+  return std::unique_ptr<Arena>(std::move(arena));
 }
 
 }  // namespace oscarkv

@@ -63,26 +63,41 @@ TEST(ShmArena, SharedWithASecondMappingAndUnlinkedOnDestroy) {
   EXPECT_EQ((*a)->base()[(4 << 20) - 1], 42);
   munmap(p, o.bytes);
 
-  // A second daemon cannot take the same name unless told to replace it.
+  // A second daemon cannot take the name of a live one, and is told who owns it.
   auto dup = CreateShmArena(o);
   EXPECT_EQ(dup.status().code(), absl::StatusCode::kAlreadyExists) << dup.status();
+  EXPECT_NE(dup.status().message().find("in use by pid " + std::to_string(getpid())),
+            std::string::npos)
+      << dup.status();
+  EXPECT_TRUE(FileExists(path));  // and the live one's file is untouched
   a->reset();
   EXPECT_FALSE(FileExists(path));
 }
 
-TEST(ShmArena, ReplacesAStaleFileWhenAsked) {
+TEST(ShmArena, TakesOverAFileWhoseOwnerIsDead) {
   ShmArenaOptions o;
   o.name = UniqueName("stale");
   o.bytes = 1 << 20;
   const std::string path = "/dev/shm/" + o.name;
+  // A dead daemon's file: bytes in it, nobody holding its owner lock.
   int fd = open(path.c_str(), O_RDWR | O_CREAT, 0600);
   ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 2 << 20), 0);
+  ASSERT_EQ(pwrite(fd, "old", 3, 100), 3);
   close(fd);
-  EXPECT_EQ(CreateShmArena(o).status().code(), absl::StatusCode::kAlreadyExists);
-  o.replace_existing = true;
   auto a = CreateShmArena(o);
   ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE((*a)->took_over_stale());
+  EXPECT_EQ((*a)->size(), size_t{1} << 20);
+  EXPECT_EQ((*a)->base()[100], 0);  // emptied: a dead daemon's bytes are not trusted
   a->reset();
+  EXPECT_FALSE(FileExists(path));
+  o.replace_existing = true;  // still accepted: replaces unconditionally
+  fd = open(path.c_str(), O_RDWR | O_CREAT, 0600);
+  close(fd);
+  auto b = CreateShmArena(o);
+  ASSERT_TRUE(b.ok()) << b.status();
+  b->reset();
   EXPECT_FALSE(FileExists(path));
 }
 

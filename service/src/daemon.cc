@@ -1,5 +1,7 @@
 #include "oscarkv/service/daemon.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -10,8 +12,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -66,6 +71,42 @@ bool UnixSocketLive(const std::string& path) {
   const bool live = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   close(fd);
   return live;
+}
+
+// Removes pool files (and their local sockets) of default-named daemons that died without
+// cleaning up (kill -9): names oscarkvd-<tag>-<pid> whose pid is gone and whose owner lock
+// (allocator/arena.h) is free. Files of live processes are never touched.
+void RemoveDeadDefaultPools() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  std::vector<std::string> dead;
+  while (dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.rfind("oscarkvd-", 0) != 0 || name.find('/') != std::string::npos) continue;
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".sock") == 0) continue;
+    const size_t dash = name.rfind('-');
+    int pid = 0;
+    if (dash == std::string::npos || !absl::SimpleAtoi(name.substr(dash + 1), &pid) || pid <= 0 ||
+        pid == getpid() || kill(pid, 0) == 0 || errno != ESRCH) {
+      continue;
+    }
+    const std::string path = "/dev/shm/" + name;
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct flock l{};
+    l.l_type = F_RDLCK;
+    l.l_whence = SEEK_SET;
+    const bool unowned = fcntl(fd, F_OFD_GETLK, &l) == 0 && l.l_type == F_UNLCK;
+    close(fd);
+    if (unowned) dead.push_back(path);
+  }
+  closedir(dir);
+  for (const std::string& path : dead) {
+    if (unlink(path.c_str()) == 0) {
+      unlink((path + ".sock").c_str());
+      LogEvent(LogLevel::kWarn, "removed_dead_pool", {{"path", path}});
+    }
+  }
 }
 
 class MetricsServer {
@@ -154,9 +195,14 @@ absl::Status RunDaemon(const DaemonConfig& config) {
                                                                    : std::string("unix"),
                            "-", getpid());
     ao.replace_existing = true;  // a stale file of a dead process with our pid
+    RemoveDeadDefaultPools();
   }
   auto arena = CreateShmArena(ao);
   if (!arena.ok()) return arena.status();
+  if ((*arena)->took_over_stale()) {
+    // kill -9 / OOM kill of the previous daemon on this name: its file had no live owner.
+    LogEvent(LogLevel::kWarn, "stale_pool_taken_over", {{"path", (*arena)->shm_path()}});
+  }
   const bool huge = (*arena)->huge_pages(), cuda = (*arena)->cuda_registered();
   auto pool = PagePool::Create(std::move(*arena));
   if (!pool.ok()) return pool.status();

@@ -32,6 +32,8 @@ class Arena {
   // True when huge pages were advised and the kernel's THP setting lets them back the arena.
   virtual bool huge_pages() const { return false; }
   virtual bool cuda_registered() const { return false; }
+  // True when a shared-memory arena reused the file of a dead owner (see CreateShmArena).
+  virtual bool took_over_stale() const { return false; }
 };
 
 // Private memory (mmap anonymous). Bytes are zero.
@@ -44,14 +46,20 @@ struct ShmArenaOptions {
   bool try_huge_pages = true;
   bool try_cuda_register = true;
   // Fail when /dev/shm has less free space than `bytes` (touching pages past the tmpfs limit
-  // would otherwise kill the process with SIGBUS).
+  // would otherwise kill the process with SIGBUS), or when the machine has less memory
+  // available (MemAvailable + SwapFree) than `bytes`.
   bool check_free_space = true;
-  // If the file already exists: replace it (true) or fail with ALREADY_EXISTS (false).
+  // If the file already exists: replace it unconditionally (true), or (false) take it over when
+  // its owner is dead and fail with ALREADY_EXISTS "in use by pid N" when it is alive.
   bool replace_existing = false;
 };
 
-// Creates /dev/shm/<name> (mode 0600), sizes and maps it. Errors: INVALID_ARGUMENT (bad name or
-// size), ALREADY_EXISTS, RESOURCE_EXHAUSTED (not enough space in /dev/shm), INTERNAL (syscalls).
+// Creates /dev/shm/<name> (mode 0600), sizes and maps it, and holds an owner lock on it (a POSIX
+// write lock on the file, released by the kernel when this process dies) until the arena is
+// destroyed. A file left by a dead owner (kill -9) is taken over: emptied and reused
+// (took_over_stale()). Errors: INVALID_ARGUMENT (bad name or size), ALREADY_EXISTS (a live
+// process owns the file: the message names its pid), RESOURCE_EXHAUSTED (not enough space in
+// /dev/shm, or more than the machine's available memory), INTERNAL (syscalls).
 absl::StatusOr<std::unique_ptr<Arena>> CreateShmArena(const ShmArenaOptions& options);
 
 }  // namespace oscarkv
