@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "device_util.cuh"
+#include "extend_internal.h"
 #include "oscarkv/cuda/extend_attention.h"
 
 namespace oscarkv::cuda {
@@ -305,9 +306,61 @@ __global__ void __launch_bounds__(kThreads) ExtendKernel(const ExtendParams p) {
 
 }  // namespace
 
-absl::Status LaunchExtendAttention(const ExtendParams& p, cudaStream_t stream) {
-  if (absl::Status s = ValidateDecodeShape(p.shape); !s.ok()) return s;
-  if (p.table.num_seqs <= 0 || p.max_new_tokens <= 0) return absl::OkStatus();
+
+namespace detail {
+
+absl::Status PrepareExtendMma() {
+  if (absl::Status s = CudaStatus(cudaFuncSetAttribute(ExtendKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+                                  "extend attention shared memory");
+      !s.ok()) {
+    return s;
+  }
+  return CudaStatus(cudaFuncSetAttribute(ExtendKernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+                    "extend attention shared memory");
+}
+
+absl::Status LaunchExtendMma(const ExtendParams& p, int max_new_tokens, cudaStream_t stream) {
+  const dim3 grid((max_new_tokens + kExtendQueryBlock - 1) / kExtendQueryBlock,
+                  p.table.num_seqs * p.shape.num_kv_heads, (p.shape.gqa() + 3) / 4);
+  if (p.shape.group_size == 128) {
+    ExtendKernel<128><<<grid, kThreads, kSmemBytes, stream>>>(p);
+  } else {
+    ExtendKernel<64><<<grid, kThreads, kSmemBytes, stream>>>(p);
+  }
+  return CudaStatus(cudaGetLastError(), "extend attention launch");
+}
+
+}  // namespace detail
+
+absl::StatusOr<ExtendPlan> PlanExtend(const DecodeShape& shape, int32_t max_seqs, int32_t max_new_tokens) {
+  if (absl::Status s = ValidateDecodeShape(shape); !s.ok()) return s;
+  if (max_seqs < 0 || max_new_tokens < 0) return absl::InvalidArgumentError("extend plan: negative maximum");
+  if (int64_t{max_seqs} * shape.num_kv_heads > 65535) {
+    return absl::InvalidArgumentError("extend plan: more than 65535 (sequence, KV head) pairs");
+  }
+  ExtendPlan plan;
+  plan.shape = shape;
+  plan.max_seqs = max_seqs;
+  plan.max_new_tokens = max_new_tokens;
+  plan.tensor_cores = detail::ExtendWgmmaAvailable();
+  absl::Status s = plan.tensor_cores ? detail::PrepareExtendWgmma() : detail::PrepareExtendMma();
+  if (!s.ok()) return s;
+  return plan;
+}
+
+absl::Status LaunchExtendAttention(const ExtendPlan& plan, const ExtendParams& p, cudaStream_t stream) {
+  const DecodeShape& a = plan.shape;
+  const DecodeShape& b = p.shape;
+  if (a.num_layers != b.num_layers || a.num_kv_heads != b.num_kv_heads || a.num_q_heads != b.num_q_heads ||
+      a.head_dim != b.head_dim || a.group_size != b.group_size || a.page_tokens != b.page_tokens ||
+      b.layer >= b.num_layers) {
+    return absl::InvalidArgumentError("extend attention: params.shape differs from the plan's");
+  }
+  if (p.table.num_seqs < 0 || p.table.num_seqs > plan.max_seqs || p.max_new_tokens < 0 ||
+      p.max_new_tokens > plan.max_new_tokens) {
+    return absl::InvalidArgumentError("extend attention: more sequences or new tokens than the plan's maximum");
+  }
+  if (p.table.num_seqs == 0 || plan.max_new_tokens == 0) return absl::OkStatus();
   if (p.q == nullptr || p.k_new == nullptr || p.v_new == nullptr || p.out == nullptr ||
       p.q_indptr == nullptr || p.table.seq_page_indptr == nullptr) {
     return absl::InvalidArgumentError("extend attention: q, k_new, v_new, q_indptr, out and the page table are required");
@@ -315,18 +368,14 @@ absl::Status LaunchExtendAttention(const ExtendParams& p, cudaStream_t stream) {
   if (p.unrotate_output && p.rot_v == nullptr) {
     return absl::InvalidArgumentError("unrotate_output needs rot_v");
   }
-  const dim3 grid((p.max_new_tokens + kExtendQueryBlock - 1) / kExtendQueryBlock,
-                  p.table.num_seqs * p.shape.num_kv_heads, (p.shape.gqa() + 3) / 4);
-  auto launch = [&](auto kernel) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    kernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
-  };
-  if (p.shape.group_size == 128) {
-    launch(ExtendKernel<128>);
-  } else {
-    launch(ExtendKernel<64>);
-  }
-  return CudaStatus(cudaGetLastError(), "extend attention launch");
+  return plan.tensor_cores ? detail::LaunchExtendWgmma(p, plan.max_new_tokens, stream)
+                           : detail::LaunchExtendMma(p, plan.max_new_tokens, stream);
+}
+
+absl::Status LaunchExtendAttention(const ExtendParams& p, cudaStream_t stream) {
+  auto plan = PlanExtend(p.shape, p.table.num_seqs, p.max_new_tokens);
+  if (!plan.ok()) return plan.status();
+  return LaunchExtendAttention(*plan, p, stream);
 }
 
 }  // namespace oscarkv::cuda

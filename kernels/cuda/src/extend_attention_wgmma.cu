@@ -1,0 +1,508 @@
+// Extend attention on Hopper tensor cores (wgmma, sm_90a), warp-specialised: see
+// extend_attention.h for the function.
+//
+// One CTA per (128 query rows, sequence, KV head); its rows are the KV head's GQA group of query
+// heads for 128 / gqa consecutive new tokens (row r: token r / gqa, head r % gqa), so every key
+// tile read serves all of them. Three warpgroups:
+//   * warpgroup 0 (producer) walks the key tiles of 64 tokens -- the sequence's prefix slices
+//     (page by page, any mix of INT2 and BF16 pages), then the new tokens up to the CTA's last
+//     one -- copying each tile's raw bytes (codes + fp16 (scale, min) pairs, or bf16 rows) into a
+//     2-slot ring with cp.async one tile ahead, then dequantizing / converting it into fp16 K and
+//     V tiles in the wgmma operand layout (128-byte swizzle, the channel order of
+//     extend_wgmma.cuh) in a 3-stage ring, handed over with mbarriers (full / empty);
+//   * warpgroups 1 and 2 (consumers) each own 64 rows: S = Q·Kᵀ (wgmma m64n64k16, the query as
+//     register fragments), the causal and length masks, the online softmax in base 2, and
+//     O += P·V (wgmma m64n128k16, P from registers, V transposed from shared memory).
+// The query is rotated by R_K in the CTA on tensor cores (fp16 hi + lo query parts times R_K in
+// fp16, fp32 accumulation) and the output by R_Vᵀ likewise when unrotate_output.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "device_util.cuh"
+#include "extend_internal.h"
+#include "extend_wgmma.cuh"
+
+namespace oscarkv::cuda::detail {
+namespace {
+
+constexpr int kXThreads = 384;
+constexpr int kXStages = 3;
+constexpr int kXTile = 16384;        // 64 keys x 128 fp16: two 64-channel halves of 8 KiB
+constexpr int kXStage = 2 * kXTile;  // K and V
+constexpr int kXRaw = 32768;         // one tile's raw bytes, K and V (bf16 rows: the largest)
+constexpr int kXRot = 32768;         // a 128 x 128 fp16 rotation as a B operand
+constexpr int kXRawOff = kXStages * kXStage;
+constexpr int kXRotOff = kXRawOff + 2 * kXRaw;
+constexpr int kXInfoOff = kXRotOff + kXRot;
+constexpr int kXBarOff = kXInfoOff + 8 * kXStages;
+constexpr int kXSmemBytes = kXBarOff + 16 * kXStages + 1024;  // + slack to align the base to 1 KiB
+constexpr float kXLog2e = 1.4426950408889634f;
+constexpr float kXLn2 = 0.6931471805599453f;
+constexpr int kBarProducers = 1, kBarConsumers = 2;  // named barrier ids
+
+// The producer's view of key tile x: a prefix slice or a block of new tokens.
+struct XTile {
+  const uint8_t* page;  // nullptr: new tokens
+  int kind;             // PageKind of a prefix slice
+  int tok0;             // first token in the page, or first new token
+  int valid;            // tokens of the tile (0..64)
+};
+
+__device__ __forceinline__ float XEx2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ uint32_t Half2Bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 BitsHalf2(uint32_t w) { return *reinterpret_cast<__half2*>(&w); }
+
+template <int G>
+__global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendParams p) {
+#if OSCARKV_HAVE_WGMMA
+  extern __shared__ uint8_t smem_raw_base[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw_base) + 1023) & ~uintptr_t(1023));
+  const DecodeShape& sh = p.shape;
+  const int H = static_cast<int>(sh.num_kv_heads), Hq = static_cast<int>(sh.num_q_heads);
+  const int gqa = static_cast<int>(sh.gqa());
+  const int tpc = kExtendWgmmaRows / gqa;  // tokens per CTA
+  const int seq = blockIdx.y / H, h = blockIdx.y % H;
+  const int q_begin = p.q_indptr[seq], num_new = p.q_indptr[seq + 1] - q_begin;
+  const int tok0 = (gridDim.x - 1 - blockIdx.x) * tpc;  // the longest rows first
+  if (tok0 >= num_new) return;  // uniform per CTA
+  const int last_tok = min(num_new, tok0 + tpc) - 1;
+  const int spp = static_cast<int>(sh.slices_per_page());
+  const int p0 = p.table.seq_page_indptr[seq], p1 = p.table.seq_page_indptr[seq + 1];
+  const int prefix_slices = (p1 - p0) * spp;
+  const int num_tiles = prefix_slices + (last_tok + 64) / 64;
+  const uint32_t sbase = SmemAddr(smem);
+  const uint32_t full_bar = sbase + kXBarOff, empty_bar = full_bar + 8 * kXStages;
+  int2* info = reinterpret_cast<int2*>(smem + kXInfoOff);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kXStages; ++s) {
+      MbarInit(full_bar + 8 * s, 128);
+      MbarInit(empty_bar + 8 * s, 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (threadIdx.x < 128) {
+    // ---------------- producer ----------------
+    const int tid = threadIdx.x, lane = tid & 31;
+    const PageGeometry g2 = sh.geometry(PageKind::kInt2), gb = sh.geometry(PageKind::kBf16);
+    const size_t seg2_k = g2.segment_offset(sh.layer, 0, h), seg2_v = g2.segment_offset(sh.layer, 1, h);
+    const size_t segb_k = gb.segment_offset(sh.layer, 0, h), segb_v = gb.segment_offset(sh.layer, 1, h);
+    const int codes_bytes = static_cast<int>(g2.codes_bytes());
+    constexpr int NG = 128 / G;
+    // Page info of prefix slices 32·blk + lane, one block of 32 in `cur`, the next loaded
+    // halfway through the current one (no dependent load on the way to a tile's copies).
+    auto entry_of = [&](int blk) { const int x = blk * 32 + lane; return x < prefix_slices ? p0 + x / spp : -1; };
+    auto load_info = [&](int pid, bool ok, const uint8_t*& ptr, int& meta) {
+      ptr = ok ? p.table.page_ptrs[pid] : nullptr;
+      meta = ok ? (static_cast<int>(p.table.page_kinds[pid]) | (static_cast<int>(p.table.page_token_counts[pid]) << 8)) : 0;
+    };
+    const uint8_t* cur_ptr;
+    const uint8_t* nxt_ptr = nullptr;
+    int cur_meta, nxt_meta = 0, pid_nxt;
+    {
+      const int e0 = entry_of(0);
+      load_info(e0 >= 0 ? p.table.seq_page_ids[e0] : 0, e0 >= 0, cur_ptr, cur_meta);
+      const int e1 = entry_of(1);
+      pid_nxt = e1 >= 0 ? p.table.seq_page_ids[e1] : 0;
+    }
+    auto tile_of = [&](int x) {  // called for x = 0, 1, 2, ... in order
+      XTile t;
+      if (x < prefix_slices) {
+        if ((x & 31) == 0 && x > 0) {
+          cur_ptr = nxt_ptr;
+          cur_meta = nxt_meta;
+          const int e = entry_of(x / 32 + 1);
+          pid_nxt = e >= 0 ? p.table.seq_page_ids[e] : 0;
+        }
+        if ((x & 31) == 16) load_info(pid_nxt, entry_of(x / 32 + 1) >= 0, nxt_ptr, nxt_meta);
+        const unsigned long long pp = __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(cur_ptr), x & 31);
+        const int meta = __shfl_sync(0xffffffffu, cur_meta, x & 31);
+        t.page = reinterpret_cast<const uint8_t*>(pp);
+        t.kind = meta & 0xff;
+        t.tok0 = (x % spp) * 64;
+        t.valid = max(0, min(64, (meta >> 8) - t.tok0));
+      } else {
+        t.page = nullptr;
+        t.kind = 0;
+        t.tok0 = (x - prefix_slices) * 64;
+        t.valid = min(64, num_new - t.tok0);
+      }
+      return t;
+    };
+    auto issue_raw = [&](const XTile& t, uint8_t* raw) {
+      if (t.valid <= 0) return;
+      if (t.page != nullptr && t.kind == static_cast<int>(PageKind::kInt2)) {
+        // codes: K at raw[0, 2048), V at [2048, 4096); (scale, min) pairs: K at 4096, V at 4608.
+        for (int c = tid; c < 256 + 32 * NG; c += 128) {
+          if (c < 256) {
+            const int kv = c >> 7, off = (c & 127) * 16;
+            CpAsync16(raw + kv * 2048 + off, t.page + (kv ? seg2_v : seg2_k) + t.tok0 * 32 + off);
+          } else {
+            const int cc = c - 256, kv = cc / (16 * NG), off = (cc % (16 * NG)) * 16;
+            CpAsync16(raw + 4096 + kv * 512 + off,
+                      t.page + (kv ? seg2_v : seg2_k) + codes_bytes + t.tok0 * NG * 4 + off);
+          }
+        }
+      } else if (t.page != nullptr) {
+        for (int c = tid; c < 2048; c += 128) {
+          const int kv = c >> 10, off = (c & 1023) * 16;
+          CpAsync16(raw + kv * 16384 + off, t.page + (kv ? segb_v : segb_k) + t.tok0 * 256 + off);
+        }
+      } else {
+        for (int c = tid; c < 2048; c += 128) {
+          const int kv = c >> 10, row = (c >> 4) & 63, ch = c & 15;
+          const bool ok = row < t.valid;
+          const uint16_t* base = kv ? p.v_new : p.k_new;
+          const uint16_t* src = ok ? base + (size_t(q_begin + t.tok0 + row) * H + h) * 128 + ch * 8 : base;
+          CpAsync16(raw + kv * 16384 + row * 256 + ch * 16, src, ok);
+        }
+      }
+    };
+    auto dequant = [&](const XTile& t, const uint8_t* raw, uint8_t* stage) {
+      const bool int2 = t.page != nullptr && t.kind == static_cast<int>(PageKind::kInt2);
+#pragma unroll 2
+      for (int u = tid; u < 1024; u += 128) {
+        const int kv = u >> 9, row = (u >> 3) & 63, b = u & 7;
+        uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
+        if (row < t.valid) {
+          uint32_t w[8];
+          if (int2) {
+            const uint32_t codes = *reinterpret_cast<const uint32_t*>(raw + kv * 2048 + row * 32 + b * 4);
+            const uint32_t sm = *reinterpret_cast<const uint32_t*>(raw + 4096 + kv * 512 + (row * NG + (b * 16) / G) * 4);
+            const __half2 scale2 = BitsHalf2(__byte_perm(sm, 0, 0x1010));
+            const __half2 min2 = BitsHalf2(__byte_perm(sm, 0, 0x3232));
+            const __half2 magic = BitsHalf2(0x64006400u);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              const __half2 c = __hsub2(BitsHalf2(((codes >> (2 * i)) & 0x00030003u) | 0x64006400u), magic);
+              w[i] = Half2Bits(__hfma2(c, scale2, min2));
+            }
+          } else {
+            const uint4 a = *reinterpret_cast<const uint4*>(raw + kv * 16384 + row * 256 + b * 32);
+            const uint4 c = *reinterpret_cast<const uint4*>(raw + kv * 16384 + row * 256 + b * 32 + 16);
+            const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, cw[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              const uint32_t x = aw[i >> 1], y = cw[i >> 1];
+              const float fx = __uint_as_float((i & 1) ? (x & 0xffff0000u) : (x << 16));
+              const float fy = __uint_as_float((i & 1) ? (y & 0xffff0000u) : (y << 16));
+              w[i] = Half2Bits(__floats2half2_rn(fx, fy));
+            }
+          }
+          lo = make_uint4(w[0], w[1], w[2], w[3]);
+          hi = make_uint4(w[4], w[5], w[6], w[7]);
+        }
+        uint8_t* dst = stage + kv * kXTile + (b >> 2) * 8192;
+        *reinterpret_cast<uint4*>(dst + Swizzle128(row, 2 * (b & 3))) = lo;
+        *reinterpret_cast<uint4*>(dst + Swizzle128(row, 2 * (b & 3) + 1)) = hi;
+      }
+    };
+
+    XTile cur = tile_of(0);
+    issue_raw(cur, smem + kXRawOff);
+    CpAsyncCommit();
+    for (int x = 0; x < num_tiles; ++x) {
+      CpAsyncWait<0>();
+      NamedBarrier(kBarProducers, 128);  // tile x's raw bytes landed; slot (x + 1) & 1 is free
+      XTile nxt;
+      if (x + 1 < num_tiles) {
+        nxt = tile_of(x + 1);
+        issue_raw(nxt, smem + kXRawOff + ((x + 1) & 1) * kXRaw);
+      }
+      CpAsyncCommit();
+      const int stage = x % kXStages;
+      MbarWaitParity(empty_bar + 8 * stage, ((x / kXStages) & 1) ^ 1);
+      if (cur.valid > 0) dequant(cur, smem + kXRawOff + (x & 1) * kXRaw, smem + stage * kXStage);
+      if (tid == 0) info[stage] = make_int2(cur.valid, cur.page == nullptr ? cur.tok0 : -1);
+      FenceProxyAsync();
+      MbarArrive(full_bar + 8 * stage);
+      cur = nxt;
+    }
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  const int ctid = threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
+  const int gid = lane >> 2, tig = lane & 3;
+  const int used_rows = tpc * gqa;
+  const int r0 = 64 * wg + 16 * warp + gid, r1 = r0 + 8;
+  auto row_tok = [&](int r) { return r < used_rows ? tok0 + r / gqa : -1; };
+  const int tok_r0 = row_tok(r0), tok_r1 = row_tok(r1);
+  const int wg_first_tok = row_tok(64 * wg);
+  const int wg_last_tok = min(row_tok(min(64 * wg + 63, used_rows - 1)), num_new - 1);
+  auto q_row = [&](int r, int tok) -> const float* {
+    return p.q + (size_t(q_begin + tok) * Hq + size_t(h) * gqa + r % gqa) * 128;
+  };
+  const bool ok_r0 = tok_r0 >= 0 && tok_r0 < num_new, ok_r1 = tok_r1 >= 0 && tok_r1 < num_new;
+  const float scale = (p.softmax_scale > 0 ? p.softmax_scale : 0.08838834764831845f) * kXLog2e;
+  const uint32_t rot_addr = sbase + kXRotOff;
+
+  // Query fragments qa[s]: k-step s (positions 16s..16s+15) of rows r0, r1.
+  uint32_t qa[8][4];
+  if (p.rot_k != nullptr) {
+    // R_K as a K-major B operand: n-row = position n (R_K column ExtendChannel(n)), k = input
+    // channel i.
+    const float* r = p.rot_k + size_t(h) * 128 * 128;
+    for (int idx = ctid; idx < 128 * 128; idx += 256) {
+      const int i = idx >> 7, c = idx & 127, n = ExtendPosition(c);
+      *reinterpret_cast<__half*>(smem + kXRotOff + (i >> 6) * 16384 + Swizzle128(n, (i & 63) >> 3) + 2 * (i & 7)) =
+          __float2half_rn(r[idx]);
+    }
+    FenceProxyAsync();
+    NamedBarrier(kBarConsumers, 256);
+    uint32_t ah[8][4], al[8][4];
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool ok = (j & 1) ? ok_r1 : ok_r0;
+        const int col = 16 * s + 8 * (j >> 1) + 2 * tig;
+        const float2 v = ok ? *reinterpret_cast<const float2*>(q_row((j & 1) ? r1 : r0, (j & 1) ? tok_r1 : tok_r0) + col)
+                            : make_float2(0.f, 0.f);
+        const __half2 hv = __floats2half2_rn(v.x, v.y);
+        const float2 back = __half22float2(hv);
+        ah[s][j] = Half2Bits(hv);
+        al[s][j] = Half2Bits(__floats2half2_rn(v.x - back.x, v.y - back.y));
+      }
+    }
+    float y0[32], y1[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) y0[i] = y1[i] = 0.f;
+    WgmmaFenceAcc(y0, y1);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const uint64_t d = SwizzledDesc(SwizzledDescLo(rot_addr + (s >> 2) * 16384 + (s & 3) * 32));
+      WgmmaF16N128R<1, 0>(y0, y1, ah[s], d);
+      WgmmaF16N128R<1, 0>(y0, y1, al[s], d);
+    }
+    WgmmaCommit();
+    WgmmaWait(y0, y1);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      qa[s][0] = Half2Bits(__floats2half2_rn(y0[4 * s] * scale, y0[4 * s + 1] * scale));
+      qa[s][1] = Half2Bits(__floats2half2_rn(y1[4 * s] * scale, y1[4 * s + 1] * scale));
+      qa[s][2] = Half2Bits(__floats2half2_rn(y0[4 * s + 2] * scale, y0[4 * s + 3] * scale));
+      qa[s][3] = Half2Bits(__floats2half2_rn(y1[4 * s + 2] * scale, y1[4 * s + 3] * scale));
+    }
+  } else {
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool ok = (j & 1) ? ok_r1 : ok_r0;
+        const int pos = 16 * s + 8 * (j >> 1) + 2 * tig;
+        const float* qr = ok ? q_row((j & 1) ? r1 : r0, (j & 1) ? tok_r1 : tok_r0) : nullptr;
+        const float a = ok ? qr[ExtendChannel(pos)] * scale : 0.f;
+        const float b = ok ? qr[ExtendChannel(pos + 1)] * scale : 0.f;
+        qa[s][j] = Half2Bits(__floats2half2_rn(a, b));
+      }
+    }
+  }
+
+  float o0[32], o1[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) o0[i] = o1[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  for (int x = 0; x < num_tiles; ++x) {
+    const int stage = x % kXStages;
+    MbarWaitParity(full_bar + 8 * stage, (x / kXStages) & 1);
+    const int2 ti = info[stage];
+    const int valid = ti.x, new0 = ti.y;
+    const bool skip = valid <= 0 || (new0 >= 0 && new0 > wg_last_tok);
+    if (!skip) {
+      const uint32_t kt = sbase + stage * kXStage, vt = kt + kXTile;
+      float s0[16], s1[16];
+      WgmmaFence32(s0, s1);
+      WgmmaF16N64<0>(s0, s1, qa[0], SwizzledDesc(SwizzledDescLo(kt)));
+#pragma unroll
+      for (int s = 1; s < 8; ++s)
+        WgmmaF16N64<1>(s0, s1, qa[s], SwizzledDesc(SwizzledDescLo(kt + (s >> 2) * 8192 + (s & 3) * 32)));
+      WgmmaCommitWait32(s0, s1);
+      if (valid < 64 || (new0 >= 0 && new0 + 63 > wg_first_tok)) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int k = 8 * j + 2 * tig + e;
+            const bool in = k < valid;
+            if (!(in && (new0 < 0 || new0 + k <= tok_r0))) s0[2 * j + e] = -INFINITY;
+            if (!(in && (new0 < 0 || new0 + k <= tok_r1))) s1[2 * j + e] = -INFINITY;
+          }
+        }
+      }
+      float mx0 = s0[0], mx1 = s1[0];
+#pragma unroll
+      for (int i = 1; i < 16; ++i) {
+        mx0 = fmaxf(mx0, s0[i]);
+        mx1 = fmaxf(mx1, s1[i]);
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
+      const float mu[2] = {mn0 == -INFINITY ? 0.f : mn0, mn1 == -INFINITY ? 0.f : mn1};
+      const float f0 = XEx2(m[0] - mu[0]), f1 = XEx2(m[1] - mu[1]);
+      m[0] = mn0;
+      m[1] = mn1;
+      l[0] *= f0;
+      l[1] *= f1;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        o0[i] *= f0;
+        o1[i] *= f1;
+      }
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        s0[i] = XEx2(s0[i] - mu[0]);
+        s1[i] = XEx2(s1[i] - mu[1]);
+        l[0] += s0[i];
+        l[1] += s1[i];
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pa[kk][0] = Half2Bits(__floats2half2_rn(s0[4 * kk], s0[4 * kk + 1]));
+        pa[kk][1] = Half2Bits(__floats2half2_rn(s1[4 * kk], s1[4 * kk + 1]));
+        pa[kk][2] = Half2Bits(__floats2half2_rn(s0[4 * kk + 2], s0[4 * kk + 3]));
+        pa[kk][3] = Half2Bits(__floats2half2_rn(s1[4 * kk + 2], s1[4 * kk + 3]));
+      }
+      WgmmaFence64(o0, o1, pa);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) WgmmaF16N128R<1, 1>(o0, o1, pa[kk], ValueTileDesc(vt + kk * 2048));
+      WgmmaCommit();
+      WgmmaWait(o0, o1);
+    }
+    MbarArrive(empty_bar + 8 * stage);
+  }
+
+  // Epilogue: normalize, optionally unrotate (O·R_Vᵀ on tensor cores), write.
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    inv[r] = l[r] > 0.f ? 1.f / l[r] : 0.f;
+  }
+  const int hg0 = h * gqa + r0 % gqa, hg1 = h * gqa + r1 % gqa;
+  float* out0 = ok_r0 ? p.out + (size_t(q_begin + tok_r0) * Hq + hg0) * 128 : nullptr;
+  float* out1 = ok_r1 ? p.out + (size_t(q_begin + tok_r1) * Hq + hg1) * 128 : nullptr;
+  if (tig == 0 && p.lse != nullptr) {
+    if (ok_r0) p.lse[size_t(q_begin + tok_r0) * Hq + hg0] = l[0] > 0.f ? (m[0] + log2f(l[0])) * kXLn2 : -INFINITY;
+    if (ok_r1) p.lse[size_t(q_begin + tok_r1) * Hq + hg1] = l[1] > 0.f ? (m[1] + log2f(l[1])) * kXLn2 : -INFINITY;
+  }
+  if (p.unrotate_output) {
+    NamedBarrier(kBarConsumers, 256);  // both warpgroups are past their R_K product
+    // R_V as a K-major B operand: n-row = output channel i, k = position (R_V[i][ExtendChannel(k)]).
+    const float* r = p.rot_v + size_t(h) * 128 * 128;
+    for (int idx = ctid; idx < 128 * 128; idx += 256) {
+      const int i = idx >> 7, c = idx & 127, k = ExtendPosition(c);
+      *reinterpret_cast<__half*>(smem + kXRotOff + (k >> 6) * 16384 + Swizzle128(i, (k & 63) >> 3) + 2 * (k & 7)) =
+          __float2half_rn(r[idx]);
+    }
+    FenceProxyAsync();
+    NamedBarrier(kBarConsumers, 256);
+    uint32_t oh[8][4], ol[8][4];
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int at = 4 * s + 2 * j;
+        const float a0 = o0[at] * inv[0], b0 = o0[at + 1] * inv[0];
+        const float a1 = o1[at] * inv[1], b1 = o1[at + 1] * inv[1];
+        const __half2 h0 = __floats2half2_rn(a0, b0), h1 = __floats2half2_rn(a1, b1);
+        const float2 k0 = __half22float2(h0), k1 = __half22float2(h1);
+        oh[s][2 * j] = Half2Bits(h0);
+        oh[s][2 * j + 1] = Half2Bits(h1);
+        ol[s][2 * j] = Half2Bits(__floats2half2_rn(a0 - k0.x, b0 - k0.y));
+        ol[s][2 * j + 1] = Half2Bits(__floats2half2_rn(a1 - k1.x, b1 - k1.y));
+      }
+    }
+    float u0[32], u1[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) u0[i] = u1[i] = 0.f;
+    WgmmaFenceAcc(u0, u1);
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const uint64_t d = SwizzledDesc(SwizzledDescLo(rot_addr + (s >> 2) * 16384 + (s & 3) * 32));
+      WgmmaF16N128R<1, 0>(u0, u1, oh[s], d);
+      WgmmaF16N128R<1, 0>(u0, u1, ol[s], d);
+    }
+    WgmmaCommit();
+    WgmmaWait(u0, u1);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      if (out0 != nullptr) *reinterpret_cast<float2*>(out0 + 8 * j + 2 * tig) = make_float2(u0[2 * j], u0[2 * j + 1]);
+      if (out1 != nullptr) *reinterpret_cast<float2*>(out1 + 8 * j + 2 * tig) = make_float2(u1[2 * j], u1[2 * j + 1]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int c = ExtendChannel(8 * j + 2 * tig + e);
+        if (out0 != nullptr) out0[c] = o0[2 * j + e] * inv[0];
+        if (out1 != nullptr) out1[c] = o1[2 * j + e] * inv[1];
+      }
+    }
+  }
+#else
+  __trap();
+#endif
+}
+
+__global__ void ExtendWgmmaProbe(int* out) { *out = OSCARKV_HAVE_WGMMA; }
+
+}  // namespace
+
+bool ExtendWgmmaAvailable() {
+  static const bool available = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess || major != 9) {
+      cudaGetLastError();
+      return false;
+    }
+    int* d = nullptr;
+    int h = 0;
+    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return false;
+    ExtendWgmmaProbe<<<1, 1>>>(d);
+    const bool ok = cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+    cudaFree(d);
+    cudaGetLastError();
+    return ok && h == 1;
+  }();
+  return available;
+}
+
+absl::Status PrepareExtendWgmma() {
+  if (absl::Status s = CudaStatus(cudaFuncSetAttribute(ExtendWgmmaKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       kXSmemBytes),
+                                  "extend attention (wgmma) shared memory");
+      !s.ok()) {
+    return s;
+  }
+  return CudaStatus(cudaFuncSetAttribute(ExtendWgmmaKernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, kXSmemBytes),
+                    "extend attention (wgmma) shared memory");
+}
+
+absl::Status LaunchExtendWgmma(const ExtendParams& p, int max_new_tokens, cudaStream_t stream) {
+  const int tpc = ExtendWgmmaTokensPerCta(static_cast<int>(p.shape.gqa()));
+  const dim3 grid((max_new_tokens + tpc - 1) / tpc, p.table.num_seqs * p.shape.num_kv_heads);
+  if (p.shape.group_size == 128) {
+    ExtendWgmmaKernel<128><<<grid, kXThreads, kXSmemBytes, stream>>>(p);
+  } else {
+    ExtendWgmmaKernel<64><<<grid, kXThreads, kXSmemBytes, stream>>>(p);
+  }
+  return CudaStatus(cudaGetLastError(), "extend attention (wgmma) launch");
+}
+
+}  // namespace oscarkv::cuda::detail

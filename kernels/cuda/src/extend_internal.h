@@ -1,0 +1,30 @@
+// The two extend-attention kernels behind LaunchExtendAttention (extend_attention.h), internal
+// to kernels/cuda: the wgmma kernel (extend_attention_wgmma.cu, sm_90a) and the mma.sync kernel
+// (extend_attention.cu) that runs where the wgmma one cannot. Tests reach both through here.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "oscarkv/cuda/extend_attention.h"
+
+namespace oscarkv::cuda::detail {
+
+// Query rows (query head x new token pairs of one KV head) per CTA of the wgmma kernel: the
+// GQA group's heads of 128 / gqa consecutive tokens.
+inline constexpr int kExtendWgmmaRows = 128;
+inline int ExtendWgmmaTokensPerCta(int gqa) { return kExtendWgmmaRows / gqa; }
+
+// Whether this build carries the wgmma kernel for the current device (sm_90a code on a
+// compute-capability 9.0 device); the first call runs a probe kernel (not capturable).
+bool ExtendWgmmaAvailable();
+// Sets the wgmma kernel's shared-memory limit (once per device, before launches and capture).
+absl::Status PrepareExtendWgmma();
+// Enqueues the wgmma kernel over max_new_tokens (checked by the caller, as the shape).
+absl::Status LaunchExtendWgmma(const ExtendParams& p, int max_new_tokens, cudaStream_t stream);
+
+// The mma.sync kernel (any sm_80+ device).
+absl::Status PrepareExtendMma();
+absl::Status LaunchExtendMma(const ExtendParams& p, int max_new_tokens, cudaStream_t stream);
+
+}  // namespace oscarkv::cuda::detail

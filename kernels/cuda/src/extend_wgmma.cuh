@@ -1,0 +1,116 @@
+// Device helpers of the wgmma extend-attention kernel (extend_attention_wgmma.cu): the channel
+// order of its fp16 tiles, the wgmma forms it issues (f16 operands, A from registers), shared-
+// memory descriptors of the value tiles, and mbarrier / named-barrier wrappers. The K-major
+// descriptor, the 128-byte swizzle and the fences are the quantize stream kernel's
+// (quantize_stream_device.cuh). Internal to kernels/cuda.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "quantize_stream_device.cuh"
+
+namespace oscarkv::cuda::detail {
+namespace {
+
+// Channel order of the tiles: position p = 16b + 2i + e of a row holds channel 16b + i + 8e.
+// An INT2 code word (16 channels, 2 bits each) then yields the fp16 pair of positions 2i, 2i+1
+// with one shift and one mask ((w >> 2i) & 0x00030003). Keys and the query use the same order
+// (the score is a sum over channels); the value product's columns come out in it and are put
+// back when the output is written.
+__host__ __device__ constexpr int ExtendChannel(int p) { return (p & ~15) | ((p >> 1) & 7) | ((p & 1) << 3); }
+__host__ __device__ constexpr int ExtendPosition(int c) { return (c & ~15) | ((c & 7) << 1) | ((c >> 3) & 1); }
+
+// The 32 fp32 accumulators of one wgmma m64n64 per thread, in the instruction's order: s0 holds
+// row gid, s1 row gid + 8 of the warp's 16 rows, s0[2j + e] column 8j + 2·tig + e.
+#define OSCARKV_WG_ACC32(s0, s1) \
+  "+f"(s0[0]), "+f"(s0[1]), "+f"(s1[0]), "+f"(s1[1]), \
+  "+f"(s0[2]), "+f"(s0[3]), "+f"(s1[2]), "+f"(s1[3]), \
+  "+f"(s0[4]), "+f"(s0[5]), "+f"(s1[4]), "+f"(s1[5]), \
+  "+f"(s0[6]), "+f"(s0[7]), "+f"(s1[6]), "+f"(s1[7]), \
+  "+f"(s0[8]), "+f"(s0[9]), "+f"(s1[8]), "+f"(s1[9]), \
+  "+f"(s0[10]), "+f"(s0[11]), "+f"(s1[10]), "+f"(s1[11]), \
+  "+f"(s0[12]), "+f"(s0[13]), "+f"(s1[12]), "+f"(s1[13]), \
+  "+f"(s0[14]), "+f"(s0[15]), "+f"(s1[14]), "+f"(s1[15])
+
+// s (+)= A(64 x 16, this warp's 16 rows as mma.sync-style fp16 A fragments) · B(16 x 64 at desc).
+template <int kAccumulate>
+__device__ __forceinline__ void WgmmaF16N64(float (&s0)[16], float (&s1)[16], const uint32_t (&a)[4], uint64_t desc) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : OSCARKV_WG_ACC32(s0, s1)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(kAccumulate));
+#endif
+}
+// y (+)= A(64 x 16, registers) · B(16 x 128 at desc); kTransB: B stored N-major (value tiles).
+template <int kAccumulate, int kTransB>
+__device__ __forceinline__ void WgmmaF16N128R(float (&y0)[32], float (&y1)[32], const uint32_t (&a)[4], uint64_t desc) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+      : OSCARKV_WG_ACC(y0, y1)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(kAccumulate), "n"(kTransB));
+#endif
+}
+// Fences and waits naming the registers they order (no access to them moves across).
+__device__ __forceinline__ void WgmmaFence32(float (&s0)[16], float (&s1)[16]) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n" : OSCARKV_WG_ACC32(s0, s1) : : "memory");
+#endif
+}
+__device__ __forceinline__ void WgmmaCommitWait32(float (&s0)[16], float (&s1)[16]) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n"
+               : OSCARKV_WG_ACC32(s0, s1) : : "memory");
+#endif
+}
+__device__ __forceinline__ void WgmmaFence64(float (&y0)[32], float (&y1)[32], uint32_t (&a)[4][4]) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile("wgmma.fence.sync.aligned;\n"
+               : OSCARKV_WG_ACC(y0, y1), "+r"(a[0][0]), "+r"(a[0][1]), "+r"(a[0][2]), "+r"(a[0][3]),
+                 "+r"(a[1][0]), "+r"(a[1][1]), "+r"(a[1][2]), "+r"(a[1][3]),
+                 "+r"(a[2][0]), "+r"(a[2][1]), "+r"(a[2][2]), "+r"(a[2][3]),
+                 "+r"(a[3][0]), "+r"(a[3][1]), "+r"(a[3][2]), "+r"(a[3][3])
+               :
+               : "memory");
+#endif
+}
+
+// Descriptor of an N-major (MN-major), 128-byte swizzled B tile of 64-column blocks: block m of
+// 64 columns at +8192·m bytes (leading byte offset), 8-row (k) groups 1024 bytes apart (stride).
+__device__ __forceinline__ uint64_t ValueTileDesc(uint32_t smem_addr) {
+  return SwizzledDesc((smem_addr >> 4) | ((8192u >> 4) << 16));
+}
+
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` of the mbarrier has completed (acquire).
+__device__ __forceinline__ void MbarWaitParity(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred P1;\n XWAIT:\n mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+      " @!P1 bra XWAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace
+}  // namespace oscarkv::cuda::detail
