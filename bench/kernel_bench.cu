@@ -414,7 +414,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
   r.decode_ctas_per_sm = cuda::DecodeKernelOccupancy(128);
 
   // SDPA first (its own process; frees its memory when it exits).
-  if (!o.sdpa_command.empty()) {
+  if (!o.sdpa_command.empty() && !o.shapes.empty()) {
     auto rows = RunSdpaBaseline(o);
     if (!rows.ok()) {
       r.sdpa_error = std::string(rows.status().message());
@@ -445,7 +445,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
   // Shared inputs: source rows (for page fills and quantize-on-write), rotations, clips.
   int max_len = o.quant_tokens;
   for (auto [b, l] : o.shapes) max_len = std::max(max_len, l);
-  max_len = std::max({max_len, o.extend_prefix, o.extend_new});
+  for (const ExtendShape& e : o.extend_shapes) max_len = std::max({max_len, e.prefix, e.batch * e.new_tokens});
   const size_t src_elems = size_t(max_len) * kKvHeads * kHeadDim;
   auto ksrc = DeviceBuffer::Create(src_elems * 2);
   auto vsrc = DeviceBuffer::Create(src_elems * 2);
@@ -671,44 +671,86 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
     }
   }
 
-  // Extend attention: B=1, OSCAR pages of extend_prefix tokens, extend_new new tokens.
-  if (o.extend_new > 0 && o.extend_prefix >= 0) {
-    std::fprintf(stderr, "[bench] extend prefix=%d new=%d\n", o.extend_prefix, o.extend_new);
+  // Extend attention: per shape, B sequences of OSCAR pages of `prefix` tokens (none: plain
+  // prefill) and `new_tokens` new tokens each (the shared source rows as their K/V), beside
+  // SDPA on dense BF16 K/V of the same shape and mask (run first, in its own process).
+  if (!o.extend_shapes.empty()) {
+    for (const ExtendShape& e : o.extend_shapes) {
+      ExtendRow row;
+      row.batch = e.batch;
+      row.prefix = e.prefix;
+      row.new_tokens = e.new_tokens;
+      row.flops = 4.0 * e.batch * e.new_tokens * (e.prefix + e.new_tokens / 2.0) * kHeadDim * kQHeads;
+      r.extend.push_back(row);
+    }
+    if (!o.sdpa_command.empty()) {
+      if (absl::Status s = RunSdpaExtendBaseline(o, &r.extend); !s.ok()) {
+        r.sdpa_error += std::string(r.sdpa_error.empty() ? "" : "; ") + "extend: " + std::string(s.message());
+      }
+    }
+  }
+  for (ExtendRow& row : r.extend) {
+    const int B = row.batch, P = row.prefix, C = row.new_tokens;
+    std::fprintf(stderr, "[bench] extend B=%d prefix=%d new=%d\n", B, P, C);
     PagedBatch pb;
-    BENCH_RETURN_IF_ERROR(BuildBatch(o, 1, std::max(o.extend_prefix, 1), false, r.sms, 0, *ksrc,
-                                     *vsrc, frags->get(), clips->as<float>(), &pb));
-    const int C = o.extend_new;
-    auto q = DeviceBuffer::Create(size_t(C) * kQHeads * kHeadDim * 4);
-    auto out = DeviceBuffer::Create(size_t(C) * kQHeads * kHeadDim * 4);
-    auto lse = DeviceBuffer::Create(size_t(C) * kQHeads * 4);
-    auto qi = DeviceBuffer::FromHost(std::vector<int32_t>{0, C});
-    if (!q.ok() || !out.ok() || !lse.ok() || !qi.ok()) return absl::InternalError("extend buffers");
-    FillFloat<<<64, 256>>>(q->as<float>(), size_t(C) * kQHeads * kHeadDim, 7);
+    DeviceBuffer empty_indptr, empty_table;
+    cuda::DecodeShape shape{static_cast<uint32_t>(o.layers), kKvHeads, kQHeads, kHeadDim, 128, kPageTokens, 0};
     cuda::ExtendParams e;
-    e.shape = cuda::DecodeShape{static_cast<uint32_t>(o.layers), kKvHeads, kQHeads, kHeadDim, 128,
-                                kPageTokens, 0};
-    e.table.page_ptrs = pb.ptr_tables[0].as<const uint8_t*>();
-    e.table.page_kinds = pb.kinds.as<uint8_t>();
-    e.table.page_token_counts = pb.counts.as<uint16_t>();
-    e.table.seq_page_indptr = pb.indptr.as<int32_t>();
-    e.table.seq_page_ids = pb.ids.as<int32_t>();
-    e.table.num_seqs = 1;
+    e.shape = shape;
+    if (P > 0) {
+      BENCH_RETURN_IF_ERROR(BuildBatch(o, B, P, false, r.sms, 0, *ksrc, *vsrc, frags->get(), clips->as<float>(), &pb));
+      e.table.page_ptrs = pb.ptr_tables[0].as<const uint8_t*>();
+      e.table.page_kinds = pb.kinds.as<uint8_t>();
+      e.table.page_token_counts = pb.counts.as<uint16_t>();
+      e.table.seq_page_indptr = pb.indptr.as<int32_t>();
+      e.table.seq_page_ids = pb.ids.as<int32_t>();
+    } else {  // plain prefill: every sequence without pages
+      auto ip = DeviceBuffer::FromHost(std::vector<int32_t>(B + 1, 0));
+      auto tb = DeviceBuffer::Create(64);
+      if (!ip.ok() || !tb.ok()) return absl::InternalError("extend table");
+      empty_indptr = *std::move(ip);
+      empty_table = *std::move(tb);
+      BENCH_RETURN_IF_ERROR(CudaOk(cudaMemset(empty_table.get(), 0, 64), "extend table"));
+      e.table.page_ptrs = empty_table.as<const uint8_t*>();
+      e.table.page_kinds = empty_table.as<uint8_t>();
+      e.table.page_token_counts = empty_table.as<uint16_t>();
+      e.table.seq_page_indptr = empty_indptr.as<int32_t>();
+      e.table.seq_page_ids = empty_table.as<int32_t>();
+    }
+    const size_t total = size_t(B) * C;
+    auto q = DeviceBuffer::Create(total * kQHeads * kHeadDim * 4);
+    auto out = DeviceBuffer::Create(total * kQHeads * kHeadDim * 4);
+    auto lse = DeviceBuffer::Create(total * kQHeads * 4);
+    std::vector<int32_t> q_indptr(B + 1);
+    for (int b = 0; b <= B; ++b) q_indptr[b] = b * C;
+    auto qi = DeviceBuffer::FromHost(q_indptr);
+    if (!q.ok() || !out.ok() || !lse.ok() || !qi.ok()) return absl::InternalError("extend buffers");
+    FillFloat<<<256, 256>>>(q->as<float>(), total * kQHeads * kHeadDim, 7);
+    e.table.num_seqs = B;
     e.q_indptr = qi->as<int32_t>();
     e.max_new_tokens = C;
     e.q = q->as<float>();
-    e.k_new = ksrc->as<uint16_t>();  // [C][8][128] bf16 rows (the shared source rows)
+    e.k_new = ksrc->as<uint16_t>();  // [B·C][8][128] bf16 rows (the shared source rows)
     e.v_new = vsrc->as<uint16_t>();
     e.rot_k = rot_k;
     e.out = out->as<float>();
     e.lse = lse->as<float>();
-    auto us = TimeMedianUs([&] { return cuda::LaunchExtendAttention(e, nullptr); }, o.samples);
+    auto plan = cuda::PlanExtend(shape, B, C);
+    if (!plan.ok()) return plan.status();
+    row.tensor_cores = plan->tensor_cores;
+    BENCH_RETURN_IF_ERROR(CudaOk(cudaMemset(e.out, 0xff, total * kQHeads * kHeadDim * 4), "poison"));
+    BENCH_RETURN_IF_ERROR(cuda::LaunchExtendAttention(*plan, e, nullptr));
+    BENCH_RETURN_IF_ERROR(CudaOk(cudaDeviceSynchronize(), "extend"));
+    {  // every output written and finite (the GPU tests check the values)
+      auto h = out->ToHost<float>();
+      if (!h.ok()) return h.status();
+      for (float v : *h) {
+        if (!std::isfinite(v)) return absl::InternalError("extend bench: non-finite or unwritten output");
+      }
+    }
+    auto us = TimeMedianUs([&] { return cuda::LaunchExtendAttention(*plan, e, nullptr); }, o.samples);
     if (!us.ok()) return us.status();
-    ExtendRow row;
-    row.prefix = o.extend_prefix;
-    row.new_tokens = C;
     row.us = *us;
-    row.flops = 4.0 * C * (o.extend_prefix + C / 2.0) * kHeadDim * kQHeads;
-    r.extend.push_back(row);
   }
 
   // Quantize-on-write: quant_tokens tokens of one layer, 8 KV heads, K and V.

@@ -13,6 +13,12 @@
 
 namespace oscarkv::bench {
 
+// One extend (chunked-prefill) shape: `batch` sequences of `prefix` cached tokens (OSCAR pages:
+// BF16 sink + INT2 history + BF16 tail) and `new_tokens` new tokens each.
+struct ExtendShape {
+  int batch = 1, prefix = 0, new_tokens = 0;
+};
+
 struct KernelBenchOptions {
   std::vector<std::pair<int, int>> shapes = {{1, 32768}, {1, 100000}, {8, 32768}, {32, 32768}};
   int samples = 30;        // timed batches per measurement (median reported)
@@ -30,9 +36,9 @@ struct KernelBenchOptions {
   std::vector<int> target_ctas = {0};
   bool bf16_pages = true;    // measure the kernel on all-BF16 pages
   bool quantize = true;      // measure quantize-on-write
-  // Extend attention: `extend_new` new tokens over a B=1 OSCAR prefix of `extend_prefix`
-  // tokens (0 new tokens: skip).
-  int extend_prefix = 32768, extend_new = 512;
+  // Extend attention shapes, each beside PyTorch SDPA (every backend that runs) on dense BF16
+  // K/V of the same total length and causal mask (sdpa_command with --extend; empty: skip).
+  std::vector<ExtendShape> extend_shapes = {{1, 32768, 512}, {1, 100000, 2048}, {8, 8192, 1024}, {4, 0, 8192}};
   // INT2 configurations: the whole list is timed `rounds` times in turn (A B C .. A B C ..), and
   // each reports the median of its rounds, so drift during the call hits every configuration
   // alike.
@@ -94,9 +100,16 @@ struct QuantRow {
 };
 
 struct ExtendRow {
-  int prefix = 0, new_tokens = 0;
+  int batch = 1, prefix = 0, new_tokens = 0;
   double us = 0;
-  double flops = 0;  // 4·C·(prefix + C/2)·d·Hq (scores and values, causal half of the new block)
+  // 4·B·C·(prefix + C/2)·d·Hq (scores and values, causal half of the new block)
+  double flops = 0;
+  // PyTorch SDPA on dense BF16 K/V of the same shape and mask, per backend (0: did not run);
+  // sdpa_how: the mask formulation each backend ran with, or why it did not.
+  double sdpa_cudnn_us = 0, sdpa_flash_us = 0, sdpa_efficient_us = 0;
+  std::string sdpa_how;
+  bool tensor_cores = false;  // ours ran the wgmma kernel
+  double best_sdpa_us() const;  // the fastest backend that ran (0: none)
 };
 
 struct KernelBenchReport {
@@ -114,6 +127,10 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& optio
 // Runs options.sdpa_command (a Python process) and parses its JSON lines into rows with
 // sdpa_us/sdpa_bytes filled. Unavailable when it cannot run.
 absl::StatusOr<std::vector<DecodeRow>> RunSdpaBaseline(const KernelBenchOptions& options);
+
+// Runs options.sdpa_command --extend for options.extend_shapes and fills the rows' SDPA figures
+// (rows[i] is extend_shapes[i]). Unavailable when it cannot run.
+absl::Status RunSdpaExtendBaseline(const KernelBenchOptions& options, std::vector<ExtendRow>* rows);
 
 // The `bench kernels` command line (shared by `oscarkv bench kernels` and bench/kernel_bench).
 int KernelBenchMain(int argc, char** argv);

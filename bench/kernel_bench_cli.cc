@@ -37,7 +37,9 @@ int KernelBenchMain(int argc, char** argv) {
               "default target on the session-5 planner, tailN = the default target with the "
               "last N INT2 items as split halves dispatched last, wideN = where the decoder picks "
               "8-warp CTAs, their plan aimed at N CTAs instead of one per SM; all three not as the first)")
-      .Option("extend", "32768x512", "extend attention bench: PREFIXxNEW tokens (B=1; '' to skip)")
+      .Option("extend", "1x32768x512,1x100000x2048,8x8192x1024,4x0x8192",
+              "extend (chunked-prefill) attention shapes BxPREFIXxNEW, each beside SDPA (cuDNN, flash, "
+              "memory-efficient) on dense BF16 K/V in the same call ('' to skip)")
       .Option("rounds", "1",
               "time the INT2 configurations this many times in turn (A B .. A B ..) and report "
               "each one's median over its rounds")
@@ -58,7 +60,8 @@ int KernelBenchMain(int argc, char** argv) {
       .Flag("json", "print the JSON summary after the table")
 
       .Flag("baseline-only", "measure only the baseline INT2 decode variant")
-      .Flag("int2-only", "decode on OSCAR INT2 pages only (no BF16 pages, no quantize bench)");
+      .Flag("int2-only", "decode on OSCAR INT2 pages only (no BF16 pages, no quantize bench)")
+      .Flag("extend-only", "only the extend (chunked-prefill) rows and their SDPA baselines");
   if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   KernelBenchOptions o;
   o.shapes.clear();
@@ -122,14 +125,17 @@ int KernelBenchMain(int argc, char** argv) {
   if (o.target_ctas.empty()) o.target_ctas.push_back(0);
   o.precise_query = !args.flag("fast-query");
   o.all_variants = !args.flag("baseline-only");
-  o.extend_new = 0;
-  if (!args.str("extend").empty()) {
-    std::vector<std::string> pn = absl::StrSplit(args.str("extend"), 'x');
-    if (pn.size() != 2 || !absl::SimpleAtoi(pn[0], &o.extend_prefix) ||
-        !absl::SimpleAtoi(pn[1], &o.extend_new) || o.extend_prefix < 0 || o.extend_new < 0) {
-      std::fprintf(stderr, "bad --extend (want PREFIXxNEW)\n");
+  o.extend_shapes.clear();
+  for (absl::string_view spec : absl::StrSplit(args.str("extend"), ',', absl::SkipEmpty())) {
+    std::vector<std::string> bpc = absl::StrSplit(spec, 'x');
+    ExtendShape e;
+    if (bpc.size() != 3 || !absl::SimpleAtoi(bpc[0], &e.batch) || !absl::SimpleAtoi(bpc[1], &e.prefix) ||
+        !absl::SimpleAtoi(bpc[2], &e.new_tokens) || e.batch <= 0 || e.batch > 256 || e.prefix < 0 ||
+        e.prefix > 1000000 || e.new_tokens <= 0 || e.new_tokens > 65536) {
+      std::fprintf(stderr, "bad --extend entry '%s' (want BxPREFIXxNEW)\n", std::string(spec).c_str());
       return 2;
     }
+    o.extend_shapes.push_back(e);
   }
   for (absl::string_view t : absl::StrSplit(args.str("ab"), ',', absl::SkipEmpty())) {
     for (absl::string_view f : absl::StrSplit(t, '+')) {
@@ -149,7 +155,11 @@ int KernelBenchMain(int argc, char** argv) {
   o.diagnostics = !o.timeline_csv.empty();
   if (args.flag("int2-only")) {
     o.bf16_pages = o.quantize = false;
-    o.extend_new = 0;
+    o.extend_shapes.clear();
+  }
+  if (args.flag("extend-only")) {
+    o.shapes.clear();
+    o.bf16_pages = o.quantize = false;
   }
   auto report = RunKernelBench(o);
   if (!report.ok()) {

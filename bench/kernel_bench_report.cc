@@ -96,9 +96,23 @@ std::string FormatTable(const KernelBenchReport& r) {
                            d.length, how, us, Ratio(d.sdpa_us, us));
     }
   }
-  for (const auto& e : r.extend) {
-    s += absl::StrFormat("extend attention (B=1, OSCAR prefix %d tokens, %d new tokens): %.1f us, %.1f TFLOP/s\n",
-                         e.prefix, e.new_tokens, e.us, e.us > 0 ? e.flops / (e.us * 1e-6) / 1e12 : 0.0);
+  if (!r.extend.empty()) {
+    s += "extend (chunked prefill) attention: OSCAR prefix pages + causal new tokens, GQA 32/8, d=128, one layer;\n"
+         "SDPA on dense BF16 K/V of the same shape and mask (TFLOP/s = 4*B*C*(P+C/2)*d*Hq / time)\n";
+    s += absl::StrFormat("%-3s %-7s %-6s | %10s %7s | %10s %7s | %10s %7s | %10s | %8s %8s\n", "B", "prefix",
+                         "new", "oscarkv us", "TFLOP/s", "cuDNN us", "TFLOP/s", "flash us", "TFLOP/s",
+                         "effic. us", "xbest", "xflash");
+    auto tf = [](double flops, double us) { return us > 0 ? flops / (us * 1e-6) / 1e12 : 0.0; };
+    for (const auto& e : r.extend) {
+      s += absl::StrFormat("%-3d %-7d %-6d | %10.1f %7.1f | %10.1f %7.1f | %10.1f %7.1f | %10.1f | %7.2fx %7.2fx%s\n",
+                           e.batch, e.prefix, e.new_tokens, e.us, tf(e.flops, e.us), e.sdpa_cudnn_us,
+                           tf(e.flops, e.sdpa_cudnn_us), e.sdpa_flash_us, tf(e.flops, e.sdpa_flash_us),
+                           e.sdpa_efficient_us, Ratio(e.best_sdpa_us(), e.us), Ratio(e.sdpa_flash_us, e.us),
+                           e.tensor_cores ? "" : "  (mma.sync kernel)");
+    }
+    for (const auto& e : r.extend) {
+      if (!e.sdpa_how.empty()) s += absl::StrFormat("  SDPA B=%d P=%d C=%d: %s\n", e.batch, e.prefix, e.new_tokens, e.sdpa_how);
+    }
   }
   s += "quantize-on-write (bf16 rows in -> page rows out, one layer, 8 KV heads, K and V)\n";
   for (const auto& q : r.quant) {
@@ -125,8 +139,14 @@ std::string FormatCsv(const KernelBenchReport& r) {
     }
   }
   for (const auto& e : r.extend) {
-    s += absl::StrFormat("extend,oscarkv_int2_prefix,1,%d,%.3f,0,0,%.1f,0,0\n", e.prefix, e.us,
-                         r.copy_gbps);
+    auto row = [&](const char* name, double us) {
+      s += absl::StrFormat("extend,%s,%d,%d+%d,%.3f,0,0,%.1f,0,%.4f\n", name, e.batch, e.prefix, e.new_tokens,
+                           us, r.copy_gbps, Ratio(e.best_sdpa_us(), us));
+    };
+    row("oscarkv_int2_prefix", e.us);
+    row("sdpa_bf16_cudnn", e.sdpa_cudnn_us);
+    row("sdpa_bf16_flash", e.sdpa_flash_us);
+    row("sdpa_bf16_efficient", e.sdpa_efficient_us);
   }
   for (const auto& q : r.quant) {
     s += absl::StrFormat("quantize,%s,1,0,%.3f,%.0f,%.1f,%.1f,%.4f,0\n", q.name, q.us, q.bytes,
@@ -191,8 +211,18 @@ std::string FormatJson(const KernelBenchReport& r) {
                              {"fraction_of_copy", Ratio(Gbps(q.bytes, q.us), r.copy_gbps)}});
   }
   for (const auto& e : r.extend) {
-    j["extend"].push_back({{"prefix", e.prefix}, {"new_tokens", e.new_tokens}, {"us", e.us},
-                           {"tflops", e.us > 0 ? e.flops / (e.us * 1e-6) / 1e12 : 0.0}});
+    auto tf = [&](double us) { return us > 0 ? e.flops / (us * 1e-6) / 1e12 : 0.0; };
+    j["extend"].push_back({{"B", e.batch}, {"prefix", e.prefix}, {"new_tokens", e.new_tokens}, {"us", e.us},
+                           {"tflops", tf(e.us)}, {"tensor_cores", e.tensor_cores},
+                           {"sdpa_cudnn_us", e.sdpa_cudnn_us}, {"sdpa_flash_us", e.sdpa_flash_us},
+                           {"sdpa_efficient_us", e.sdpa_efficient_us}, {"sdpa_best_us", e.best_sdpa_us()},
+                           {"vs_best_sdpa", Ratio(e.best_sdpa_us(), e.us)}, {"vs_sdpa_flash", Ratio(e.sdpa_flash_us, e.us)},
+                           {"sdpa_how", e.sdpa_how}});
+    if (e.batch == 1 && e.prefix == 32768 && e.new_tokens == 512) {
+      j["extend_vs_best_sdpa_32k_512"] = Ratio(e.best_sdpa_us(), e.us);
+      j["extend_vs_sdpa_flash_32k_512"] = Ratio(e.sdpa_flash_us, e.us);
+      j["extend_tflops_32k_512"] = tf(e.us);
+    }
   }
   if (!r.sdpa_error.empty()) j["sdpa_error"] = r.sdpa_error;
   return j.dump(2);

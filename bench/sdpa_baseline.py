@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
-"""BF16 decode-attention baseline: PyTorch SDPA with enable_gqa=True at Qwen3-8B shape.
+"""BF16 attention baselines: PyTorch SDPA at Qwen3-8B shape (32 query heads, 8 KV heads, d=128).
 
-Prints one JSON object per shape on stdout: {"B", "L", "sdpa_us", "bytes", "samples"}.
+Decode (--shapes BxL,...): one query token, enable_gqa=True; one JSON object per shape on stdout:
+{"B", "L", "sdpa_us", "bytes", "samples"}.
+Extend / chunked prefill (--extend BxPxC,...): C new tokens per sequence over P cached tokens,
+dense BF16 K/V of P + C tokens, new token i attending to the P prefix tokens and new tokens
+0..i (the causal mask aligned to the bottom right; plain causal when P = 0). Every backend that
+runs (cuDNN, flash, memory-efficient) is timed; one JSON object per (shape, backend):
+{"extend": [B, P, C], "backend", "us", "how", "max_diff"} or {"extend", "backend", "error"}.
 Timing: CUDA events around a batch of back-to-back calls, median over samples (the same method
 as oscarkv's kernel bench, which runs this script in the same device call).
 """
@@ -30,9 +36,75 @@ def time_batch(fn, reps, samples):
     return statistics.median(out)
 
 
+def extend_rows(args, dev):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    backends = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    for spec in args.extend.split(","):
+        b, p, c = (int(x) for x in spec.split("x"))
+        n = p + c
+        q = torch.randn(b, args.q_heads, c, args.head_dim, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(b, args.kv_heads, n, args.head_dim, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(b, args.kv_heads, n, args.head_dim, device=dev, dtype=torch.bfloat16)
+        rep = args.q_heads // args.kv_heads
+        expanded = {}
+
+        def kv(gqa):
+            if gqa:
+                return k, v
+            if not expanded:
+                expanded["k"] = k.repeat_interleave(rep, dim=1)
+                expanded["v"] = v.repeat_interleave(rep, dim=1)
+            return expanded["k"], expanded["v"]
+
+        # Formulations of the same mask, tried in turn per backend (the first that runs is timed).
+        forms = []
+        if p == 0:
+            forms += [("is_causal+gqa", True, lambda kk, vv: F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=True)),
+                      ("is_causal", False, lambda kk, vv: F.scaled_dot_product_attention(q, kk, vv, is_causal=True))]
+        bias = causal_lower_right(c, n)
+        forms += [("causal_lower_right+gqa", True, lambda kk, vv: F.scaled_dot_product_attention(q, kk, vv, attn_mask=bias, enable_gqa=True)),
+                  ("causal_lower_right", False, lambda kk, vv: F.scaled_dot_product_attention(q, kk, vv, attn_mask=bias))]
+        mask = None
+        if c * n <= (1 << 28):
+            mask = torch.ones(c, n, dtype=torch.bool, device=dev).tril(diagonal=p)
+            forms += [("bool_mask+gqa", True, lambda kk, vv: F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)),
+                      ("bool_mask", False, lambda kk, vv: F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask))]
+        ref = None
+        for name, backend in backends:
+            err = None
+            for how, gqa, f in forms:
+                try:
+                    kk, vv = kv(gqa)
+                    with sdpa_kernel([backend]):
+                        out = f(kk, vv)
+                        torch.cuda.synchronize()
+                        single = time_batch(lambda: f(kk, vv), 2, 2)
+                        reps = max(2, min(50, int(20000.0 / max(single, 1.0))))
+                        us = time_batch(lambda: f(kk, vv), reps, max(5, args.samples // 3))
+                except Exception as e:  # noqa: BLE001 - a backend that does not run this form
+                    err = f"{how}: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                    continue
+                diff = 0.0 if ref is None else float((out.float() - ref).abs().max())
+                if ref is None:
+                    ref = out.float()
+                print(json.dumps({"extend": [b, p, c], "backend": name, "us": us, "how": how,
+                                  "max_diff": diff}), flush=True)
+                err = None
+                break
+            if err is not None:
+                print(json.dumps({"extend": [b, p, c], "backend": name, "error": err}), flush=True)
+            torch.cuda.empty_cache()
+        del q, k, v, ref, mask, expanded
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="1x32768,1x100000,8x32768,32x32768")
+    ap.add_argument("--extend", default="", help="BxPxC list: extend baselines instead of decode")
     ap.add_argument("--q-heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
@@ -40,6 +112,9 @@ def main():
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = torch.device("cuda")
+    if args.extend:
+        extend_rows(args, dev)
+        return 0
     for spec in args.shapes.split(","):
         b, l = (int(x) for x in spec.split("x"))
         q = torch.randn(b, args.q_heads, 1, args.head_dim, device=dev, dtype=torch.bfloat16)
