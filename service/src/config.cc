@@ -49,7 +49,7 @@ server:
 ucx:
   enabled: true                 # UCX data plane (GetDataPlane); false = off
   tls: tcp                      # UCX_TLS: tcp, shm (posix/sysv/cma), rc,ud, ...
-  net_devices: ""               # UCX_NET_DEVICES; empty = all, "lo" = loopback only
+  net_devices: ""               # UCX_NET_DEVICES; "" = the listen address's interface, all = every one
 )");
   return *yaml;
 }
@@ -312,9 +312,11 @@ Args MakeArgs() {
       .Option("ucx", "", "UCX data plane on|off (default on; off: GetDataPlane answers "
                          "FAILED_PRECONDITION)")
       .Option("ucx-tls", "", "UCX_TLS of the data plane: tcp, shm, rc,ud, ... (default tcp)")
-      .Option("ucx-net-devices", "", "UCX_NET_DEVICES of the data plane (default: all)")
+      .Option("ucx-net-devices", "", "UCX_NET_DEVICES of the data plane, or all (default: the "
+                                     "interface of the --listen address; all for 0.0.0.0)")
       .Option("log-level", "", "debug|info|warn|error (default info)")
       .Flag("print-default-config", "print the embedded default YAML config and exit")
+      .Flag("version", "print the version and exit")
       .Epilog(
           "When ready, prints one line to stdout:\n"
           "  oscarkvd ready listen=HOST:PORT metrics=HOST:PORT|off shm=/dev/shm/NAME pool_bytes=N "
@@ -343,6 +345,7 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
   }
   if (args.help_requested()) return CommandLineAction::kHelp;
   if (args.flag("print-default-config")) return CommandLineAction::kPrintDefaultConfig;
+  if (args.flag("version")) return CommandLineAction::kVersion;
   if (!args.positional().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("unexpected argument '", args.positional()[0], "' (see --help)"));

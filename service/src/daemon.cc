@@ -119,15 +119,28 @@ class MetricsServer {
     server_.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("ok\n", "text/plain");
     });
+    // cpp-httplib sets SO_REUSEPORT by default, so a second daemon would share a taken port and
+    // scrapes would alternate between the two: bind exclusively (SO_REUSEADDR only lets a
+    // restarted daemon reuse the port while old connections sit in TIME_WAIT).
+    server_.set_socket_options([](socket_t fd) {
+      int yes = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    });
     int port = addr.port;
+    errno = 0;
     if (port == 0) {
       port = server_.bind_to_any_port(addr.host);
       if (port <= 0) {
-        return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", addr.host));
+        return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", addr.host, ": ",
+                                                   std::strerror(errno)));
       }
     } else if (!server_.bind_to_port(addr.host, port)) {
-      return absl::UnavailableError(
-          absl::StrCat("metrics: cannot bind ", addr.ToGrpc(), " (in use? try --metrics-listen)"));
+      const int err = errno;
+      return absl::UnavailableError(absl::StrCat(
+          "metrics: cannot listen on ", addr.ToGrpc(), ": ",
+          err == EADDRINUSE ? absl::StrCat("port ", port, " is already in use (another oscarkvd?)")
+                            : std::string(err != 0 ? std::strerror(err) : "bind failed"),
+          "; choose another with --metrics-listen HOST:PORT, or --metrics-listen off"));
     }
     thread_ = std::thread([this] { server_.listen_after_bind(); });
     return port;
@@ -224,11 +237,14 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   if (config.ucx) {
     UcxDataPlaneOptions dpo;
     dpo.tls = config.ucx_tls;
-    dpo.net_devices = config.ucx_net_devices;
+    // Only the interfaces the control plane listens on, unless configured otherwise.
+    auto devices = DataPlaneNetDevices(config.ucx_net_devices, *listen);
+    if (devices.ok()) dpo.net_devices = *devices;
     dpo.pool_base = pool->get()->arena().base();
     dpo.pool_bytes = pool->get()->arena().size();
     dpo.shm_path = pool->get()->arena().shm_path();  // shared file: isolated data-plane process
-    auto dp = UcxDataPlane::Start(dpo);
+    auto dp = devices.ok() ? UcxDataPlane::Start(dpo)
+                           : absl::StatusOr<std::unique_ptr<UcxDataPlane>>(devices.status());
     if (dp.ok()) {
       data_plane = std::move(*dp);
       UcxDataPlane* d = data_plane.get();

@@ -214,6 +214,20 @@ void LocalControlServer::Run(Worker* w) {
   }
 }
 
+namespace {
+// One error frame (id 0, as for a refused frame) to a peer about to be closed, so it learns why
+// instead of reading EOF. Best effort: the socket is new, its buffer empty, the frame small.
+void SendRefusal(int fd, const absl::Status& s) {
+  local::ResponseHeader h;
+  h.code = static_cast<uint32_t>(s.code());
+  const absl::string_view text = s.message().substr(0, 1024);
+  h.message_bytes = static_cast<uint32_t>(text.size());
+  std::string frame(reinterpret_cast<const char*>(&h), sizeof(h));
+  frame.append(text.data(), text.size());
+  (void)::send(fd, frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+}  // namespace
+
 void LocalControlServer::Accept() {
   for (;;) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -230,6 +244,9 @@ void LocalControlServer::Accept() {
         (cred.uid != 0 && cred.uid != ::geteuid())) {
       LogEvent(LogLevel::kWarn, "local_socket_peer_refused",
                {{"uid", absl::StrCat(cred.uid)}, {"pid", absl::StrCat(cred.pid)}});
+      SendRefusal(fd, absl::PermissionDeniedError(absl::StrCat(
+                          "uid ", cred.uid, " may not use this socket (only root and the "
+                          "daemon's uid ", ::geteuid(), " may); use the gRPC address")));
       ::close(fd);
       continue;
     }
@@ -237,6 +254,9 @@ void LocalControlServer::Accept() {
       LogEvent(LogLevel::kWarn, "local_socket_buffer_too_small",
                {{"need_bytes", absl::StrCat(local::kMaxFrameBytes)},
                 {"hint", "raise net.core.wmem_max; clients fall back to gRPC"}});
+      SendRefusal(fd, absl::FailedPreconditionError(
+                          "the daemon's kernel grants too small a socket buffer for the local "
+                          "socket (raise net.core.wmem_max); use the gRPC address"));
       ::close(fd);
       continue;
     }

@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
     std::fputs(CommandLineHelp().c_str(), stdout);
     return 0;
   }
+  if (*action == CommandLineAction::kVersion) {
+    std::printf("oscarkvd %s\n", OSCARKV_VERSION);
+    return 0;
+  }
   if (*action == CommandLineAction::kPrintDefaultConfig) {
     std::fputs(DefaultConfigYaml().c_str(), stdout);
     return 0;

@@ -77,7 +77,7 @@ absl::StatusOr<ListenAddress> ParseListenAddress(const std::string& text, bool a
 
 // Parses oscarkvd's command line into *config (after defaults and --config). Returns
 // kHelp / kPrintDefault actions, or an error naming the bad flag.
-enum class CommandLineAction { kRun, kHelp, kPrintDefaultConfig };
+enum class CommandLineAction { kRun, kHelp, kPrintDefaultConfig, kVersion };
 absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, DaemonConfig* config);
 std::string CommandLineHelp();
 
