@@ -10,7 +10,7 @@ PACKAGES=(
   libabsl-dev libssl-dev libxxhash-dev nlohmann-json3-dev libyaml-cpp-dev libeigen3-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libucx-dev ucx-utils librocksdb-dev libcpp-httplib-dev iproute2 python3
+  libucx-dev ucx-utils librocksdb-dev libcpp-httplib-dev iproute2 python3 python3-venv
 )
 
 if [[ "${OSCARKV_SKIP_APT:-0}" != 1 ]]; then
@@ -31,6 +31,21 @@ fi
 
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${OSCARKV_JOBS:-$(nproc)}
+
+# The deployment check (deploy/chart_check.py, ctest deploy_chart_test): Helm's template engine
+# (helm-python-sdk: the Helm Go SDK as a library; no helm binary is packaged for Debian or PyPI)
+# and the Kubernetes API schemas (kubernetes-validate), from PyPI into $BUILD_DIR/deploy-venv.
+# OSCARKV_SKIP_DEPLOY_TOOLS=1 skips it (the container image build does).
+if [[ "${OSCARKV_SKIP_DEPLOY_TOOLS:-0}" != 1 ]]; then
+  VENV="$BUILD_DIR/deploy-venv"
+  if ! "$VENV/bin/python" -c "import helm_python, kubernetes_validate" 2>/dev/null; then
+    echo "==> installing the deployment check tools into $VENV"
+    mkdir -p "$BUILD_DIR"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check \
+      helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
+  fi
+fi
 echo "==> configuring ${BUILD_DIR} (Release)"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${OSCARKV_CMAKE_ARGS:-}
 echo "==> building with ${JOBS} jobs"

@@ -1,0 +1,55 @@
+{{/* Chart name, at most 63 characters. */}}
+{{- define "oscarkv.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Object name: the release name, plus the chart name when the release name lacks it. */}}
+{{- define "oscarkv.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "oscarkv.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "oscarkv.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: cache-daemon
+{{- end -}}
+
+{{- define "oscarkv.labels" -}}
+{{ include "oscarkv.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The address the daemon listens on: the node's IP via the downward API, or a literal. */}}
+{{- define "oscarkv.listenHost" -}}
+{{- if eq .Values.listenHost "hostIP" -}}$(HOST_IP){{- else -}}{{ .Values.listenHost }}{{- end -}}
+{{- end -}}
+
+{{/* The daemon configuration file (oscarkvd.yaml). */}}
+{{- define "oscarkv.config" -}}
+# oscarkvd configuration, rendered by the oscarkv Helm chart from .Values.config.
+# listen and metrics_listen come from the DaemonSet's flags (the node's IP).
+{{ toYaml .Values.config }}
+{{- if .Values.tls.enabled }}
+tls:
+  cert: /etc/oscarkv/tls/tls.crt
+  key: /etc/oscarkv/tls/tls.key
+{{- if .Values.tls.clientCA }}
+  client_ca: /etc/oscarkv/tls/ca.crt
+{{- end }}
+{{- end }}
+{{- if .Values.tenantsEnabled }}
+tenants:
+{{ toYaml .Values.tenants | indent 2 }}
+{{- end }}
+{{- end -}}
