@@ -19,7 +19,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
 #include "oscarkv/util/status_macros.h"
 #ifdef OSCARKV_PD_HAS_NCCL
 #include <nccl.h>
@@ -28,7 +27,6 @@
 namespace oscarkv::pd::gpu {
 namespace {
 
-using Json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 double MsSince(Clock::time_point t0) {
@@ -58,17 +56,7 @@ std::string ToHex(const T& v) {
 }
 template <typename T>
 absl::Status FromHex(const std::string& hex, T* out, const char* what) {
-  auto digit = [](char c) {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-  };
-  if (hex.size() != 2 * sizeof(T)) return absl::DataLossError(absl::StrCat("hello: bad ", what));
-  auto* b = reinterpret_cast<uint8_t*>(out);
-  for (size_t i = 0; i < sizeof(T); ++i) {
-    const int hi = digit(hex[2 * i]), lo = digit(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return absl::DataLossError(absl::StrCat("hello: bad ", what));
-    b[i] = static_cast<uint8_t>(hi * 16 + lo);
-  }
-  return absl::OkStatus();
+  return DecodeHexInto(hex, std::span<uint8_t>(reinterpret_cast<uint8_t*>(out), sizeof(T)), what);
 }
 
 // A pending frame during a transfer can only be the peer's kError; EOF means it died.
@@ -274,7 +262,9 @@ absl::StatusOr<ServeStats> Serve(int fd, std::vector<HostRequest> requests, cons
   Stream stream;
   OSCARKV_CUDA(cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
   std::vector<std::unique_ptr<Served>> served;
-  Json hello = {{"device", o.device}, {"pid", ::getpid()}, {"requests", Json::array()}};
+  HelloFrame hello;
+  hello.device = o.device;
+  hello.pid = ::getpid();
   const auto t0 = Clock::now();
   for (HostRequest& r : requests) {
     auto s = std::make_unique<Served>();
@@ -293,8 +283,8 @@ absl::StatusOr<ServeStats> Serve(int fd, std::vector<HostRequest> requests, cons
     cudaIpcEventHandle_t eh;
     OSCARKV_CUDA(cudaIpcGetMemHandle(&mh, s->buffer.ptr));
     OSCARKV_CUDA(cudaIpcGetEventHandle(&eh, s->ready.e));
-    hello["requests"].push_back(
-        {{"layout", EncodeLayout(s->layout)}, {"ipc_mem", ToHex(mh)}, {"ipc_event", ToHex(eh)}});
+    hello.requests.push_back(
+        {.layout = EncodeLayout(s->layout), .ipc_mem = ToHex(mh), .ipc_event = ToHex(eh)});
     served.push_back(std::move(s));
   }
   stats.upload_ms = MsSince(t0);
@@ -303,12 +293,12 @@ absl::StatusOr<ServeStats> Serve(int fd, std::vector<HostRequest> requests, cons
   ncclUniqueId id{};
   if (o.nccl) {
     OSCARKV_RETURN_IF_ERROR(Nccl(ncclGetUniqueId(&id), nullptr, "ncclGetUniqueId"));
-    hello["nccl_id"] = ToHex(id);
+    hello.nccl_id = ToHex(id);
   }
 #else
   if (o.nccl) return absl::UnimplementedError("this build has no NCCL");
 #endif
-  OSCARKV_RETURN_IF_ERROR(SendMessage(fd, MsgType::kHello, hello.dump(), o.timeout_ms));
+  OSCARKV_RETURN_IF_ERROR(SendMessage(fd, MsgType::kHello, EncodeHello(hello), o.timeout_ms));
   MaybeDie(o.die_at, "hello", "prefill");
 #ifdef OSCARKV_PD_HAS_NCCL
   if (o.nccl) {
@@ -326,12 +316,9 @@ absl::StatusOr<ServeStats> Serve(int fd, std::vector<HostRequest> requests, cons
     if (m.type != MsgType::kWant) {
       return absl::DataLossError(absl::StrCat("unexpected '", MsgTypeName(m.type), "' frame"));
     }
-    const Json w = Json::parse(m.body, nullptr, false);
-    if (w.is_discarded() || !w.contains("request") || !w.contains("mechanism")) {
-      return absl::DataLossError("bad 'want' frame");
-    }
-    const std::string name = w["request"].get<std::string>();
-    const std::string mech = w["mechanism"].get<std::string>();
+    OSCARKV_ASSIGN_OR_RETURN(WantFrame w, ParseWant(m.body));
+    const std::string& name = w.request;
+    const std::string& mech = w.mechanism;
     Served* s = nullptr;
     for (auto& x : served) {
       if (x->layout.name == name) s = x.get();
@@ -397,22 +384,19 @@ absl::StatusOr<DecodeStats> Decode(int fd, const CodecProfile& profile, const De
   OSCARKV_CUDA(cudaEventCreate(&e1.e));
 
   OSCARKV_ASSIGN_OR_RETURN(Message hm, Expect(fd, MsgType::kHello, o.timeout_ms));
-  const Json hello = Json::parse(hm.body, nullptr, false);
-  if (hello.is_discarded() || !hello.contains("requests")) {
-    return absl::DataLossError("bad hello frame");
-  }
+  OSCARKV_ASSIGN_OR_RETURN(const HelloFrame hello, ParseHello(hm.body));
   std::vector<std::unique_ptr<Remote>> remotes;
   uint64_t max_bytes = 0;
-  for (const Json& r : hello["requests"]) {
+  for (const HelloRequest& r : hello.requests) {
     auto x = std::make_unique<Remote>();
-    OSCARKV_ASSIGN_OR_RETURN(x->layout, DecodeLayout(r.at("layout").get<std::string>()));
+    OSCARKV_ASSIGN_OR_RETURN(x->layout, DecodeLayout(r.layout));
     if (x->layout.codec_id != profile.Id().Hex()) {
       return absl::FailedPreconditionError(
           absl::StrCat("request '", x->layout.name, "' was written under codec ",
                        x->layout.codec_id, ", this decoder uses ", profile.Id().Hex()));
     }
-    OSCARKV_RETURN_IF_ERROR(FromHex(r.at("ipc_mem").get<std::string>(), &x->mem, "ipc_mem"));
-    OSCARKV_RETURN_IF_ERROR(FromHex(r.at("ipc_event").get<std::string>(), &x->event, "ipc_event"));
+    OSCARKV_RETURN_IF_ERROR(FromHex(r.ipc_mem, &x->mem, "ipc_mem"));
+    OSCARKV_RETURN_IF_ERROR(FromHex(r.ipc_event, &x->event, "ipc_event"));
     max_bytes = std::max(max_bytes, x->layout.total_bytes);
     remotes.push_back(std::move(x));
   }
@@ -427,11 +411,11 @@ absl::StatusOr<DecodeStats> Decode(int fd, const CodecProfile& profile, const De
 #ifdef OSCARKV_PD_HAS_NCCL
   Communicator comm;
   if (want_nccl) {
-    if (!hello.contains("nccl_id")) {
+    if (hello.nccl_id.empty()) {
       return absl::FailedPreconditionError("the prefill side did not set up NCCL");
     }
     ncclUniqueId id;
-    OSCARKV_RETURN_IF_ERROR(FromHex(hello["nccl_id"].get<std::string>(), &id, "nccl_id"));
+    OSCARKV_RETURN_IF_ERROR(FromHex(hello.nccl_id, &id, "nccl_id"));
     const auto t0 = Clock::now();
     OSCARKV_RETURN_IF_ERROR(comm.Init(id, /*rank=*/1, fd, o.timeout_ms));
     stats.nccl_init_ms = MsSince(t0);
@@ -482,8 +466,8 @@ absl::StatusOr<DecodeStats> Decode(int fd, const CodecProfile& profile, const De
           OSCARKV_CUDA(cudaEventRecord(e1.e, stream.s));
           OSCARKV_RETURN_IF_ERROR(WaitStream(stream.s, fd, deadline, "cudaMemcpyPeerAsync"));
         } else {
-          const Json want = {{"request", x->layout.name}, {"mechanism", mech}};
-          OSCARKV_RETURN_IF_ERROR(SendMessage(fd, MsgType::kWant, want.dump(), o.timeout_ms));
+          const std::string want = EncodeWant({.request = x->layout.name, .mechanism = mech});
+          OSCARKV_RETURN_IF_ERROR(SendMessage(fd, MsgType::kWant, want, o.timeout_ms));
           OSCARKV_RETURN_IF_ERROR(Expect(fd, MsgType::kOffer, o.timeout_ms).status());
           if (mech == "ipc") {
             OSCARKV_CUDA(cudaStreamWaitEvent(stream.s, x->ready.e, 0));

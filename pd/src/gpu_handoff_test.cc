@@ -113,6 +113,89 @@ TEST(GpuChannelTest, RejectsBadFrames) {
   }
 }
 
+// Frames a peer process could send: each malformed body is a DATA_LOSS naming
+// what is wrong, never an exception (the frames cross the real socket first, as
+// in the handoff).
+absl::Status ParseOverSocket(MsgType type, const std::string &body) {
+  Pair p;
+  if (absl::Status s = SendMessage(p.a(), type, body, 1000); !s.ok()) return s;
+  auto m = RecvMessage(p.b(), 1000);
+  if (!m.ok()) return m.status();
+  return type == MsgType::kHello ? ParseHello(m->body).status() : ParseWant(m->body).status();
+}
+
+TEST(GpuFramesTest, HelloAndWantRoundTrip) {
+  HelloFrame h{.device = 0, .pid = 4242, .requests = {{"{}", "ab", "cd"}}, .nccl_id = "ef01"};
+  auto back = ParseHello(EncodeHello(h));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->pid, 4242);
+  ASSERT_EQ(back->requests.size(), 1u);
+  EXPECT_EQ(back->requests[0].ipc_event, "cd");
+  EXPECT_EQ(back->nccl_id, "ef01");
+  h.nccl_id.clear();
+  back = ParseHello(EncodeHello(h));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->nccl_id.empty());
+  auto w = ParseWant(EncodeWant({.request = "int2", .mechanism = "ipc"}));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->request, "int2");
+  EXPECT_EQ(w->mechanism, "ipc");
+}
+
+TEST(GpuFramesTest, MalformedFramesAreDataLossNotACrash) {
+  const std::string req = R"({"layout":"{}","ipc_mem":"00","ipc_event":"00"})";
+  const struct {
+    MsgType type;
+    std::string body;
+    std::string says;
+  } cases[] = {
+      {MsgType::kWant, "", "not JSON"},
+      {MsgType::kWant, "{\"request\":", "not JSON"},
+      {MsgType::kWant, "[1,2]", "not a JSON object"},
+      {MsgType::kWant, R"({"mechanism":"ipc"})", "missing 'request'"},
+      {MsgType::kWant, R"({"request":"a"})", "missing 'mechanism'"},
+      {MsgType::kWant, R"({"request":7,"mechanism":"ipc"})", "'request' must be a string"},
+      {MsgType::kWant, R"({"request":"a","mechanism":null})", "'mechanism' must be a string"},
+      {MsgType::kHello, "\xff\xfe", "not JSON"},
+      {MsgType::kHello, "\"hello\"", "not a JSON object"},
+      {MsgType::kHello, R"({"pid":1,"requests":[]})", "missing 'device'"},
+      {MsgType::kHello, R"({"device":"0","pid":1,"requests":[]})", "'device' must be an integer"},
+      {MsgType::kHello, R"({"device":-1,"pid":1,"requests":[]})", "'device' is out of range"},
+      {MsgType::kHello, R"({"device":0,"pid":1})", "missing 'requests'"},
+      {MsgType::kHello, R"({"device":0,"pid":1,"requests":{"a":1}})", "must be an array"},
+      {MsgType::kHello, R"({"device":0,"pid":1,"requests":[3]})", "not an object"},
+      {MsgType::kHello, R"({"device":0,"pid":1,"requests":[{"ipc_mem":"00","ipc_event":"00"}]})",
+       "missing 'layout'"},
+      {MsgType::kHello,
+       R"({"device":0,"pid":1,"requests":[{"layout":{},"ipc_mem":"00","ipc_event":"00"}]})",
+       "'layout' must be a string"},
+      {MsgType::kHello, R"({"device":0,"pid":1,"requests":[)" + req + R"(],"nccl_id":12})",
+       "'nccl_id' must be a string"},
+  };
+  for (const auto &c : cases) {
+    const absl::Status s = ParseOverSocket(c.type, c.body);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << c.body << " -> " << s;
+    EXPECT_NE(s.message().find(c.says), std::string_view::npos) << c.body << " -> " << s;
+  }
+  // A well-formed hello whose layout text is garbage fails in DecodeLayout,
+  // also as DATA_LOSS.
+  auto h = ParseHello(R"({"device":0,"pid":1,"requests":[)" + req + "]}");
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(DecodeLayout(h->requests[0].layout).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(GpuFramesTest, HexHandlesAreChecked) {
+  uint8_t out[2];
+  EXPECT_TRUE(DecodeHexInto("0aff", out, "ipc_mem").ok());
+  EXPECT_EQ(out[0], 0x0a);
+  EXPECT_EQ(out[1], 0xff);
+  for (const char *bad : {"0a", "0aff00", "0AFF", "zz00"}) {
+    const absl::Status s = DecodeHexInto(bad, out, "ipc_mem");
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << bad;
+    EXPECT_NE(s.message().find("ipc_mem"), std::string_view::npos) << s;
+  }
+}
+
 CodecProfile Qwen8b() {
   auto p = BuiltinProfile("qwen3-8b");
   EXPECT_TRUE(p.ok());

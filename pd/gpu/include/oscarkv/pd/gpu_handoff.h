@@ -65,6 +65,32 @@ absl::StatusOr<Message> RecvMessage(int fd, int timeout_ms);
 // end (and no unread frame is pending), else OK.
 absl::Status PeerAlive(int fd);
 
+// ---- frame bodies ----------------------------------------------------------------------------
+// The JSON bodies of the hello and want frames. The parsers take bytes from the peer process and
+// never throw: a body that is not JSON, lacks a key or has a value of the wrong type is DATA_LOSS
+// naming the frame and the field.
+struct HelloRequest {
+  std::string layout;     // EncodeLayout text (DecodeLayout checks it)
+  std::string ipc_mem;    // hex of a cudaIpcMemHandle_t
+  std::string ipc_event;  // hex of a cudaIpcEventHandle_t
+};
+struct HelloFrame {
+  int device = 0;
+  int64_t pid = 0;
+  std::vector<HelloRequest> requests;
+  std::string nccl_id;  // hex of an ncclUniqueId; empty when the prefill side set up no NCCL
+};
+struct WantFrame {
+  std::string request;
+  std::string mechanism;
+};
+std::string EncodeHello(const HelloFrame& hello);
+absl::StatusOr<HelloFrame> ParseHello(std::string_view body);
+std::string EncodeWant(const WantFrame& want);
+absl::StatusOr<WantFrame> ParseWant(std::string_view body);
+// Decodes lowercase hex of exactly out.size() bytes; DATA_LOSS naming `what` otherwise.
+absl::Status DecodeHexInto(std::string_view hex, std::span<uint8_t> out, std::string_view what);
+
 // ---- buffer layout ---------------------------------------------------------------------------
 inline constexpr uint64_t kSlotAlignment = 256;
 
