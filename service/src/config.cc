@@ -50,6 +50,11 @@ ucx:
   enabled: true                 # UCX data plane (GetDataPlane); false = off
   tls: tcp                      # UCX_TLS: tcp, shm (posix/sysv/cma), rc,ud, ...
   net_devices: ""               # UCX_NET_DEVICES; "" = the listen address's interface, all = every one
+tier:
+  path: ""                      # SSD tier directory; "" = no tier (evicted pages are dropped)
+  capacity_mb: 0                # page bytes the tier may hold, MiB (LRU beyond); required with a path
+  queue_mb: 64                  # demotion queue bound (evictions wait for room, then drop)
+  sync_writes: false            # fsync every demotion: survives a machine crash, not only kill -9
 )");
   return *yaml;
 }
@@ -120,6 +125,10 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "server.local_socket") return ReadString(v, key, &c->local_socket);
   if (key == "server.local_threads") return ReadUint(v, key, &c->local_threads, 1, 64);
   if (key == "server.local_slice_us") return ReadUint(v, key, &c->local_slice_us, 0, 100000);
+  if (key == "tier.path") return ReadString(v, key, &c->tier_path);
+  if (key == "tier.capacity_mb") return ReadUint(v, key, &c->tier_mb, 0, uint64_t{1} << 40);
+  if (key == "tier.queue_mb") return ReadUint(v, key, &c->tier_queue_mb, 1, 65536);
+  if (key == "tier.sync_writes") return ReadBool(v, key, &c->tier_sync_writes);
   return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "'"));
 }
 
@@ -129,7 +138,7 @@ absl::Status ApplyMap(const YAML::Node& map, const std::string& prefix, DaemonCo
     if (kv.second.IsMap()) {
       if (!prefix.empty()) return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "'"));
       if (key != "pool" && key != "leases" && key != "limits" && key != "server" &&
-          key != "ucx") {
+          key != "ucx" && key != "tier") {
         return absl::InvalidArgumentError(absl::StrCat("unknown section '", key, "'"));
       }
       if (absl::Status s = ApplyMap(kv.second, key + ".", c); !s.ok()) return s;
@@ -245,6 +254,14 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("local_slice_us: ", local_slice_us, " is below 100 (0 = kernel default)"));
   }
+  if (!tier_path.empty() && tier_mb == 0) {
+    return absl::InvalidArgumentError(
+        "tier.capacity_mb (--tier-mb) must be set when tier.path (--tier-path) is");
+  }
+  if (tier_path.empty() && tier_mb != 0) {
+    return absl::InvalidArgumentError(
+        "tier.capacity_mb (--tier-mb) is set but tier.path (--tier-path) is not");
+  }
   if (!cpus.empty()) {
     if (auto l = ParseCpuList(cpus); !l.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("cpus: ", l.status().message()));
@@ -314,6 +331,10 @@ Args MakeArgs() {
       .Option("ucx-tls", "", "UCX_TLS of the data plane: tcp, shm, rc,ud, ... (default tcp)")
       .Option("ucx-net-devices", "", "UCX_NET_DEVICES of the data plane, or all (default: the "
                                      "interface of the --listen address; all for 0.0.0.0)")
+      .Option("tier-path", "", "SSD tier directory: evicted pages are demoted there and survive "
+                               "restarts (default: no tier)")
+      .Option("tier-mb", "", "SSD tier capacity in MiB, LRU beyond it (required with --tier-path)")
+      .Option("tier-queue-mb", "", "demotion queue bound in MiB (default 64)")
       .Option("log-level", "", "debug|info|warn|error (default info)")
       .Flag("print-default-config", "print the embedded default YAML config and exit")
       .Flag("version", "print the version and exit")
@@ -321,7 +342,8 @@ Args MakeArgs() {
           "When ready, prints one line to stdout:\n"
           "  oscarkvd ready listen=HOST:PORT metrics=HOST:PORT|off shm=/dev/shm/NAME pool_bytes=N "
           "local=PATH|off\n"
-          "SIGTERM/SIGINT: stop accepting, drain in-flight RPCs, remove the pool file, exit 0.\n"
+          "SIGTERM/SIGINT: stop accepting, drain in-flight RPCs, demote the pool's pages to the "
+          "SSD tier (when there is one) until --drain-timeout-ms, remove the pool file, exit 0.\n"
           "Logs are key=value lines on stderr. See service/README.md.");
   return a;
 }
@@ -376,6 +398,7 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
   str("ucx-net-devices", &c.ucx_net_devices);
   str("cpus", &c.cpus);
   str("local-socket", &c.local_socket);
+  str("tier-path", &c.tier_path);
   if (args.given("ucx")) {
     const std::string u = args.str("ucx");
     if (u != "on" && u != "off") {
@@ -392,7 +415,9 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
                          num("drain-timeout-ms", &c.drain_timeout_ms, 0, 3600000),
                          num("grpc-threads", &c.grpc_threads, 0, 4096),
                          num("local-threads", &c.local_threads, 1, 64),
-                         num("local-slice-us", &c.local_slice_us, 0, 100000)}) {
+                         num("local-slice-us", &c.local_slice_us, 0, 100000),
+                         num("tier-mb", &c.tier_mb, 1, uint64_t{1} << 40),
+                         num("tier-queue-mb", &c.tier_queue_mb, 1, 65536)}) {
     if (!s.ok()) return s;
   }
   if (absl::Status s = c.Validate(); !s.ok()) return s;

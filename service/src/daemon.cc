@@ -33,6 +33,7 @@
 #include "httplib.h"
 #include "oscarkv/service/log.h"
 #include "oscarkv/service/metrics.h"
+#include "oscarkv/service/tier.h"
 
 namespace oscarkv::service {
 
@@ -229,7 +230,32 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   co.index_shards = config.index_shards;
   co.max_codecs = config.max_codecs;
   co.node_id = config.node_id.empty() ? HostName() : config.node_id;
+  std::unique_ptr<PageTier> tier;  // outlives the cache
   PageCache cache(pool->get(), SystemClock::Default(), co);
+  std::string tier_str = "off";
+  if (!config.tier_path.empty()) {
+    TierOptions to;
+    to.path = config.tier_path;
+    to.capacity_bytes = config.tier_mb << 20;
+    to.queue_bytes = config.tier_queue_mb << 20;
+    to.sync_writes = config.tier_sync_writes;
+    const auto open_start = std::chrono::steady_clock::now();
+    auto t = PageTier::Open(to);
+    if (!t.ok()) return t.status();
+    tier = std::move(*t);
+    if (absl::Status s = cache.AttachTier(tier.get()); !s.ok()) return s;
+    const tiering::TierStats ts = tier->store_stats();
+    LogEvent(LogLevel::kInfo, "tier_open",
+             {{"path", config.tier_path},
+              {"pages", absl::StrCat(ts.pages)},
+              {"bytes", absl::StrCat(ts.used_bytes)},
+              {"capacity_bytes", absl::StrCat(ts.capacity_bytes)},
+              {"codecs", absl::StrCat(cache.codecs())},
+              {"open_ms", absl::StrCat(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - open_start)
+                                           .count())}});
+    tier_str = config.tier_path;
+  }
   Metrics metrics;
   KvCacheService service(&cache, &metrics);
 #ifdef OSCARKV_HAVE_UCX
@@ -351,6 +377,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
             {"huge_pages", huge ? "yes" : "no"},
             {"cuda_registered", cuda ? "yes" : "no"},
             {"node_id", co.node_id},
+            {"tier", tier_str},
             {"max_batch", absl::StrCat(co.max_batch)},
             {"cpus", config.cpus.empty() ? std::string("any") : config.cpus},
             {"ucx", data_plane && data_plane->Info().ok()
@@ -404,6 +431,17 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   // ~10 s in an idle executor's epoll timeout (gRPC 1.51); the process exits right after this
   // function, so the object is deliberately left to the OS.
   (void)server.release();
+  // No call runs any more: what is only in the DRAM pool goes to the SSD tier, as much as fits
+  // before the drain deadline (what does not is lost with the pool, as after kill -9).
+  uint64_t demoted = 0;
+  bool tier_flushed = true;
+  if (tier != nullptr) {
+    const absl::Time deadline =
+        absl::Now() + absl::Milliseconds(config.drain_timeout_ms) -
+        absl::FromChrono(std::chrono::steady_clock::now() - t0);
+    demoted = cache.DemoteAll(deadline);
+    tier_flushed = tier->Flush(deadline);
+  }
   metrics_server.Stop();
   data_plane.reset();
   stop_reaper.Notify();
@@ -421,6 +459,9 @@ absl::Status RunDaemon(const DaemonConfig& config) {
             {"lookups", absl::StrCat(st.lookups())},
             {"hits", absl::StrCat(st.hits())},
             {"evictions", absl::StrCat(st.evictions())},
+            {"tier_pages", absl::StrCat(st.tier_pages())},
+            {"demoted_at_stop", absl::StrCat(demoted)},
+            {"tier_flushed", tier_flushed ? "yes" : "no"},
             {"shm_removed", shm_path}});
   return absl::OkStatus();  // the pool (and its /dev/shm file) goes with `pool`
 }

@@ -1,6 +1,7 @@
 #include "oscarkv/service/metrics.h"
 
 #include "absl/strings/str_cat.h"
+#include "oscarkv/service/tier.h"
 
 namespace oscarkv::service {
 
@@ -148,6 +149,47 @@ std::string Metrics::Render(const PageCache& cache) const {
   Gauge(&out, "oscarkv_pool_free_chunks", "Pool chunks not assigned to any page size.",
         static_cast<int64_t>(ps.chunks_free));
 
+  if (PageTier* tier = cache.tier()) {
+    const tiering::TierStats ts = tier->store_stats();
+    const TierCounters& tc = tier->counters();
+    Gauge(&out, "oscarkv_tier_capacity_bytes", "SSD tier capacity.",
+          static_cast<int64_t>(ts.capacity_bytes));
+    Gauge(&out, "oscarkv_tier_bytes", "Page bytes in the SSD tier.",
+          static_cast<int64_t>(ts.used_bytes));
+    Gauge(&out, "oscarkv_tier_pages", "Pages in the SSD tier.", static_cast<int64_t>(ts.pages));
+    Gauge(&out, "oscarkv_tier_queued_bytes", "Demotions queued, not yet written.",
+          static_cast<int64_t>(tier->queued_bytes()));
+    Counter(&out, "oscarkv_tier_demotions_total", "Evicted pages written to the SSD tier.",
+            tc.demotions.load());
+    Counter(&out, "oscarkv_tier_demoted_bytes_total", "Bytes written to the SSD tier.",
+            tc.demoted_bytes.load());
+    Counter(&out, "oscarkv_tier_demote_drops_total",
+            "Evicted pages not demoted (queue full past its wait, or a write error).",
+            tc.demote_drops.load());
+    Counter(&out, "oscarkv_tier_demote_waits_total",
+            "Evictions that waited for room in the demotion queue.", tc.demote_waits.load());
+    Counter(&out, "oscarkv_tier_promotions_total",
+            "SSD tier pages read back into the pool by a pinning Lookup.", tc.promotions.load());
+    Counter(&out, "oscarkv_tier_promoted_bytes_total", "Bytes promoted from the SSD tier.",
+            tc.promoted_bytes.load());
+    Counter(&out, "oscarkv_tier_hits_total", "SSD tier reads that found a verified page.",
+            tc.hits.load());
+    Counter(&out, "oscarkv_tier_misses_total", "SSD tier reads that found nothing.",
+            tc.misses.load());
+    Counter(&out, "oscarkv_tier_corruptions_total",
+            "SSD tier pages that failed verification (removed, never served).",
+            tc.corruptions.load());
+    Counter(&out, "oscarkv_tier_evictions_total",
+            "SSD tier pages dropped by its LRU to stay under capacity.", ts.evictions);
+    absl::StrAppend(&out,
+                    "# HELP oscarkv_tier_demote_seconds One page write into the SSD tier.\n"
+                    "# TYPE oscarkv_tier_demote_seconds histogram\n");
+    tc.demote_latency.Render("oscarkv_tier_demote_seconds", "", &out);
+    absl::StrAppend(&out,
+                    "# HELP oscarkv_tier_promote_seconds One page read from the SSD tier.\n"
+                    "# TYPE oscarkv_tier_promote_seconds histogram\n");
+    tc.promote_latency.Render("oscarkv_tier_promote_seconds", "", &out);
+  }
   absl::StrAppend(&out,
                   "# HELP oscarkv_rpc_duration_seconds Server-side RPC latency.\n"
                   "# TYPE oscarkv_rpc_duration_seconds histogram\n");

@@ -43,10 +43,6 @@ void SetItem(pb::ItemStatus* st, const absl::Status& s) {
   if (!s.ok()) st->set_message(std::string(s.message()));
 }
 
-std::string KeyHexPrefix(const std::string& bytes) {
-  return HexEncode(reinterpret_cast<const uint8_t*>(bytes.data()), std::min<size_t>(bytes.size(), 16));
-}
-
 pb::PageKind ToProtoKind(PageKind k) {
   return k == PageKind::kInt2 ? pb::PAGE_KIND_INT2 : pb::PAGE_KIND_BF16;
 }
@@ -86,98 +82,6 @@ absl::Status PageCache::CheckBatch(size_t n, const char* what) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const PageCache::Codec*> PageCache::FindCodec(const std::string& codec_id) const {
-  if (codec_id.size() != 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("codec_id must be 16 bytes, got ", codec_id.size()));
-  }
-  const size_t n = num_codecs_.load(std::memory_order_acquire);
-  for (size_t i = 0; i < n; ++i) {
-    if (std::memcmp(codecs_[i]->id.bytes.data(), codec_id.data(), 16) == 0) return codecs_[i].get();
-  }
-  return absl::NotFoundError(absl::StrCat("unknown codec ", KeyHexPrefix(codec_id),
-                                          "; register it with RegisterCodec first"));
-}
-
-absl::Status PageCache::Handshake(const pb::HandshakeRequest& req, pb::HandshakeResponse* resp) {
-  if (req.wire_version() != kWireVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("wire version mismatch: client speaks ", req.wire_version(),
-                     ", this daemon speaks ", kWireVersion, "; upgrade the older side"));
-  }
-  resp->set_wire_version(kWireVersion);
-  resp->set_server_version(kServerVersion);
-  resp->set_node_id(options_.node_id);
-  resp->set_shm_path(pool_->arena().shm_path());
-  resp->set_shm_bytes(resp->shm_path().empty() ? 0 : pool_->arena().size());
-  resp->set_max_batch(options_.max_batch);
-  return absl::OkStatus();
-}
-
-absl::Status PageCache::RegisterCodec(const pb::RegisterCodecRequest& req,
-                                      pb::RegisterCodecResponse* resp) {
-  const pb::CodecProfile& p = req.profile();
-  CodecProfile prof;
-  prof.model_id = p.model_id();
-  prof.model_revision = p.model_revision();
-  prof.num_layers = p.num_layers();
-  prof.num_kv_heads = p.num_kv_heads();
-  prof.tp_rank = p.tp_rank();
-  prof.tp_size = p.tp_size();
-  prof.head_dim = p.head_dim();
-  prof.page_tokens = p.page_tokens();
-  prof.group_size = p.group_size();
-  // 0 (unset in proto3) means the only dtype there is.
-  if (p.scale_dtype() != 0 && p.scale_dtype() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported scale_dtype ", p.scale_dtype(), " (1 = fp16)"));
-  }
-  prof.scale_dtype = ScaleDtype::kFp16;
-  prof.sink_tokens = p.sink_tokens();
-  prof.recent_tokens = p.recent_tokens();
-  if (!p.rotation_digest().empty()) {
-    if (p.rotation_digest().size() != 32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rotation_digest must be 32 bytes or empty, got ", p.rotation_digest().size()));
-    }
-    std::memcpy(prof.rotation_digest.data(), p.rotation_digest().data(), 32);
-  }
-  if (prof.model_id.size() > 1024 || prof.model_revision.size() > 1024) {
-    return absl::InvalidArgumentError("model_id and model_revision are limited to 1024 bytes");
-  }
-  if (absl::Status s = prof.Validate(); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported codec profile: ", s.message()));
-  }
-  const CodecId id = prof.Id();
-  const uint64_t int2 = GeometryFor(prof, PageKind::kInt2).page_bytes();
-  const uint64_t bf16 = GeometryFor(prof, PageKind::kBf16).page_bytes();
-  resp->set_codec_id(std::string(reinterpret_cast<const char*>(id.bytes.data()), 16));
-  resp->set_int2_page_bytes(int2);
-  resp->set_bf16_page_bytes(bf16);
-
-  absl::MutexLock lock(&codec_mu_);
-  const size_t n = num_codecs_.load(std::memory_order_acquire);
-  for (size_t i = 0; i < n; ++i) {
-    if (codecs_[i]->id == id) return absl::OkStatus();
-  }
-  if (n >= std::min<size_t>(kMaxCodecs, options_.max_codecs)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("this daemon already holds ", n, " codecs (max_codecs)"));
-  }
-  auto c = std::make_unique<Codec>();
-  c->index = static_cast<uint32_t>(n);
-  c->id = id;
-  c->id_bytes = resp->codec_id();
-  c->profile = prof;
-  c->page_bytes[1] = int2;
-  c->page_bytes[2] = bf16;
-  c->cls[1] = pool_->SizeClassFor(int2);
-  c->cls[2] = pool_->SizeClassFor(bf16);
-  codecs_[n] = std::move(c);
-  num_codecs_.store(n + 1, std::memory_order_release);
-  return absl::OkStatus();
-}
-
 absl::Status PageCache::Lookup(const pb::LookupRequest& req, pb::LookupResponse* resp) {
   auto codec = FindCodec(req.codec_id());
   if (!codec.ok()) return codec.status();
@@ -193,13 +97,23 @@ absl::Status PageCache::Lookup(const pb::LookupRequest& req, pb::LookupResponse*
   Lease lease;
   if (pin) lease.pages.reserve(req.keys_size());
   IndexKey k{(*codec)->index, {}};
-  int matched = 0;
+  int matched = 0, promoted = -1;
   for (; matched < req.keys_size(); ++matched) {
     std::memcpy(k.key.bytes.data(), req.keys(matched).data(), 16);
     Shard& shard = ShardFor(k);
-    absl::MutexLock lock(&shard.mu);
+    absl::ReleasableMutexLock lock(&shard.mu);
     auto it = shard.map.find(k);
-    if (it == shard.map.end() || !it->second.committed) break;
+    if (it == shard.map.end() || !it->second.committed) {
+      // The prefix may continue in the SSD tier: a probe counts the page without reading it; a
+      // pinning lookup promotes it into the pool first (a page that fails verification there is
+      // a miss, and is removed from the tier).
+      lock.Release();
+      if (tier_ == nullptr || promoted == matched || !InTier(k)) break;
+      if (!pin) continue;
+      if (!Promote(k).ok()) break;
+      promoted = matched--;  // the same key again, now from the pool (once)
+      continue;
+    }
     Entry& e = it->second;
     if (!pin) continue;
     e.referenced = true;
@@ -239,8 +153,9 @@ bool PageCache::EvictOne(SizeClassId want) {
   for (size_t visited = 0; visited < 2 * nshards; ++visited) {
     Shard& shard = shards_[evict_shard_];
     evict_shard_ = (evict_shard_ + 1) % nshards;
-    uint64_t victim = 0;
-    bool found = false;
+    uint64_t victim = 0, victim_bytes = 0;
+    IndexKey victim_key{};
+    bool found = false, victim_in_tier = false;
     {
       absl::MutexLock lock(&shard.mu);
       size_t steps = shard.ring.size();
@@ -264,6 +179,9 @@ bool PageCache::EvictOne(SizeClassId want) {
           continue;
         }
         victim = e.offset;
+        victim_key = key;
+        victim_bytes = e.page_bytes;
+        victim_in_tier = e.in_tier;
         EraseCommittedLocked(shard, it);
         found = true;
         break;
@@ -272,6 +190,7 @@ bool PageCache::EvictOne(SizeClassId want) {
     if (found) {
       SpanInfo span;
       const bool other_class = pool_->SpanOfSlot(victim, &span).ok() && span.cls != want;
+      DemoteEvicted(victim_key, victim, victim_bytes, victim_in_tier);
       pool_->Unref(victim);
       counters_.evictions.fetch_add(1, std::memory_order_relaxed);
       if (other_class) EvictSpanMates(span, victim);
@@ -292,18 +211,22 @@ void PageCache::EvictSpanMates(const SpanInfo& span, uint64_t victim) {
       if (it == key_at_.end()) continue;  // free, reserved, or already gone
       key = it->second;
     }
-    bool evicted = false;
+    bool evicted = false, in_tier = false;
+    uint64_t bytes = 0;
     {
       Shard& shard = ShardFor(key);
       absl::MutexLock lock(&shard.mu);
       auto it = shard.map.find(key);
       if (it != shard.map.end() && it->second.committed && it->second.offset == off &&
           it->second.pins == 0) {
+        bytes = it->second.page_bytes;
+        in_tier = it->second.in_tier;
         EraseCommittedLocked(shard, it);
         evicted = true;
       }
     }
     if (evicted) {
+      DemoteEvicted(key, off, bytes, in_tier);
       pool_->Unref(off);
       counters_.evictions.fetch_add(1, std::memory_order_relaxed);
     }
@@ -381,6 +304,11 @@ absl::Status PageCache::Reserve(const pb::ReserveRequest& req, pb::ReserveRespon
     }
     // Claim the key with a slotless placeholder first: concurrent Reserves of the key converge
     // on whoever inserted it, and no shard lock is held while allocating (which may evict).
+    if (tier_ != nullptr && InTier(k)) {
+      SetItem(out->mutable_status(), absl::AlreadyExistsError("already stored (in the SSD tier)"));
+      counters_.dedup_rejects.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
     const uint64_t gen = next_gen_.fetch_add(1, std::memory_order_relaxed);
     Shard& shard = ShardFor(k);
     {
@@ -754,6 +682,13 @@ absl::Status PageCache::Delete(const pb::DeleteRequest& req, pb::DeleteResponse*
       pool_->Unref(unref);
       counters_.deletes.fetch_add(1, std::memory_order_relaxed);
     }
+    if (tier_ != nullptr) {  // the tier's copy goes too (outside the shard lock: disk I/O)
+      const absl::Status t = DeleteFromTier(k);
+      if (!drop && t.ok()) {
+        s = absl::OkStatus();
+        counters_.deletes.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
     SetItem(resp->add_results(), s);
   }
   return absl::OkStatus();
@@ -793,6 +728,7 @@ absl::Status PageCache::Clear(const pb::ClearRequest& req, pb::ClearResponse* re
     for (uint64_t off : unref) pool_->Unref(off);
     removed += unref.size();
   }
+  if (tier_ != nullptr) removed += ClearTier(only);
   resp->set_pages_removed(removed);
   return absl::OkStatus();
 }
@@ -813,26 +749,6 @@ size_t PageCache::OpenReservations() const {
     }
   }
   return n;
-}
-
-absl::Status PageCache::Stats(const pb::StatsRequest&, pb::StatsResponse* resp) {
-  resp->set_pool_bytes(pool_->capacity_bytes());
-  resp->set_pool_used_bytes(pool_->bytes_used());
-  resp->set_pages(std::max<int64_t>(0, counters_.pages.load()));
-  resp->set_pinned_pages(std::max<int64_t>(0, counters_.pinned_pages.load()));
-  resp->set_leases(std::max<int64_t>(0, counters_.leases.load()));
-  resp->set_reservations(OpenReservations());
-  resp->set_lookups(counters_.lookups.load());
-  resp->set_hits(counters_.hits.load());
-  resp->set_misses(counters_.misses.load());
-  resp->set_evictions(counters_.evictions.load());
-  resp->set_bytes_written(counters_.bytes_written.load());
-  resp->set_bytes_read(counters_.bytes_read.load());
-  resp->set_codecs(static_cast<uint32_t>(codecs()));
-  resp->set_node_id(options_.node_id);
-  resp->set_server_version(kServerVersion);
-  resp->set_handles(OpenHandles());
-  return absl::OkStatus();
 }
 
 void PageCache::Reap() {

@@ -12,6 +12,7 @@ struct PageCache::Codec {
   CodecId id;
   std::string id_bytes;
   CodecProfile profile;
+  std::string profile_proto;  // the registration, serialized (persisted in the SSD tier)
   uint64_t page_bytes[3] = {0, 0, 0};  // by PageKind value
   absl::StatusOr<SizeClassId> cls[3] = {absl::UnknownError(""), absl::UnknownError(""),
                                         absl::UnknownError("")};

@@ -49,6 +49,11 @@ struct DaemonConfig {
   bool ucx = true;
   std::string ucx_tls = "tcp";
   std::string ucx_net_devices;
+  // SSD tier (service/README.md "SSD tier"): off when tier_path is "".
+  std::string tier_path;          // directory (RocksDB pages + the codecs file)
+  uint64_t tier_mb = 0;           // page capacity in MiB (required with a path)
+  uint64_t tier_queue_mb = 64;    // demotion queue bound
+  bool tier_sync_writes = false;  // fsync every demotion (survives a machine crash, slower)
 
   // Range and format checks across fields (listen addresses, log level, lease bounds).
   absl::Status Validate() const;

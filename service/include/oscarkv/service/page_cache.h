@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "oscarkv/allocator/page_pool.h"
 #include "oscarkv/kernels/block_key.h"
 #include "oscarkv/kernels/codec_profile.h"
@@ -94,6 +95,8 @@ class ReadPlan {
   std::vector<uint64_t> offsets_;
 };
 
+class PageTier;
+
 class PageCache {
  public:
   // `pool` and `clock` must outlive the cache.
@@ -125,6 +128,18 @@ class PageCache {
 
   // Expires leases and reservations whose deadline has passed (the reaper thread calls this).
   void Reap();
+
+  // The SSD tier (tier.h), before the cache serves anything; `tier` must outlive the cache.
+  // Re-registers the codecs the tier persisted (a restart), then: evicted pages are demoted to
+  // the tier instead of dropped; a pinning Lookup whose matched prefix continues into the tier
+  // promotes those pages into the pool first (a non-pinning Lookup counts them without reading
+  // them); Reserve answers ALREADY_EXISTS for a key in the tier; Delete and Clear remove tier
+  // pages too; every new codec registration is persisted.
+  absl::Status AttachTier(PageTier* tier);
+  // SIGTERM: queues every committed pool page the tier does not hold yet and waits for the
+  // queue to drain, both until `deadline`. Returns the pages written.
+  uint64_t DemoteAll(absl::Time deadline);
+  PageTier* tier() const { return tier_; }
 
   const CacheCounters& counters() const { return counters_; }
   CacheCounters& mutable_counters() { return counters_; }
@@ -159,6 +174,7 @@ class PageCache {
     bool committed = false;
     bool has_slot = false;
     bool referenced = false;  // CLOCK bit
+    bool in_tier = false;     // promoted from the SSD tier (a copy is still there)
   };
   struct alignas(64) Shard {
     absl::Mutex mu;
@@ -206,6 +222,17 @@ class PageCache {
   // unpinned pages sharing its span, so the span's chunks return to the pool for `want`.
   bool EvictOne(SizeClassId want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
   void EvictSpanMates(const SpanInfo& span, uint64_t victim);
+  // Before an evicted page's slot is freed: queue it for the SSD tier (when there is one and it
+  // does not hold the page already).
+  void DemoteEvicted(const IndexKey& key, uint64_t offset, uint64_t page_bytes, bool in_tier);
+  // Reads `key` from the SSD tier into a new committed pool entry. OK when the key is in the
+  // pool afterwards (also when another caller put it there first).
+  absl::Status Promote(const IndexKey& key);
+  bool InTier(const IndexKey& key);
+  // OK when the tier held the key, NOT_FOUND when not.
+  absl::Status DeleteFromTier(const IndexKey& key);
+  // Removes the tier's pages (of codec index `only`, all when < 0); returns how many.
+  uint64_t ClearTier(int64_t only);
   void ReleaseLease(Lease& lease);
   void AbortReservation(Reservation& res, bool expired);
   // Frees item i's slot and key unless it is committed or already released; res.mu held.
@@ -249,6 +276,8 @@ class PageCache {
 
   absl::Mutex evict_mu_;
   size_t evict_shard_ ABSL_GUARDED_BY(evict_mu_) = 0;
+
+  PageTier* tier_ = nullptr;
 };
 
 }  // namespace oscarkv::service

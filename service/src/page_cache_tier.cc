@@ -1,0 +1,191 @@
+// PageCache and the SSD tier (tier.h): demotion of evicted pages, promotion on a pinning
+// Lookup, the tier's part of Delete/Clear, the SIGTERM demotion, and Stats.
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "oscarkv/service/page_cache.h"
+#include "oscarkv/service/tier.h"
+#include "page_cache_internal.h"
+
+namespace oscarkv::service {
+namespace {
+
+int64_t NowNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+absl::Status PageCache::AttachTier(PageTier* tier) {
+  if (tier_ != nullptr) return absl::FailedPreconditionError("a tier is already attached");
+  auto saved = tier->LoadCodecs();
+  if (!saved.ok()) return saved.status();
+  // Registered before tier_ is set, so they are not rewritten one by one.
+  for (const std::string& bytes : *saved) {
+    pb::RegisterCodecRequest req;
+    if (!req.mutable_profile()->ParseFromString(bytes)) {
+      return absl::DataLossError("the SSD tier's codecs file holds an unreadable profile");
+    }
+    pb::RegisterCodecResponse resp;
+    if (absl::Status s = RegisterCodec(req, &resp); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("re-registering a codec the SSD tier holds ",
+                                                 "pages of: ", s.message()));
+    }
+  }
+  tier_ = tier;
+  return absl::OkStatus();
+}
+
+bool PageCache::InTier(const IndexKey& key) {
+  return tier_->Contains({codecs_[key.codec]->id, key.key});
+}
+
+absl::Status PageCache::DeleteFromTier(const IndexKey& key) {
+  return tier_->Delete({codecs_[key.codec]->id, key.key});
+}
+
+uint64_t PageCache::ClearTier(int64_t only) {
+  if (only < 0) return tier_->Clear(nullptr);
+  const CodecId id = codecs_[only]->id;
+  return tier_->Clear(&id);
+}
+
+void PageCache::DemoteEvicted(const IndexKey& key, uint64_t offset, uint64_t page_bytes,
+                              bool in_tier) {
+  if (tier_ == nullptr) return;
+  const tiering::TierKey tk{codecs_[key.codec]->id, key.key};
+  if (in_tier && tier_->Contains(tk)) return;  // its copy is still there
+  // Copies the bytes (or waits for queue room: back-pressure on this eviction) before the
+  // caller frees the slot.
+  tier_->Demote(tk, std::span<const uint8_t>(pool_->Data(offset), page_bytes));
+}
+
+absl::Status PageCache::Promote(const IndexKey& key) {
+  const Codec* codec = codecs_[key.codec].get();
+  const tiering::TierKey tk{codec->id, key.key};
+  const int64_t t0 = NowNanos();
+  std::vector<uint8_t> page;
+  if (absl::Status s = tier_->Read(tk, &page); !s.ok()) return s;  // verified (checksum)
+  auto hdr = ParsePageHeader(page, codec->profile, /*verify_checksum=*/false);
+  const int kind = hdr.ok() ? hdr->kind : 0;
+  if (!hdr.ok() || (kind != 1 && kind != 2) || page.size() != codec->page_bytes[kind]) {
+    (void)tier_->Delete(tk);
+    tier_->mutable_counters().corruptions.fetch_add(1, std::memory_order_relaxed);
+    return absl::DataLossError(absl::StrCat("SSD tier page ", key.key.Hex(),
+                                            " does not fit its codec; removed"));
+  }
+  if (!codec->cls[kind].ok()) return codec->cls[kind].status();
+  // Claim the key with a slotless placeholder (as Reserve does): a concurrent store of the key
+  // is told it is in progress, and no shard lock is held while allocating (which may evict).
+  const uint64_t gen = next_gen_.fetch_add(1, std::memory_order_relaxed);
+  Shard& shard = ShardFor(key);
+  {
+    absl::MutexLock lock(&shard.mu);
+    auto [it, inserted] = shard.map.try_emplace(key);
+    if (!inserted) return absl::OkStatus();  // in the pool already (or being stored)
+    it->second.gen = gen;
+    it->second.kind = static_cast<PageKind>(kind);
+    it->second.page_bytes = page.size();
+  }
+  auto off = AllocateSlot(*codec->cls[kind]);
+  if (off.ok()) std::memcpy(pool_->Data(*off), page.data(), page.size());
+  {
+    absl::MutexLock lock(&shard.mu);
+    auto it = shard.map.find(key);
+    const bool ours = it != shard.map.end() && it->second.gen == gen;
+    if (!off.ok()) {
+      if (ours) shard.map.erase(it);
+      return off.status();
+    }
+    if (!ours) {
+      pool_->Unref(*off);
+      return absl::OkStatus();
+    }
+    Entry& e = it->second;
+    e.offset = *off;
+    e.has_slot = true;
+    e.committed = true;
+    e.token_count = hdr->token_count;
+    e.referenced = true;
+    e.in_tier = true;
+    shard.ring.push_back({key, gen});
+    {
+      absl::MutexLock off_lock(&offsets_mu_);
+      key_at_[*off] = key;
+    }
+  }
+  counters_.pages.fetch_add(1, std::memory_order_relaxed);
+  TierCounters& tc = tier_->mutable_counters();
+  tc.promotions.fetch_add(1, std::memory_order_relaxed);
+  tc.promoted_bytes.fetch_add(page.size(), std::memory_order_relaxed);
+  (void)t0;
+  return absl::OkStatus();
+}
+
+uint64_t PageCache::DemoteAll(absl::Time deadline) {
+  if (tier_ == nullptr) return 0;
+  const uint64_t before = tier_->counters().demotions.load();
+  for (uint32_t s = 0; s < options_.index_shards && absl::Now() < deadline; ++s) {
+    Shard& shard = shards_[s];
+    struct Page {
+      IndexKey key;
+      uint64_t offset, bytes;
+      bool in_tier;
+    };
+    std::vector<Page> pages;
+    {
+      absl::MutexLock lock(&shard.mu);
+      for (const auto& [k, e] : shard.map) {
+        if (!e.committed) continue;
+        pool_->Ref(e.offset);  // keeps the bytes valid while they are copied
+        pages.push_back({k, e.offset, e.page_bytes, e.in_tier});
+      }
+    }
+    for (const Page& p : pages) {
+      if (absl::Now() < deadline) DemoteEvicted(p.key, p.offset, p.bytes, p.in_tier);
+      pool_->Unref(p.offset);
+    }
+  }
+  tier_->Flush(deadline);
+  return tier_->counters().demotions.load() - before;
+}
+
+absl::Status PageCache::Stats(const pb::StatsRequest&, pb::StatsResponse* resp) {
+  resp->set_pool_bytes(pool_->capacity_bytes());
+  resp->set_pool_used_bytes(pool_->bytes_used());
+  resp->set_pages(std::max<int64_t>(0, counters_.pages.load()));
+  resp->set_pinned_pages(std::max<int64_t>(0, counters_.pinned_pages.load()));
+  resp->set_leases(std::max<int64_t>(0, counters_.leases.load()));
+  resp->set_reservations(OpenReservations());
+  resp->set_lookups(counters_.lookups.load());
+  resp->set_hits(counters_.hits.load());
+  resp->set_misses(counters_.misses.load());
+  resp->set_evictions(counters_.evictions.load());
+  resp->set_bytes_written(counters_.bytes_written.load());
+  resp->set_bytes_read(counters_.bytes_read.load());
+  resp->set_codecs(static_cast<uint32_t>(codecs()));
+  resp->set_node_id(options_.node_id);
+  resp->set_server_version(kServerVersion);
+  resp->set_handles(OpenHandles());
+  if (tier_ != nullptr) {
+    const tiering::TierStats ts = tier_->store_stats();
+    const TierCounters& tc = tier_->counters();
+    resp->set_tier_capacity_bytes(ts.capacity_bytes);
+    resp->set_tier_bytes(ts.used_bytes);
+    resp->set_tier_pages(ts.pages);
+    resp->set_tier_demotions(tc.demotions.load());
+    resp->set_tier_promotions(tc.promotions.load());
+    resp->set_tier_hits(tc.hits.load());
+    resp->set_tier_misses(tc.misses.load());
+    resp->set_tier_demote_drops(tc.demote_drops.load());
+    resp->set_tier_corruptions(tc.corruptions.load());
+    resp->set_tier_evictions(ts.evictions);
+    resp->set_tier_queued_bytes(tier_->queued_bytes());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace oscarkv::service

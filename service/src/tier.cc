@@ -1,0 +1,312 @@
+#include "oscarkv/service/tier.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace oscarkv::service {
+namespace {
+
+int64_t NowNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+constexpr char kCodecsMagic[8] = {'O', 'K', 'V', 'C', 'O', 'D', 'E', '1'};
+constexpr size_t kMaxCodecRecord = 1 << 16;
+
+absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::InternalError(absl::StrCat("write ", path, ": ", std::strerror(errno)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PageTier>> PageTier::Open(const TierOptions& options) {
+  if (options.path.empty()) return absl::InvalidArgumentError("tier.path is empty");
+  tiering::RocksDbTierOptions ro;
+  ro.path = (std::filesystem::path(options.path) / "pages").string();
+  ro.capacity_bytes = options.capacity_bytes;
+  ro.sync_writes = options.sync_writes;
+  std::error_code ec;
+  std::filesystem::create_directories(options.path, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create tier directory ", options.path, ": ", ec.message()));
+  }
+  auto store = tiering::OpenRocksDbTierStore(ro);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("SSD tier at ", options.path, ": ", store.status().message(),
+                                     " (another oscarkvd using the same tier.path holds its "
+                                     "lock)"));
+  }
+  return OpenWith(options, *std::move(store));
+}
+
+absl::StatusOr<std::unique_ptr<PageTier>> PageTier::OpenWith(
+    const TierOptions& options, std::unique_ptr<tiering::TierStore> store) {
+  if (options.capacity_bytes == 0) return absl::InvalidArgumentError("tier capacity is zero");
+  if (options.queue_bytes == 0) return absl::InvalidArgumentError("tier queue size is zero");
+  return std::unique_ptr<PageTier>(new PageTier(options, std::move(store)));
+}
+
+PageTier::PageTier(TierOptions options, std::unique_ptr<tiering::TierStore> store)
+    : options_(std::move(options)), store_(std::move(store)) {
+  writer_ = std::thread([this] { WriterLoop(); });
+}
+
+PageTier::~PageTier() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+    work_.SignalAll();
+  }
+  writer_.join();
+}
+
+bool PageTier::Demote(const tiering::TierKey& key, std::span<const uint8_t> page) {
+  if (page.size() > options_.queue_bytes) {
+    counters_.demote_drops.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  // Copy before taking the lock: the caller's slot is freed right after this returns.
+  auto bytes = std::make_shared<const std::vector<uint8_t>>(page.begin(), page.end());
+  absl::MutexLock l(&mu_);
+  if (queued_bytes_ + page.size() > options_.queue_bytes) {
+    counters_.demote_waits.fetch_add(1, std::memory_order_relaxed);
+    const absl::Time deadline = absl::Now() + options_.max_wait;
+    while (queued_bytes_ + page.size() > options_.queue_bytes && !stop_) {
+      if (room_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    if (queued_bytes_ + page.size() > options_.queue_bytes || stop_) {
+      counters_.demote_drops.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+  }
+  const uint64_t seq = ++next_seq_;
+  Pending& p = pending_[key];
+  if (p.bytes != nullptr) queued_bytes_ -= p.bytes->size();  // replaced before it was written
+  p = {seq, std::move(bytes)};
+  queued_bytes_ += page.size();
+  queue_.emplace_back(key, seq);
+  work_.Signal();
+  return true;
+}
+
+void PageTier::WriterLoop() {
+  for (;;) {
+    tiering::TierKey key;
+    uint64_t seq = 0;
+    std::shared_ptr<const std::vector<uint8_t>> bytes;
+    {
+      absl::MutexLock l(&mu_);
+      while (!stop_ && queue_.empty()) work_.Wait(&mu_);
+      if (stop_) return;
+      std::tie(key, seq) = queue_.front();
+      queue_.pop_front();
+      auto it = pending_.find(key);
+      if (it == pending_.end() || it->second.seq != seq) {  // deleted or replaced
+        if (queue_.empty()) drained_.SignalAll();
+        continue;
+      }
+      bytes = it->second.bytes;
+      writing_ = true;
+    }
+    absl::Status s;
+    {
+      absl::MutexLock io(&io_mu_);
+      bool still_wanted;
+      {
+        absl::MutexLock l(&mu_);
+        auto it = pending_.find(key);
+        still_wanted = it != pending_.end() && it->second.seq == seq;
+      }
+      if (still_wanted) {
+        const int64_t t0 = NowNanos();
+        s = store_->Put(key, *bytes);
+        counters_.demote_latency.Observe(NowNanos() - t0);
+      }
+    }
+    if (s.ok()) {
+      counters_.demotions.fetch_add(1, std::memory_order_relaxed);
+      counters_.demoted_bytes.fetch_add(bytes->size(), std::memory_order_relaxed);
+    } else {
+      counters_.demote_drops.fetch_add(1, std::memory_order_relaxed);
+    }
+    absl::MutexLock l(&mu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end() && it->second.seq == seq) {
+      queued_bytes_ -= it->second.bytes->size();
+      pending_.erase(it);
+    }
+    writing_ = false;
+    room_.SignalAll();
+    if (queue_.empty()) drained_.SignalAll();
+  }
+}
+
+bool PageTier::Contains(const tiering::TierKey& key) {
+  {
+    absl::MutexLock l(&mu_);
+    if (pending_.contains(key)) return true;
+  }
+  return store_->Contains(key);
+}
+
+absl::Status PageTier::Read(const tiering::TierKey& key, std::vector<uint8_t>* out) {
+  const int64_t t0 = NowNanos();
+  {
+    absl::MutexLock l(&mu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end()) {
+      out->assign(it->second.bytes->begin(), it->second.bytes->end());  // verified at Commit
+      counters_.hits.fetch_add(1, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+  }
+  absl::Status s = store_->Get(key, out);
+  counters_.promote_latency.Observe(NowNanos() - t0);
+  if (s.ok()) {
+    counters_.hits.fetch_add(1, std::memory_order_relaxed);
+  } else if (absl::IsDataLoss(s)) {
+    counters_.corruptions.fetch_add(1, std::memory_order_relaxed);  // the store removed it
+  } else {
+    counters_.misses.fetch_add(1, std::memory_order_relaxed);
+  }
+  return s;
+}
+
+absl::Status PageTier::Delete(const tiering::TierKey& key) {
+  bool was_pending = false;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end()) {
+      queued_bytes_ -= it->second.bytes->size();
+      pending_.erase(it);
+      was_pending = true;
+      room_.SignalAll();
+    }
+  }
+  absl::MutexLock io(&io_mu_);
+  absl::Status s = store_->Delete(key);
+  if (absl::IsNotFound(s) && was_pending) return absl::OkStatus();
+  return s;
+}
+
+uint64_t PageTier::Clear(const CodecId* codec) {
+  uint64_t removed = 0;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      auto cur = it++;
+      if (codec != nullptr && !(cur->first.codec == *codec)) continue;
+      queued_bytes_ -= cur->second.bytes->size();
+      pending_.erase(cur);
+      ++removed;
+    }
+    room_.SignalAll();
+  }
+  std::vector<tiering::TierKey> keys;
+  store_->ForEachKey([&](const tiering::TierKey& k, uint64_t) {
+    if (codec == nullptr || k.codec == *codec) keys.push_back(k);
+  });
+  absl::MutexLock io(&io_mu_);
+  for (const auto& k : keys) removed += store_->Delete(k).ok();
+  return removed;
+}
+
+bool PageTier::Flush(absl::Time deadline) {
+  absl::MutexLock l(&mu_);
+  while (!queue_.empty() || writing_) {
+    if (drained_.WaitWithDeadline(&mu_, deadline)) break;
+  }
+  return queue_.empty() && !writing_;
+}
+
+uint64_t PageTier::queued_bytes() const {
+  absl::MutexLock l(&mu_);
+  return queued_bytes_;
+}
+
+absl::Status PageTier::SaveCodecs(const std::vector<std::string>& profiles) {
+  absl::MutexLock l(&codecs_mu_);
+  std::string data(kCodecsMagic, sizeof(kCodecsMagic));
+  for (const std::string& p : profiles) {
+    const uint32_t n = static_cast<uint32_t>(p.size());
+    data.append(reinterpret_cast<const char*>(&n), 4);
+    data.append(p);
+  }
+  const std::string path = (std::filesystem::path(options_.path) / "codecs").string();
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("open ", tmp, ": ", std::strerror(errno)));
+  }
+  absl::Status s = WriteAll(fd, data, tmp);
+  if (s.ok() && ::fsync(fd) != 0) {
+    s = absl::InternalError(absl::StrCat("fsync ", tmp, ": ", std::strerror(errno)));
+  }
+  ::close(fd);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = absl::InternalError(absl::StrCat("rename ", tmp, ": ", std::strerror(errno)));
+  }
+  if (s.ok()) {
+    const int dfd = ::open(options_.path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+  }
+  return s;
+}
+
+absl::StatusOr<std::vector<std::string>> PageTier::LoadCodecs() const {
+  absl::MutexLock l(&codecs_mu_);
+  const std::string path = (std::filesystem::path(options_.path) / "codecs").string();
+  std::ifstream in(path, std::ios::binary);
+  std::vector<std::string> out;
+  if (!in) return out;  // a new tier
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string data = ss.str();
+  auto bad = [&](const char* why) {
+    return absl::DataLossError(absl::StrCat(path, " is not a codecs file of this version (", why,
+                                            "); move it away to start the tier without its "
+                                            "codecs"));
+  };
+  if (data.size() < sizeof(kCodecsMagic) ||
+      std::memcmp(data.data(), kCodecsMagic, sizeof(kCodecsMagic)) != 0) {
+    return bad("bad magic");
+  }
+  size_t pos = sizeof(kCodecsMagic);
+  while (pos < data.size()) {
+    uint32_t n = 0;
+    if (data.size() - pos < 4) return bad("truncated");
+    std::memcpy(&n, data.data() + pos, 4);
+    pos += 4;
+    if (n > kMaxCodecRecord || data.size() - pos < n) return bad("truncated record");
+    out.emplace_back(data.substr(pos, n));
+    pos += n;
+  }
+  return out;
+}
+
+}  // namespace oscarkv::service
