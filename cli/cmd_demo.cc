@@ -6,7 +6,8 @@
 //     the client library, registers the codec, stores request A's pages under block keys computed
 //     from its token ids, looks up the prefix request B shares with A, loads those pages, checks
 //     they are byte-identical (and give the same attention), then stops the daemon cleanly.
-//  3. The prefill->decode handoff on the reference model (cmd_pd.cc, `oscarkv pd demo`): two
+//  3. The prefill->decode handoff (cmd_pd.cc, `oscarkv pd demo`) on the reference model, or,
+//     where none is found, on a small random-weight Qwen3-style checkpoint it writes itself: two
 //     daemons on two hosts (network namespaces when possible, else loopback), a prefill process
 //     and a decode process that loads the pages by transfer handle over UCX and continues
 //     generation, compared with a single-process run; bytes moved vs BF16 pages.
@@ -28,8 +29,9 @@
 #if __has_include("oscarkv/pd/workers.h")
 #define OSCARKV_DEMO_HAS_PD 1
 namespace oscarkv::cli {
-// cmd_pd.cc: the P/D handoff with the default codec on a val.txt prompt of the reference model.
-int RunPdDemoSection(uint32_t prompt_bytes, uint32_t tokens);
+// cmd_pd.cc: the P/D handoff with the default codec, on the reference model when found, else
+// (or with random_model) on a random-weight checkpoint in a temporary folder.
+int RunPdDemoSection(uint32_t prompt_bytes, uint32_t tokens, bool random_model);
 }  // namespace oscarkv::cli
 #endif
 
@@ -206,13 +208,18 @@ int RunDemo(int argc, char** argv) {
   Args args("demo",
             "Runs the OSCAR INT2 page codec on a synthetic outlier-channel workload, then starts "
             "oscarkvd and drives it through the client library: store, shared-prefix lookup, "
-            "load, byte-identical check; then (with the reference model) a prefill->decode\n"
-            "handoff through two daemons on two hosts, checked against a single-process run.");
+            "load, byte-identical check; then a prefill->decode handoff through two daemons on two\n"
+            "hosts, checked against a single-process run. The handoff uses the reference model\n"
+            "($OSCARKV_REFMODEL, or ../shared/refmodel) when found, else a small random-weight\n"
+            "Qwen3-style checkpoint written to a temporary folder (gibberish text, same checks).\n"
+            "Exit codes: 0 every check passed, 1 a check or an operation failed, 2 usage.");
   args.Option("tokens", "1024", "sequence length (request A)");
   args.Option("daemon", "", "oscarkvd binary (default: next to this oscarkv, or $OSCARKVD)");
   args.Flag("codec-only", "only the codec part (no daemon)");
 #ifdef OSCARKV_DEMO_HAS_PD
   args.Flag("no-pd", "skip the prefill->decode handoff part (oscarkv pd demo runs it alone)");
+  args.Flag("random-model", "run the handoff on the random-weight checkpoint even when the "
+                            "reference model is found");
 #endif
   if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   auto tokens = args.integer("tokens");
@@ -304,8 +311,8 @@ int RunDemo(int argc, char** argv) {
                                         args.str("daemon"), q, qheads);
 #ifdef OSCARKV_DEMO_HAS_PD
   if (service_rc != 0 || args.flag("no-pd")) return service_rc;
-  std::printf("\n== prefill -> decode handoff through two daemons (reference model) ==\n");
-  return RunPdDemoSection(768, 24);
+  std::printf("\n== prefill -> decode handoff through two daemons ==\n");
+  return RunPdDemoSection(768, 24, args.flag("random-model"));
 #else
   return service_rc;
 #endif

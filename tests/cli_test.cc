@@ -124,6 +124,17 @@ TEST(CliTest, DemoRunsEndToEnd) {
   EXPECT_THAT(r.out, HasSubstr("oscarkvd stopped cleanly"));
 }
 
+// A fresh clone has no trained model: the handoff section runs on a random-weight checkpoint
+// the demo writes itself, and still checks the handoff against a single-process run.
+TEST(CliTest, DemoHandoffOnRandomCheckpoint) {
+  CmdResult r = Oscarkv("demo --random-model --tokens 384");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("a random-weight Qwen3-style checkpoint"));
+  EXPECT_THAT(r.out, HasSubstr("[3/3] decode process"));
+  EXPECT_THAT(r.out, HasSubstr("equal                 : yes"));
+  EXPECT_EQ(r.out.find("skipped"), std::string::npos) << r.out;
+}
+
 TEST(CliTest, BenchServiceJsonHasAcceptanceFields) {
   CmdResult r = Oscarkv("bench service --json --duration-s 0.3 --batch 8 --lookup-keys 8 --pool-mb 64 --rate 1000 --clients 1,4");
   ASSERT_EQ(r.code, 0) << r.err;
