@@ -1,7 +1,8 @@
 // Operator subcommands talking to a running oscarkvd through the client library:
 //   oscarkv stats | health | lookup | evict | clear
-// Each takes --addr (default 127.0.0.1:50051) and --json; when the daemon is down they print one
-// readable line on stderr and exit 1.
+// Each takes --addr (default 127.0.0.1:50051) and --json. Exit codes: 0 ok, 1 the operation
+// failed (the daemon is down or answered an error: one readable line on stderr), 2 usage (a bad
+// flag or flag value, refused before anything is sent).
 #if __has_include("oscarkv/client/client.h")  // built only with the client module
 #include <cstdio>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "oscarkv/client/client.h"
 #include "oscarkv/util/args.h"
+#include "oscarkv/util/host_port.h"
 #include "oscarkv/util/status_macros.h"
 
 namespace oscarkv::cli {
@@ -38,11 +40,42 @@ void AddCodecOptions(Args& a) {
   a.Option("keys", "", "comma-separated 32-hex block keys instead of --tokens-file");
 }
 
-// Parses argv; returns -1 to continue, else the exit code (help / usage error).
-int ParseOrExit(Args& a, int argc, char** argv) {
+// The flag values that can be checked without the daemon; a bad one is a usage error (exit 2).
+absl::Status CheckUsage(const Args& a, bool takes_keys) {
+  HostPortRules dial;
+  dial.allow_port_zero = false;
+  if (auto hp = ParseHostPort(a.str("addr"), dial); !hp.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--addr ", hp.status().message()));
+  }
+  auto t = a.integer("timeout-ms");
+  if (!t.ok()) return t.status();
+  if (*t <= 0) return absl::InvalidArgumentError("--timeout-ms must be > 0");
+  if (a.given("codec")) OSCARKV_RETURN_IF_ERROR(CodecId::FromHex(a.str("codec")).status());
+  if (a.given("shape")) OSCARKV_RETURN_IF_ERROR(BuiltinProfile(a.str("shape")).status());
+  if (!takes_keys) return absl::OkStatus();
+  OSCARKV_ASSIGN_OR_RETURN(int64_t pt, a.integer("page-tokens"));
+  if (pt < 1 || pt > 4096) return absl::InvalidArgumentError("--page-tokens must be 1..4096");
+  if (a.given("keys") == a.given("tokens-file")) {
+    return absl::InvalidArgumentError("give exactly one of --keys HEX,... or --tokens-file FILE");
+  }
+  for (absl::string_view h : absl::StrSplit(a.str("keys"), ',', absl::SkipEmpty())) {
+    if (!BlockKey::FromHex(std::string(h)).ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--keys: '", std::string(h), "' is not a 32-hex block key"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Parses argv; returns -1 to continue, else the exit code (help: 0, usage error: 2).
+int ParseOrExit(Args& a, int argc, char** argv, bool takes_keys = false) {
   if (auto rc = a.ParseOrExitCode(argc, argv)) return *rc;
   if (!a.positional().empty()) {
     std::fprintf(stderr, "unexpected argument '%s'\n\n%s", a.positional()[0].c_str(), a.Help().c_str());
+    return 2;
+  }
+  if (absl::Status s = CheckUsage(a, takes_keys); !s.ok()) {
+    std::fprintf(stderr, "oscarkv %s: %s\n", a.command().c_str(), std::string(s.message()).c_str());
     return 2;
   }
   return -1;
@@ -219,7 +252,7 @@ int RunLookup(int argc, char** argv) {
       "examples:\n"
       "  oscarkv lookup --tokens-file prompt.txt --shape qwen3-8b\n"
       "  oscarkv lookup --keys 5d55a8bf9ffbceec922d5a1b7acc1d7f --codec 4be25704bf3761cb7196d7029b0c67ed");
-  if (int rc = ParseOrExit(a, argc, argv); rc >= 0) return rc;
+  if (int rc = ParseOrExit(a, argc, argv, /*takes_keys=*/true); rc >= 0) return rc;
   auto c = Dial(a);
   if (!c.ok()) return Fail("lookup", c.status());
   auto codec = ResolveCodec(a, **c);
@@ -259,7 +292,7 @@ int RunEvict(int argc, char** argv) {
          "Deletes the given pages from oscarkvd. Pinned pages are deleted once their lease ends.");
   AddCommon(a);
   AddCodecOptions(a);
-  if (int rc = ParseOrExit(a, argc, argv); rc >= 0) return rc;
+  if (int rc = ParseOrExit(a, argc, argv, /*takes_keys=*/true); rc >= 0) return rc;
   auto c = Dial(a);
   if (!c.ok()) return Fail("evict", c.status());
   auto codec = ResolveCodec(a, **c);

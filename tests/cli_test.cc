@@ -21,10 +21,10 @@ struct CmdResult {
   std::string out, err;
 };
 
-// Runs `oscarkv <args>` through the shell, capturing stdout and stderr.
-CmdResult Oscarkv(const std::string& args) {
+// Runs `<binary> <args>` through the shell, capturing stdout and stderr.
+CmdResult RunBinary(const std::string& binary, const std::string& args) {
   const std::string err_path = ::testing::TempDir() + "/cli_err_" + std::to_string(::getpid());
-  const std::string cmd = std::string(OSCARKV_CLI_PATH) + " " + args + " 2>" + err_path;
+  const std::string cmd = binary + " " + args + " 2>" + err_path;
   CmdResult r;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -38,6 +38,11 @@ CmdResult Oscarkv(const std::string& args) {
   std::remove(err_path.c_str());
   return r;
 }
+
+CmdResult Oscarkv(const std::string& args) { return RunBinary(OSCARKV_CLI_PATH, args); }
+CmdResult Oscarkvd(const std::string& args) { return RunBinary(OSCARKVD_PATH, args); }
+
+size_t Lines(const std::string& s) { return std::count(s.begin(), s.end(), '\n'); }
 
 TEST(CliTest, DaemonDownIsOneReadableLineAndExit1) {
   for (const char* cmd : {"health", "stats", "lookup --keys 5d55a8bf9ffbceec922d5a1b7acc1d7f",
@@ -58,6 +63,77 @@ TEST(CliTest, UsageErrors) {
   CmdResult h = Oscarkv("lookup --help");
   EXPECT_EQ(h.code, 0);
   EXPECT_THAT(h.out, HasSubstr("--tokens-file"));
+}
+
+// Exit 2 for what is wrong on the command line, refused before anything is dialled.
+TEST(CliTest, BadFlagValuesAreUsageErrors) {
+  struct Case {
+    const char* args;
+    const char* says;
+  };
+  for (const Case& c : {Case{"stats --addr 127.0.0.1:99999", "1..65535"},
+                        Case{"health --addr 127.0.0.1:0", "1..65535"},
+                        Case{"stats --addr localhost", "expected HOST:PORT"},
+                        Case{"stats --addr ::1:50051", "brackets"},
+                        Case{"stats --timeout-ms 0", "--timeout-ms"},
+                        Case{"lookup --keys nothex", "32-hex block key"},
+                        Case{"lookup --keys 5d55a8bf9ffbceec922d5a1b7acc1d7f --tokens-file x",
+                             "exactly one"},
+                        Case{"evict --shape nosuch --keys 5d55a8bf9ffbceec922d5a1b7acc1d7f",
+                             "nosuch"},
+                        Case{"clear --codec xyz", "32 hex"}}) {
+    CmdResult r = Oscarkv(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.says)) << c.args;
+    EXPECT_EQ(Lines(r.err), 1u) << c.args << ": " << r.err;
+  }
+  EXPECT_EQ(Oscarkv("").code, 2);
+  EXPECT_EQ(Oscarkv("no-such-command").code, 2);
+  EXPECT_EQ(Oscarkv("--help").code, 0);
+}
+
+// The daemon's start-up failures: one readable line, no gRPC core log, the documented codes.
+TEST(CliTest, DaemonStartupErrorsAreOneLine) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  const std::string small = " --pool-mb 8 --local-socket off --ucx off ";
+  CmdResult busy = Oscarkvd("--listen " + daemon->address() + " --metrics-listen off" + small);
+  EXPECT_EQ(busy.code, 1) << busy.err;
+  EXPECT_THAT(busy.err, HasSubstr("cannot listen on " + daemon->address() +
+                                  ": address already in use"));
+  EXPECT_EQ(Lines(busy.err), 1u) << busy.err;
+  // The metrics port taken: the same.
+  CmdResult busy_metrics =
+      Oscarkvd("--listen 127.0.0.1:0 --metrics-listen " + daemon->address() + small);
+  EXPECT_EQ(busy_metrics.code, 1) << busy_metrics.err;
+  EXPECT_THAT(busy_metrics.err, HasSubstr("already in use"));
+  EXPECT_THAT(busy_metrics.err, HasSubstr("--metrics-listen"));
+  EXPECT_EQ(Lines(busy_metrics.err), 1u) << busy_metrics.err;
+
+  for (const char* bad : {"127.0.0.1:99999", "localhost", "not an address", "[::1"}) {
+    CmdResult r = Oscarkvd(std::string("--listen '") + bad + "' --metrics-listen off" + small);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr(bad));
+    EXPECT_EQ(Lines(r.err), 1u) << r.err;
+  }
+  const std::string yaml = ::testing::TempDir() + "/cli_pool_" + std::to_string(::getpid());
+  {
+    std::ofstream f(yaml);
+    f << "listen: 127.0.0.1:0\npool: 64\n";
+  }
+  CmdResult typed = Oscarkvd("--config " + yaml);
+  EXPECT_EQ(typed.code, 2);
+  EXPECT_THAT(typed.err, HasSubstr("pool must be a map"));
+  std::remove(yaml.c_str());
+
+  CmdResult defaults = Oscarkvd("--print-default-config");
+  EXPECT_EQ(defaults.code, 0);
+  CmdResult help = Oscarkvd("--help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_THAT(help.out, HasSubstr("Exit codes"));
+  for (const char* flag : {"--listen", "--pool-mb", "--ucx-net-devices", "--cpus", "--config"}) {
+    EXPECT_THAT(defaults.out, HasSubstr(flag));
+  }
 }
 
 TEST(CliTest, OperatorCommandsAgainstDaemon) {

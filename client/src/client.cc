@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "oscarkv/util/host_port.h"
 #include "oscarkv/util/status_macros.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
 #include "local_channel.h"
@@ -791,6 +792,12 @@ class GrpcClient final : public Client {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& options) {
   if (options.address.empty()) return absl::InvalidArgumentError("empty daemon address");
+  // Refused here, not by gRPC: it wraps ports above 65535 and sends bare words to DNS.
+  HostPortRules dial;
+  dial.allow_port_zero = false;
+  if (auto hp = ParseHostPort(options.address, dial); !hp.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("daemon address ", hp.status().message()));
+  }
   if (options.rpc_timeout_ms <= 0) return absl::InvalidArgumentError("rpc_timeout_ms must be > 0");
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);

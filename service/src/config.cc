@@ -11,15 +11,31 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "oscarkv/util/args.h"
+#include "oscarkv/util/host_port.h"
 #include "yaml-cpp/yaml.h"
 
 namespace oscarkv::service {
 
 const std::string& DefaultConfigYaml() {
-  static const std::string* yaml = new std::string(R"(# oscarkvd configuration (defaults). Flags override these keys: --listen, --metrics-listen,
-# --node-id, --log-level, --pool-mb, --shm-name, --default-lease-ms, --max-lease-ms,
-# --reservation-ttl-ms, --reaper-interval-ms, --max-batch, --drain-timeout-ms, --local-socket,
-# --local-threads, --local-slice-us.
+  static const std::string* yaml = new std::string(R"(# oscarkvd configuration (defaults). `oscarkvd --config FILE` reads a file like this one; a key
+# left out keeps the default shown here. Every command-line flag, and the key it overrides:
+#   --config FILE            this file             --print-default-config  print it and exit
+#   --listen                 listen                --metrics-listen        metrics_listen
+#   --node-id                node_id               --log-level             log_level
+#   --pool-mb                pool.mb               --shm-name              pool.shm_name
+#   --default-lease-ms       leases.default_ms     --max-lease-ms          leases.max_ms
+#   --reservation-ttl-ms     leases.reservation_ttl_ms
+#   --reaper-interval-ms     leases.reaper_interval_ms
+#   --max-batch              limits.max_batch      --drain-timeout-ms      server.drain_timeout_ms
+#   --grpc-threads           server.grpc_threads   --cpus                  server.cpus
+#   --local-socket           server.local_socket   --local-threads         server.local_threads
+#   --local-slice-us         server.local_slice_us
+#   --ucx on|off             ucx.enabled           --ucx-tls               ucx.tls
+#   --ucx-net-devices        ucx.net_devices
+#   --tier-path              tier.path             --tier-mb               tier.capacity_mb
+#   --tier-queue-mb          tier.queue_mb         --version               print the version
+# Keys without a flag: pool.huge_pages, pool.cuda_register, limits.max_message_mb,
+# limits.max_codecs, server.index_shards, tier.sync_writes.
 listen: 127.0.0.1:50051         # gRPC: HOST:PORT (port 0 = any free port) or unix:/path
 metrics_listen: 127.0.0.1:9464  # Prometheus GET /metrics: HOST:PORT (0 = any free port) or off
 node_id: ""                     # reported in Handshake/Stats; "" = the host name
@@ -129,29 +145,48 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "tier.capacity_mb") return ReadUint(v, key, &c->tier_mb, 0, uint64_t{1} << 40);
   if (key == "tier.queue_mb") return ReadUint(v, key, &c->tier_queue_mb, 1, 65536);
   if (key == "tier.sync_writes") return ReadBool(v, key, &c->tier_sync_writes);
-  return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "'"));
+  return absl::NotFoundError(absl::StrCat("unknown key '", key, "'"));  // see ApplyMap
+}
+
+bool IsSection(const std::string& key) {
+  return key == "pool" || key == "leases" || key == "limits" || key == "server" || key == "ucx" ||
+         key == "tier";
+}
+
+const char* NodeKind(const YAML::Node& n) {
+  if (n.IsMap()) return "a map";
+  if (n.IsSequence()) return "a list";
+  if (n.IsNull()) return "empty";
+  return "a single value";
 }
 
 absl::Status ApplyMap(const YAML::Node& map, const std::string& prefix, DaemonConfig* c) {
   for (const auto& kv : map) {
     const std::string key = prefix + kv.first.as<std::string>();
-    if (kv.second.IsMap()) {
-      if (!prefix.empty()) return absl::InvalidArgumentError(absl::StrCat("unknown key '", key, "'"));
-      if (key != "pool" && key != "leases" && key != "limits" && key != "server" &&
-          key != "ucx" && key != "tier") {
-        return absl::InvalidArgumentError(absl::StrCat("unknown section '", key, "'"));
+    const YAML::Mark m = kv.first.Mark();
+    auto at_line = [&](const std::string& msg) {
+      return absl::InvalidArgumentError(absl::StrCat("line ", m.line + 1, ": ", msg));
+    };
+    // A known section must hold a map; a key that is not a section must not.
+    if (prefix.empty() && IsSection(key)) {
+      if (kv.second.IsNull()) continue;  // an empty section changes nothing
+      if (!kv.second.IsMap()) {
+        return at_line(absl::StrCat(key, " must be a map (a section of '", key,
+                                    ".*' keys), not ", NodeKind(kv.second)));
       }
       if (absl::Status s = ApplyMap(kv.second, key + ".", c); !s.ok()) return s;
       continue;
     }
-    if (kv.second.IsSequence()) {
-      return absl::InvalidArgumentError(absl::StrCat(key, ": lists are not accepted here"));
+    DaemonConfig scratch;  // ApplyKey answers NOT_FOUND for a key it does not know
+    if (ApplyKey(key, YAML::Node(""), &scratch).code() == absl::StatusCode::kNotFound) {
+      return at_line(absl::StrCat(kv.second.IsMap() && prefix.empty() ? "unknown section '"
+                                                                      : "unknown key '",
+                                  key, "'"));
     }
-    if (absl::Status s = ApplyKey(key, kv.second, c); !s.ok()) {
-      const YAML::Mark m = kv.first.Mark();
-      return absl::InvalidArgumentError(
-          absl::StrCat("line ", m.line + 1, ": ", s.message()));
+    if (kv.second.IsMap() || kv.second.IsSequence()) {
+      return at_line(absl::StrCat(key, " must be a single value, not ", NodeKind(kv.second)));
     }
+    if (absl::Status s = ApplyKey(key, kv.second, c); !s.ok()) return at_line(std::string(s.message()));
   }
   return absl::OkStatus();
 }
@@ -201,31 +236,16 @@ absl::StatusOr<ListenAddress> ParseListenAddress(const std::string& text, bool a
     a.off = true;
     return a;
   }
-  if (text.rfind("unix:", 0) == 0) {
-    if (!allow_unix) {
-      return absl::InvalidArgumentError(absl::StrCat("'", text, "': unix sockets are not supported here"));
-    }
-    a.unix_path = text.substr(5);
-    if (a.unix_path.empty() || a.unix_path.size() > 100) {
-      return absl::InvalidArgumentError(absl::StrCat("'", text, "': bad unix socket path"));
-    }
-    return a;
+  HostPortRules rules;
+  rules.allow_unix = allow_unix;
+  auto hp = ParseHostPort(text, rules);
+  if (!hp.ok()) {
+    if (!allow_off) return hp.status();
+    return absl::InvalidArgumentError(absl::StrCat(hp.status().message(), " (or off)"));
   }
-  const size_t colon = text.rfind(':');
-  if (colon == std::string::npos || colon == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "': expected HOST:PORT", allow_unix ? " or unix:/path" : "",
-                     allow_off ? " or off" : ""));
-  }
-  a.host = text.substr(0, colon);
-  if (a.host.size() >= 2 && a.host.front() == '[' && a.host.back() == ']') {
-    a.host = a.host.substr(1, a.host.size() - 2);
-  }
-  int port = -1;
-  if (!absl::SimpleAtoi(text.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("'", text, "': port must be 0..65535"));
-  }
-  a.port = port;
+  a.host = hp->host;
+  a.port = hp->port;
+  a.unix_path = hp->unix_path;
   return a;
 }
 
@@ -344,6 +364,8 @@ Args MakeArgs() {
           "local=PATH|off\n"
           "SIGTERM/SIGINT: stop accepting, drain in-flight RPCs, demote the pool's pages to the "
           "SSD tier (when there is one) until --drain-timeout-ms, remove the pool file, exit 0.\n"
+          "Exit codes: 0 clean stop (or --help, --version, --print-default-config), 1 could not\n"
+          "start or failed while running (one 'oscarkvd: ...' line on stderr), 2 bad flag or config.\n"
           "Logs are key=value lines on stderr. See service/README.md.");
   return a;
 }

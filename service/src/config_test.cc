@@ -109,6 +109,56 @@ TEST(Config, ListenAddresses) {
   EXPECT_FALSE(ParseListenAddress("unix:/x", false, false).ok());
   EXPECT_TRUE(ParseListenAddress("off", true, false)->off);
   EXPECT_FALSE(ParseListenAddress("off", false, false).ok());
+  EXPECT_TRUE(ParseListenAddress("localhost:7000", false, true).ok());
+  EXPECT_TRUE(ParseListenAddress("0.0.0.0:0", false, true).ok());
+  // Refused before gRPC sees them (it would wrap the port or ask DNS about a bare word).
+  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1:65536", "localhost", "127.0.0.1:",
+                          "127.0.0.1:+80", "::1:5", "[::1:5", "[zz]:5", "a b:5", "host/x:5",
+                          ":5", "unix:"}) {
+    auto r = ParseListenAddress(bad, false, true);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find(bad), absl::string_view::npos) << r.status();
+  }
+  EXPECT_NE(ParseListenAddress("127.0.0.1:99999", false, true).status().message().find("0..65535"),
+            absl::string_view::npos);
+  EXPECT_NE(ParseListenAddress("::1:5", false, true).status().message().find("brackets"),
+            absl::string_view::npos);
+}
+
+TEST(Config, WrongTypeNamesTheTypeProblem) {
+  DaemonConfig c;
+  auto msg = [&](const std::string& yaml) {
+    return std::string(ApplyConfigYaml(yaml, "t.yaml", &c).message());
+  };
+  EXPECT_NE(msg("pool: 64\n").find("pool must be a map"), std::string::npos) << msg("pool: 64\n");
+  EXPECT_EQ(msg("pool: 64\n").find("unknown"), std::string::npos);
+  EXPECT_NE(msg("leases: [1, 2]\n").find("leases must be a map"), std::string::npos);
+  EXPECT_NE(msg("listen:\n  host: x\n").find("listen must be a single value, not a map"),
+            std::string::npos);
+  EXPECT_NE(msg("pool:\n  mb:\n    a: 1\n").find("pool.mb must be a single value"),
+            std::string::npos);
+  EXPECT_NE(msg("node_id: [a, b]\n").find("node_id must be a single value, not a list"),
+            std::string::npos);
+  EXPECT_NE(msg("pool:\n  mb: lots\n").find("pool.mb: expected an integer"), std::string::npos);
+  EXPECT_NE(msg("bogus: 1\n").find("unknown key 'bogus'"), std::string::npos);
+  EXPECT_NE(msg("bogus:\n  a: 1\n").find("unknown section 'bogus'"), std::string::npos);
+  EXPECT_NE(msg("pool:\n  nope: 1\n").find("unknown key 'pool.nope'"), std::string::npos);
+  EXPECT_NE(msg("node_id: a\npool: 64\n").find("line 2"), std::string::npos);
+  EXPECT_TRUE(ApplyConfigYaml("pool:\n", "t.yaml", &c).ok());  // an empty section
+}
+
+// --print-default-config is the reference: every flag of --help appears in it.
+TEST(Config, DefaultConfigListsEveryFlag) {
+  const std::string help = CommandLineHelp(), yaml = DefaultConfigYaml();
+  int flags = 0;
+  for (size_t p = help.find("\n  --"); p != std::string::npos; p = help.find("\n  --", p + 1)) {
+    const size_t end = help.find_first_of(" \n", p + 3);
+    const std::string flag = help.substr(p + 3, end - p - 3);
+    if (flag == "--help") continue;
+    ++flags;
+    EXPECT_NE(yaml.find(flag + " "), std::string::npos) << flag << " is missing from the default config";
+  }
+  EXPECT_GT(flags, 20);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -27,6 +28,7 @@
 #include "ucx_data_plane.h"
 #endif
 #include "grpc/grpc.h"
+#include "grpc/support/log.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -110,6 +112,52 @@ void RemoveDeadDefaultPools() {
   }
 }
 
+// OK when `host:port` can be bound now; otherwise one clear reason. Tried before gRPC or
+// httplib bind, whose own failure is a core log line and a vague error. Port 0 always binds.
+absl::Status CheckTcpListenable(const ListenAddress& a, const std::string& flag) {
+  if (a.off || !a.unix_path.empty() || a.port == 0) return absl::OkStatus();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string port = absl::StrCat(a.port);
+  if (int rc = getaddrinfo(a.host.c_str(), port.c_str(), &hints, &res); rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot listen on ", a.ToGrpc(), ": host '",
+                                                   a.host, "': ", gai_strerror(rc)));
+  }
+  int err = 0;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;  // as gRPC and httplib bind: a port in TIME_WAIT is not "in use"
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    err = bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 ? 0 : errno;
+    close(fd);
+    if (err == 0 || err == EADDRINUSE) break;
+  }
+  freeaddrinfo(res);
+  if (err == EADDRINUSE) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", a.ToGrpc(),
+                                               ": address already in use (another oscarkvd? "
+                                               "choose another with ", flag, ")"));
+  }
+  if (err != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", a.ToGrpc(), ": ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
+
+// gRPC core's own log lines (e.g. "Failed to add :50051") become structured lines like ours.
+void LogGrpcCore(gpr_log_func_args* args) {
+  const LogLevel level = args->severity == GPR_LOG_SEVERITY_ERROR  ? LogLevel::kError
+                         : args->severity == GPR_LOG_SEVERITY_INFO ? LogLevel::kInfo
+                                                                   : LogLevel::kDebug;
+  LogEvent(level, "grpc_core",
+           {{"message", args->message}, {"at", absl::StrCat(args->file, ":", args->line)}});
+}
+
 class MetricsServer {
  public:
   absl::StatusOr<int> Start(const ListenAddress& addr, const Metrics* metrics,
@@ -188,6 +236,9 @@ absl::Status RunDaemon(const DaemonConfig& config) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config.listen,
                                                ": another process is serving on it"));
   }
+  gpr_set_log_function(LogGrpcCore);
+  if (absl::Status s = CheckTcpListenable(*listen, "--listen"); !s.ok()) return s;
+  if (absl::Status s = CheckTcpListenable(*metrics_addr, "--metrics-listen"); !s.ok()) return s;
   // Pool size: explicit, or 25% of RAM but no more than /dev/shm can hold.
   uint64_t pool_mb = config.pool_mb;
   if (pool_mb == 0) {

@@ -1,4 +1,7 @@
 // oscarkvd: the oscarkv node cache daemon. `oscarkvd --help` for options.
+// Exit codes: 0 stopped cleanly (SIGTERM/SIGINT) or --help/--print-default-config, 1 it could
+// not start or failed while running (one "oscarkvd: ..." line on stderr), 2 usage (a bad flag,
+// flag value or config file).
 #include <cstdio>
 #include <cstdlib>
 #include <string_view>
@@ -45,7 +48,7 @@ int main(int argc, char** argv) {
   }
   absl::Status s = RunDaemon(config);
   if (!s.ok()) {
-    LogEvent(LogLevel::kError, "startup_failed", {{"error", std::string(s.message())}});
+    // One line a person reads (exit 1); structured lines are for events while running.
     std::fprintf(stderr, "oscarkvd: %s\n", std::string(s.message()).c_str());
   }
   // Everything is released (server drained, pool file removed). Skip static destructors: gRPC's

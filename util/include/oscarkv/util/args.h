@@ -101,6 +101,7 @@ class Args {
     return std::nullopt;
   }
 
+  const std::string& command() const { return command_; }
   bool help_requested() const { return help_; }
   const std::vector<std::string>& positional() const { return positional_; }
   bool flag(const std::string& name) const {
