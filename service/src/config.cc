@@ -186,7 +186,9 @@ absl::Status ApplyMap(const YAML::Node& map, const std::string& prefix, DaemonCo
     if (kv.second.IsMap() || kv.second.IsSequence()) {
       return at_line(absl::StrCat(key, " must be a single value, not ", NodeKind(kv.second)));
     }
-    if (absl::Status s = ApplyKey(key, kv.second, c); !s.ok()) return at_line(std::string(s.message()));
+    if (absl::Status s = ApplyKey(key, kv.second, c); !s.ok()) {
+      return at_line(std::string(s.message()));
+    }
   }
   return absl::OkStatus();
 }

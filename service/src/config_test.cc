@@ -156,7 +156,7 @@ TEST(Config, DefaultConfigListsEveryFlag) {
     const std::string flag = help.substr(p + 3, end - p - 3);
     if (flag == "--help") continue;
     ++flags;
-    EXPECT_NE(yaml.find(flag + " "), std::string::npos) << flag << " is missing from the default config";
+    EXPECT_NE(yaml.find(flag + " "), std::string::npos) << flag << " missing from the default config";
   }
   EXPECT_GT(flags, 20);
 }

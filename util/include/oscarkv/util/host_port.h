@@ -33,7 +33,8 @@ inline absl::StatusOr<HostPort> ParseHostPort(absl::string_view text, HostPortRu
   HostPort a;
   if (text.rfind("unix:", 0) == 0) {
     if (!rules.allow_unix) {
-      return absl::InvalidArgumentError(absl::StrCat(shown, ": unix sockets are not supported here"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(shown, ": unix sockets are not supported here"));
     }
     a.unix_path = std::string(text.substr(5));
     if (a.unix_path.empty() || a.unix_path.size() > 100) {
