@@ -1,4 +1,4 @@
-// ClusterClient: one client over N oscarkvd daemons (DESIGN.md §5 flow 4).
+// ClusterClient: one client over N oscarkvd daemons (docs/ARCHITECTURE.md §4, flow 4).
 //
 // Contract
 // * Membership comes from a static "host:port" list or a DNS name resolving to every member

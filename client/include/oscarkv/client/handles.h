@@ -1,4 +1,4 @@
-// Transfer handles: the prefill -> decode handoff (DESIGN.md §5 flow 3).
+// Transfer handles: the prefill -> decode handoff (docs/ARCHITECTURE.md §4, flow 3).
 //
 // A prefill worker stores a request's pages (BF16 sink, INT2 history, BF16 tail) and publishes
 // them under a handle name; a decode worker (same host or not) opens the handle by name, copies

@@ -1,5 +1,5 @@
 // UcxLoader: loads leased pages from a daemon's pool with UCX RMA gets (the remote data path of
-// DESIGN.md §5 flows 2 and 3), instead of gRPC ReadPages or a shared-memory mapping.
+// docs/ARCHITECTURE.md §4, flows 2 and 3), instead of gRPC ReadPages or a shared-memory mapping.
 //
 // Contract
 // * Connect() dials the daemon (HandleClient), asks GetDataPlane for its worker address and the

@@ -1,5 +1,5 @@
 // Prefill->decode handoff records: what a prefill worker publishes under a transfer handle and
-// how a decode worker opens it (DESIGN.md §5 flow 3).
+// how a decode worker opens it (docs/ARCHITECTURE.md §4, flow 3).
 //
 // A handoff is a manifest plus the request's pages (BF16 sink, INT2 history, BF16 tail, in the
 // order of kernels' page plan). The manifest carries the handle name, the codec profile, the
