@@ -493,44 +493,70 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
   return report;
 }
 
+// A random-weight Qwen3-style checkpoint (engine/random_checkpoint.h) in a temporary folder,
+// removed with this object: what the demos run on when no trained model is found.
+struct RandomModel {
+  std::string dir;
+  ~RandomModel() {
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+  // Writes it and prints one line saying so (`why`: what made the demo use it).
+  absl::Status Write(const char* why) {
+    std::error_code ec;
+    std::string tmpl =
+        (std::filesystem::temp_directory_path(ec) / "oscarkv-random-model-XXXXXX").string();
+    if (ec || ::mkdtemp(tmpl.data()) == nullptr) {
+      return absl::InternalError("cannot create a temporary folder for the model");
+    }
+    dir = tmpl;
+    const engine::RandomCheckpointOptions ro;
+    if (auto s = engine::WriteRandomCheckpoint(dir, ro); !s.ok()) return s;
+    std::printf("  %s: a random-weight Qwen3-style checkpoint (seed %llu, %u layers, %s) in %s "
+                "(set OSCARKV_REFMODEL for a trained model)\n",
+                why, static_cast<unsigned long long>(ro.seed), ro.num_layers,
+                Mib(std::filesystem::file_size(dir + "/model.safetensors", ec)).c_str(),
+                dir.c_str());
+    return absl::OkStatus();
+  }
+};
+
+// The model a demo runs on: `given`, else the reference model when found, else (or with
+// `random_model`) a random-weight checkpoint written into `random`.
+absl::StatusOr<std::string> DemoModel(const std::string& given, bool random_model,
+                                      RandomModel& random) {
+  const char* env = std::getenv("OSCARKV_REFMODEL");
+  const bool asked = !given.empty() || (env != nullptr && *env != '\0');
+  const std::string m = random_model ? "" : ResolveModel(given);
+  if (!m.empty() && (asked || std::filesystem::exists(m + "/config.json"))) {
+    if (!std::filesystem::exists(m + "/config.json")) {
+      return absl::NotFoundError(absl::StrCat(m, " holds no config.json (from ",
+                                              given.empty() ? "$OSCARKV_REFMODEL" : "--model",
+                                              ")"));
+    }
+    std::printf("  model: %s\n", m.c_str());
+    return m;
+  }
+  if (absl::Status s = random.Write(random_model ? "--random-model" : "no reference model found");
+      !s.ok()) {
+    return s;
+  }
+  return random.dir;
+}
+
 // The P/D section of `oscarkv demo`: the default codec (page 64, sink 64, recent 256) on a
-// `prompt_bytes` prompt from the model's val.txt (or the built-in passage). The model is the
-// reference model when one is found ($OSCARKV_REFMODEL, ../shared/refmodel); otherwise, or with
-// `random_model`, a small random-weight Qwen3-style checkpoint written to a temporary folder
-// (engine/random_checkpoint.h) and removed afterwards. Returns an exit code.
+// `prompt_bytes` prompt from the model's val.txt (or the built-in passage), on the reference
+// model when one is found ($OSCARKV_REFMODEL, ../shared/refmodel), otherwise (or with
+// `random_model`) on a random-weight checkpoint. Returns an exit code.
 int RunPdDemoSection(uint32_t prompt_bytes, uint32_t tokens, bool random_model) {
   PdDemoOptions o;
   o.prompt_bytes = prompt_bytes;
   o.tokens = tokens;
   o.pool_mb = 64;
-  struct TempModel {
-    std::string dir;
-    ~TempModel() {
-      std::error_code ec;
-      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-    }
-  } temp;
-  if (const std::string m = ResolveModel("");
-      random_model || m.empty() || !std::filesystem::exists(m + "/config.json")) {
-    std::error_code ec;
-    std::string tmpl =
-        (std::filesystem::temp_directory_path(ec) / "oscarkv-random-model-XXXXXX").string();
-    if (ec || ::mkdtemp(tmpl.data()) == nullptr) {
-      return Fail("demo", absl::InternalError("cannot create a temporary folder for the model"));
-    }
-    temp.dir = tmpl;
-    const engine::RandomCheckpointOptions ro;
-    if (auto s = engine::WriteRandomCheckpoint(temp.dir, ro); !s.ok()) return Fail("demo", s);
-    std::printf("  %s: a random-weight Qwen3-style checkpoint (seed %llu, %u layers, %s) in %s "
-                "(set OSCARKV_REFMODEL for a trained model)\n",
-                random_model ? "--random-model" : "no reference model found",
-                static_cast<unsigned long long>(ro.seed), ro.num_layers,
-                Mib(std::filesystem::file_size(temp.dir + "/model.safetensors", ec)).c_str(),
-                temp.dir.c_str());
-    o.model = temp.dir;
-  } else {
-    std::printf("  model: %s\n", m.c_str());
-  }
+  RandomModel random;
+  auto model = DemoModel("", random_model, random);
+  if (!model.ok()) return Fail("demo", model.status());
+  o.model = *model;
   auto r = RunPdHandoffDemo(o);
   if (!r.ok()) return Fail("demo", r.status());
   return r->equal ? 0 : 1;
@@ -552,7 +578,9 @@ int RunPdDemo(int argc, char** argv) {
       .Option("prompt-bytes", "1024", "prompt length when taken from val.txt")
       .Option("tokens", "32", "tokens to generate after the handoff")
       .Option("pool-mb", "128", "pool of each daemon")
-      .Flag("loopback", "both hosts on 127.0.0.1 (no network namespaces)");
+      .Flag("loopback", "both hosts on 127.0.0.1 (no network namespaces)")
+      .Flag("random-model", "run on a random-weight Qwen3-style checkpoint (what the demo uses "
+                            "when no --model or reference model is found)");
   AddCodecOptions(args, "64", "64", "256");
   if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
   PdDemoOptions o;
@@ -576,6 +604,10 @@ int RunPdDemo(int argc, char** argv) {
     o.prompt.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
   }
   std::printf("oscarkv pd demo: prefill -> decode handoff through two daemons\n");
+  RandomModel random;
+  auto model = DemoModel(o.model, args.flag("random-model"), random);
+  if (!model.ok()) return Fail("pd demo", model.status());
+  o.model = *model;
   const auto t0 = Clock::now();
   auto r = RunPdHandoffDemo(o);
   if (!r.ok()) return Fail("pd demo", r.status());

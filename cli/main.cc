@@ -23,6 +23,9 @@ void PrintHelp() {
   auto cmds = Registry();
   std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
   for (const Command& c : cmds) std::printf("  %-18s %s\n", c.name.c_str(), c.summary.c_str());
+  std::printf(
+      "\nexit codes: 0 ok, 1 the operation failed (one line on stderr), 2 usage (a bad command,\n"
+      "flag or flag value).\n");
 }
 
 }  // namespace

@@ -89,7 +89,9 @@ TEST(CliTest, BadFlagValuesAreUsageErrors) {
   }
   EXPECT_EQ(Oscarkv("").code, 2);
   EXPECT_EQ(Oscarkv("no-such-command").code, 2);
-  EXPECT_EQ(Oscarkv("--help").code, 0);
+  CmdResult help = Oscarkv("--help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_THAT(help.out, HasSubstr("exit codes: 0 ok, 1 the operation failed"));
 }
 
 // The daemon's start-up failures: one readable line, no gRPC core log, the documented codes.
@@ -209,6 +211,17 @@ TEST(CliTest, DemoHandoffOnRandomCheckpoint) {
   EXPECT_THAT(r.out, HasSubstr("[3/3] decode process"));
   EXPECT_THAT(r.out, HasSubstr("equal                 : yes"));
   EXPECT_EQ(r.out.find("skipped"), std::string::npos) << r.out;
+}
+
+// A model the user named that is not there is an error, not a silent fallback.
+TEST(CliTest, DemoRefusesAMissingNamedModel) {
+  CmdResult r = Oscarkv("pd demo --loopback --model /nonexistent/model");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("/nonexistent/model holds no config.json (from --model)"));
+  r = RunBinary("OSCARKV_REFMODEL=/nonexistent/ref " + std::string(OSCARKV_CLI_PATH),
+                "pd demo --loopback");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("holds no config.json (from $OSCARKV_REFMODEL)"));
 }
 
 TEST(CliTest, BenchServiceJsonHasAcceptanceFields) {
