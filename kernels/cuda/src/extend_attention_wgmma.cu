@@ -7,12 +7,14 @@
 //   * warpgroup 0 (producer) walks the key tiles of 64 tokens -- the sequence's prefix slices
 //     (page by page, any mix of INT2 and BF16 pages), then the new tokens up to the CTA's last
 //     one -- copying each tile's raw bytes (codes + fp16 (scale, min) pairs, or bf16 rows) into a
-//     2-slot ring with cp.async one tile ahead, then dequantizing / converting it into fp16 K and
-//     V tiles in the wgmma operand layout (128-byte swizzle, the channel order of
+//     3-slot ring with cp.async two tiles ahead, then dequantizing / converting it into fp16 K
+//     and V tiles in the wgmma operand layout (128-byte swizzle, the channel order of
 //     extend_wgmma.cuh) in a 3-stage ring, handed over with mbarriers (full / empty);
-//   * warpgroups 1 and 2 (consumers) each own 64 rows: S = Q·Kᵀ (wgmma m64n64k16, the query as
-//     register fragments), the causal and length masks, the online softmax in base 2, and
-//     O += P·V (wgmma m64n128k16, P from registers, V transposed from shared memory).
+//   * warpgroups 1 and 2 (consumers) each own 64 rows: S = Q·Kᵀ (wgmma m64n64k16, the query in
+//     shared memory), the causal and length masks, the online softmax in base 2, and
+//     O += P·V (wgmma m64n128k16, P from registers, V transposed from shared memory); the two
+//     take turns issuing (named barriers) and the score product of tile x runs beside the value
+//     product of tile x-1. The dequantization is the bound today (bench/results/EXTEND_NOTES.md).
 // The query is rotated by R_K in the CTA on tensor cores (fp16 hi + lo query parts times R_K in
 // fp16, fp32 accumulation) and the output by R_Vᵀ likewise when unrotate_output.
 #include <cuda_bf16.h>
@@ -30,18 +32,19 @@ namespace {
 
 constexpr int kXThreads = 384;
 constexpr int kXStages = 3;
+constexpr int kXRawSlots = 3;       // raw copies run two tiles ahead of the dequantization
 constexpr int kXTile = 16384;        // 64 keys x 128 fp16: two 64-channel halves of 8 KiB
 constexpr int kXStage = 2 * kXTile;  // K and V
 constexpr int kXRaw = 32768;         // one tile's raw bytes, K and V (bf16 rows: the largest)
 constexpr int kXRot = 32768;         // a 128 x 128 fp16 rotation as a B operand
 constexpr int kXRawOff = kXStages * kXStage;
-constexpr int kXRotOff = kXRawOff + 2 * kXRaw;
+constexpr int kXRotOff = kXRawOff + kXRawSlots * kXRaw;
 constexpr int kXInfoOff = kXRotOff + kXRot;
 constexpr int kXBarOff = kXInfoOff + 8 * kXStages;
 constexpr int kXSmemBytes = kXBarOff + 16 * kXStages + 1024;  // + slack to align the base to 1 KiB
 constexpr float kXLog2e = 1.4426950408889634f;
 constexpr float kXLn2 = 0.6931471805599453f;
-constexpr int kBarProducers = 1, kBarConsumers = 2;  // named barrier ids
+constexpr int kBarProducers = 1, kBarConsumers = 2, kBarTurn0 = 3;  // named barrier ids (3, 4: turns)
 
 // The producer's view of key tile x: a prefix slice or a block of new tokens.
 struct XTile {
@@ -59,7 +62,9 @@ __device__ __forceinline__ float XEx2(float x) {
 __device__ __forceinline__ uint32_t Half2Bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 BitsHalf2(uint32_t w) { return *reinterpret_cast<__half2*>(&w); }
 
-template <int G>
+// kDiag (bench diagnostics, outputs wrong): 1 the producer hands over tiles without dequantizing
+// them, 2 without copying their raw bytes.
+template <int G, int kDiag = 0>
 __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendParams p) {
 #if OSCARKV_HAVE_WGMMA
   extern __shared__ uint8_t smem_raw_base[];
@@ -69,12 +74,17 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   const int gqa = static_cast<int>(sh.gqa());
   const int tpc = kExtendWgmmaRows / gqa;  // tokens per CTA
   const int seq = blockIdx.y / H, h = blockIdx.y % H;
-  const int q_begin = p.q_indptr[seq], num_new = p.q_indptr[seq + 1] - q_begin;
+  // Scalars that steer the wgmma code are broadcast from lane 0: ptxas then knows them warp-
+  // uniform and does not serialize the wgmmas behind divergent branches (warning C7520).
+  const int q_begin = __shfl_sync(0xffffffffu, p.q_indptr[seq], 0);
+  const int num_new = __shfl_sync(0xffffffffu, p.q_indptr[seq + 1], 0) - q_begin;
   const int tok0 = (gridDim.x - 1 - blockIdx.x) * tpc;  // the longest rows first
   if (tok0 >= num_new) return;  // uniform per CTA
   const int last_tok = min(num_new, tok0 + tpc) - 1;
   const int spp = static_cast<int>(sh.slices_per_page());
-  const int p0 = p.table.seq_page_indptr[seq], p1 = p.table.seq_page_indptr[seq + 1];
+  const int p0 = __shfl_sync(0xffffffffu, p.table.seq_page_indptr[seq], 0);
+  const int p1 = __shfl_sync(0xffffffffu, p.table.seq_page_indptr[seq + 1], 0);
+  const int role = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);  // warpgroup
   const int prefix_slices = (p1 - p0) * spp;
   const int num_tiles = prefix_slices + (last_tok + 64) / 64;
   const uint32_t sbase = SmemAddr(smem);
@@ -89,7 +99,7 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   }
   __syncthreads();
 
-  if (threadIdx.x < 128) {
+  if (role == 0) {
     // ---------------- producer ----------------
     const int tid = threadIdx.x, lane = tid & 31;
     const PageGeometry g2 = sh.geometry(PageKind::kInt2), gb = sh.geometry(PageKind::kBf16);
@@ -107,6 +117,8 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
     const uint8_t* cur_ptr;
     const uint8_t* nxt_ptr = nullptr;
     int cur_meta, nxt_meta = 0, pid_nxt;
+    int cur_blk = 0;
+    bool nxt_ready = false;  // nxt_* hold block cur_blk + 1
     {
       const int e0 = entry_of(0);
       load_info(e0 >= 0 ? p.table.seq_page_ids[e0] : 0, e0 >= 0, cur_ptr, cur_meta);
@@ -118,11 +130,16 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
       if (x < prefix_slices) {
         if ((x & 31) == 0 && x > 0) {
           cur_ptr = nxt_ptr;
+          cur_blk = x / 32;
+          nxt_ready = false;
           cur_meta = nxt_meta;
           const int e = entry_of(x / 32 + 1);
           pid_nxt = e >= 0 ? p.table.seq_page_ids[e] : 0;
         }
-        if ((x & 31) == 16) load_info(pid_nxt, entry_of(x / 32 + 1) >= 0, nxt_ptr, nxt_meta);
+        if ((x & 31) == 16) {
+          load_info(pid_nxt, entry_of(x / 32 + 1) >= 0, nxt_ptr, nxt_meta);
+          nxt_ready = true;
+        }
         const unsigned long long pp = __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(cur_ptr), x & 31);
         const int meta = __shfl_sync(0xffffffffu, cur_meta, x & 31);
         t.page = reinterpret_cast<const uint8_t*>(pp);
@@ -206,31 +223,38 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
       }
     };
 
-    XTile cur = tile_of(0);
-    issue_raw(cur, smem + kXRawOff);
+    // Tiles x (dequantized now), x + 1 and x + 2 (raw copies in flight).
+    XTile t0 = tile_of(0), t1{nullptr, 0, 0, 0};
+    issue_raw(t0, smem + kXRawOff);
+    CpAsyncCommit();
+    if (num_tiles > 1) {
+      t1 = tile_of(1);
+      issue_raw(t1, smem + kXRawOff + kXRaw);
+    }
     CpAsyncCommit();
     for (int x = 0; x < num_tiles; ++x) {
-      CpAsyncWait<0>();
-      NamedBarrier(kBarProducers, 128);  // tile x's raw bytes landed; slot (x + 1) & 1 is free
-      XTile nxt;
-      if (x + 1 < num_tiles) {
-        nxt = tile_of(x + 1);
-        issue_raw(nxt, smem + kXRawOff + ((x + 1) & 1) * kXRaw);
+      CpAsyncWait<1>();
+      NamedBarrier(kBarProducers, 128);  // tile x's raw bytes landed; tile x-1's slot is free
+      XTile t2{nullptr, 0, 0, 0};
+      if (x + 2 < num_tiles) {
+        t2 = tile_of(x + 2);
+        if constexpr (kDiag != 2) issue_raw(t2, smem + kXRawOff + ((x + 2) % kXRawSlots) * kXRaw);
       }
       CpAsyncCommit();
       const int stage = x % kXStages;
       MbarWaitParity(empty_bar + 8 * stage, ((x / kXStages) & 1) ^ 1);
-      if (cur.valid > 0) dequant(cur, smem + kXRawOff + (x & 1) * kXRaw, smem + stage * kXStage);
-      if (tid == 0) info[stage] = make_int2(cur.valid, cur.page == nullptr ? cur.tok0 : -1);
+      if (kDiag != 1 && t0.valid > 0) dequant(t0, smem + kXRawOff + (x % kXRawSlots) * kXRaw, smem + stage * kXStage);
+      if (tid == 0) info[stage] = make_int2(t0.valid, t0.page == nullptr ? t0.tok0 : -1);
       FenceProxyAsync();
       MbarArrive(full_bar + 8 * stage);
-      cur = nxt;
+      t0 = t1;
+      t1 = t2;
     }
     return;
   }
 
   // ---------------- consumers ----------------
-  const int ctid = threadIdx.x - 128, wg = ctid >> 7, warp = (ctid >> 5) & 3, lane = ctid & 31;
+  const int ctid = threadIdx.x - 128, wg = role - 1, warp = (ctid >> 5) & 3, lane = ctid & 31;
   const int gid = lane >> 2, tig = lane & 3;
   const int used_rows = tpc * gqa;
   const int r0 = 64 * wg + 16 * warp + gid, r1 = r0 + 8;
@@ -245,8 +269,15 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   const float scale = (p.softmax_scale > 0 ? p.softmax_scale : 0.08838834764831845f) * kXLog2e;
   const uint32_t rot_addr = sbase + kXRotOff;
 
-  // Query fragments qa[s]: k-step s (positions 16s..16s+15) of rows r0, r1.
-  uint32_t qa[8][4];
+  // The scaled, rotated query of the warpgroup's 64 rows as the score product's A operand: a
+  // K-major 64 x 128 fp16 tile (two swizzled 64-position halves) in the rotation area, once
+  // both warpgroups' R_K products are done.
+  uint8_t* q_tile = smem + kXRotOff + wg * kXTile;
+  const int qrow0 = 16 * warp + gid;  // rows r0, r1 within the warpgroup's tile
+  auto store_q = [&](int row, int pos, float a, float b) {
+    *reinterpret_cast<__half2*>(q_tile + (pos >> 6) * 8192 + Swizzle128(row, (pos & 63) >> 3) + 2 * (pos & 7)) =
+        __floats2half2_rn(a, b);
+  };
   if (p.rot_k != nullptr) {
     // R_K as a K-major B operand: n-row = position n (R_K column ExtendChannel(n)), k = input
     // channel i.
@@ -285,104 +316,156 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
     }
     WgmmaCommit();
     WgmmaWait(y0, y1);
+    NamedBarrier(kBarConsumers, 256);  // both warpgroups' R_K products are done
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      qa[s][0] = Half2Bits(__floats2half2_rn(y0[4 * s] * scale, y0[4 * s + 1] * scale));
-      qa[s][1] = Half2Bits(__floats2half2_rn(y1[4 * s] * scale, y1[4 * s + 1] * scale));
-      qa[s][2] = Half2Bits(__floats2half2_rn(y0[4 * s + 2] * scale, y0[4 * s + 3] * scale));
-      qa[s][3] = Half2Bits(__floats2half2_rn(y1[4 * s + 2] * scale, y1[4 * s + 3] * scale));
+    for (int j = 0; j < 16; ++j) {
+      store_q(qrow0, 8 * j + 2 * tig, y0[2 * j] * scale, y0[2 * j + 1] * scale);
+      store_q(qrow0 + 8, 8 * j + 2 * tig, y1[2 * j] * scale, y1[2 * j + 1] * scale);
     }
   } else {
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bool ok = (j & 1) ? ok_r1 : ok_r0;
-        const int pos = 16 * s + 8 * (j >> 1) + 2 * tig;
-        const float* qr = ok ? q_row((j & 1) ? r1 : r0, (j & 1) ? tok_r1 : tok_r0) : nullptr;
-        const float a = ok ? qr[ExtendChannel(pos)] * scale : 0.f;
-        const float b = ok ? qr[ExtendChannel(pos + 1)] * scale : 0.f;
-        qa[s][j] = Half2Bits(__floats2half2_rn(a, b));
-      }
+#pragma unroll 4
+    for (int j = 0; j < 16; ++j) {
+      const int pos = 8 * j + 2 * tig;
+      const float* q0 = ok_r0 ? q_row(r0, tok_r0) : nullptr;
+      const float* q1 = ok_r1 ? q_row(r1, tok_r1) : nullptr;
+      store_q(qrow0, pos, ok_r0 ? q0[ExtendChannel(pos)] * scale : 0.f, ok_r0 ? q0[ExtendChannel(pos + 1)] * scale : 0.f);
+      store_q(qrow0 + 8, pos, ok_r1 ? q1[ExtendChannel(pos)] * scale : 0.f, ok_r1 ? q1[ExtendChannel(pos + 1)] * scale : 0.f);
     }
   }
+  FenceProxyAsync();
+  NamedBarrier(kBarConsumers, 256);
+  const uint32_t q_addr = SmemAddr(q_tile);
 
+  // Main loop. Per tile x (warpgroups taking turns to issue, through two named barriers, so that
+  // one's softmax runs while the other's products are on the tensor cores): issue S_x = Q·K_xᵀ
+  // and O += P_{x-1}·V_{x-1}; wait for S_x; mask and softmax it; wait for the value product
+  // (releasing tile x-1's stage), rescale O and keep P_x for the next turn.
   float o0[32], o1[32];
 #pragma unroll
   for (int i = 0; i < 32; ++i) o0[i] = o1[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  for (int x = 0; x < num_tiles; ++x) {
-    const int stage = x % kXStages;
-    MbarWaitParity(full_bar + 8 * stage, (x / kXStages) & 1);
-    const int2 ti = info[stage];
-    const int valid = ti.x, new0 = ti.y;
-    const bool skip = valid <= 0 || (new0 >= 0 && new0 > wg_last_tok);
-    if (!skip) {
-      const uint32_t kt = sbase + stage * kXStage, vt = kt + kXTile;
-      float s0[16], s1[16];
-      WgmmaFence32(s0, s1);
-      WgmmaF16N64<0>(s0, s1, qa[0], SwizzledDesc(SwizzledDescLo(kt)));
+  uint32_t pa[4][4];
+  const int my_turn = kBarTurn0 + wg, other_turn = kBarTurn0 + (wg ^ 1);
+  if (wg == 1) NamedBarrierArrive(kBarTurn0, 256);  // warpgroup 0 issues first
+  auto issue_scores = [&](int stage, float (&s0)[16], float (&s1)[16]) {
+    const uint32_t kt = sbase + stage * kXStage;
+    WgmmaFence32(s0, s1);
+    WgmmaF16N64SS<0>(s0, s1, SwizzledDesc(SwizzledDescLo(q_addr)), SwizzledDesc(SwizzledDescLo(kt)));
 #pragma unroll
-      for (int s = 1; s < 8; ++s)
-        WgmmaF16N64<1>(s0, s1, qa[s], SwizzledDesc(SwizzledDescLo(kt + (s >> 2) * 8192 + (s & 3) * 32)));
-      WgmmaCommitWait32(s0, s1);
-      if (valid < 64 || (new0 >= 0 && new0 + 63 > wg_first_tok)) {
+    for (int s = 1; s < 8; ++s) {
+      const uint32_t off = (s >> 2) * 8192 + (s & 3) * 32;
+      WgmmaF16N64SS<1>(s0, s1, SwizzledDesc(SwizzledDescLo(q_addr + off)), SwizzledDesc(SwizzledDescLo(kt + off)));
+    }
+    WgmmaCommit();
+  };
+  auto issue_values = [&](int stage) {
+    const uint32_t vt = sbase + stage * kXStage + kXTile;
+    WgmmaFence64(o0, o1, pa);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
+    for (int kk = 0; kk < 4; ++kk) WgmmaF16N128R<1, 1>(o0, o1, pa[kk], ValueTileDesc(vt + kk * 2048));
+    WgmmaCommit();
+  };
+  // Masks and the online softmax of one tile's scores (in place: s becomes p); returns the
+  // factors the output rows are rescaled by.
+  auto softmax = [&](float (&s0)[16], float (&s1)[16], int valid, int new0, float& f0, float& f1) {
+    if (valid < 64 || (new0 >= 0 && new0 + 63 > wg_first_tok)) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int k = 8 * j + 2 * tig + e;
-            const bool in = k < valid;
-            if (!(in && (new0 < 0 || new0 + k <= tok_r0))) s0[2 * j + e] = -INFINITY;
-            if (!(in && (new0 < 0 || new0 + k <= tok_r1))) s1[2 * j + e] = -INFINITY;
-          }
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int k = 8 * j + 2 * tig + e;
+          const bool in = k < valid;
+          if (!(in && (new0 < 0 || new0 + k <= tok_r0))) s0[2 * j + e] = -INFINITY;
+          if (!(in && (new0 < 0 || new0 + k <= tok_r1))) s1[2 * j + e] = -INFINITY;
         }
       }
-      float mx0 = s0[0], mx1 = s1[0];
-#pragma unroll
-      for (int i = 1; i < 16; ++i) {
-        mx0 = fmaxf(mx0, s0[i]);
-        mx1 = fmaxf(mx1, s1[i]);
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
-      const float mu[2] = {mn0 == -INFINITY ? 0.f : mn0, mn1 == -INFINITY ? 0.f : mn1};
-      const float f0 = XEx2(m[0] - mu[0]), f1 = XEx2(m[1] - mu[1]);
-      m[0] = mn0;
-      m[1] = mn1;
-      l[0] *= f0;
-      l[1] *= f1;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        o0[i] *= f0;
-        o1[i] *= f1;
-      }
-      uint32_t pa[4][4];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        s0[i] = XEx2(s0[i] - mu[0]);
-        s1[i] = XEx2(s1[i] - mu[1]);
-        l[0] += s0[i];
-        l[1] += s1[i];
-      }
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        pa[kk][0] = Half2Bits(__floats2half2_rn(s0[4 * kk], s0[4 * kk + 1]));
-        pa[kk][1] = Half2Bits(__floats2half2_rn(s1[4 * kk], s1[4 * kk + 1]));
-        pa[kk][2] = Half2Bits(__floats2half2_rn(s0[4 * kk + 2], s0[4 * kk + 3]));
-        pa[kk][3] = Half2Bits(__floats2half2_rn(s1[4 * kk + 2], s1[4 * kk + 3]));
-      }
-      WgmmaFence64(o0, o1, pa);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) WgmmaF16N128R<1, 1>(o0, o1, pa[kk], ValueTileDesc(vt + kk * 2048));
-      WgmmaCommit();
-      WgmmaWait(o0, o1);
     }
-    MbarArrive(empty_bar + 8 * stage);
+    float mx0 = s0[0], mx1 = s1[0];
+#pragma unroll
+    for (int i = 1; i < 16; ++i) {
+      mx0 = fmaxf(mx0, s0[i]);
+      mx1 = fmaxf(mx1, s1[i]);
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
+    const float mu0 = mn0 == -INFINITY ? 0.f : mn0, mu1 = mn1 == -INFINITY ? 0.f : mn1;
+    f0 = XEx2(m[0] - mu0);
+    f1 = XEx2(m[1] - mu1);
+    m[0] = mn0;
+    m[1] = mn1;
+    float sum0 = 0.f, sum1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      s0[i] = XEx2(s0[i] - mu0);
+      s1[i] = XEx2(s1[i] - mu1);
+      sum0 += s0[i];
+      sum1 += s1[i];
+    }
+    l[0] = l[0] * f0 + sum0;
+    l[1] = l[1] * f1 + sum1;
+  };
+  auto make_p = [&](const float (&s0)[16], const float (&s1)[16]) {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      pa[kk][0] = Half2Bits(__floats2half2_rn(s0[4 * kk], s0[4 * kk + 1]));
+      pa[kk][1] = Half2Bits(__floats2half2_rn(s1[4 * kk], s1[4 * kk + 1]));
+      pa[kk][2] = Half2Bits(__floats2half2_rn(s0[4 * kk + 2], s0[4 * kk + 3]));
+      pa[kk][3] = Half2Bits(__floats2half2_rn(s1[4 * kk + 2], s1[4 * kk + 3]));
+    }
+  };
+  auto tile_info = [&](int stage, int& valid, int& new0) {
+    const int2 ti = info[stage];
+    valid = __shfl_sync(0xffffffffu, ti.x, 0);
+    new0 = __shfl_sync(0xffffffffu, ti.y, 0);
+  };
+  {  // tile 0
+    MbarWaitParity(full_bar, 0);
+    int valid, new0;
+    tile_info(0, valid, new0);
+    float s0[16], s1[16], f0, f1;
+    NamedBarrier(my_turn, 256);
+    issue_scores(0, s0, s1);
+    NamedBarrierArrive(other_turn, 256);
+    WgmmaCommitWait32(s0, s1);
+    softmax(s0, s1, valid, new0, f0, f1);
+    make_p(s0, s1);
   }
+  // Tile x (warpgroups taking turns to issue, through two named barriers, so that one's
+  // softmax runs while the other's products are on the tensor cores): issue S_x = Q·K_xᵀ and
+  // O += P_{x-1}·V_{x-1}; wait for S_x; mask and softmax it; wait for the value product
+  // (releasing tile x-1's stage); rescale O and keep P_x for the next turn.
+  for (int x = 1; x < num_tiles; ++x) {
+    const int stage = x % kXStages, prev = (x - 1) % kXStages;
+    MbarWaitParity(full_bar + 8 * stage, (x / kXStages) & 1);
+    int valid, new0;
+    tile_info(stage, valid, new0);
+    float s0[16], s1[16], f0, f1;
+    NamedBarrier(my_turn, 256);
+    issue_scores(stage, s0, s1);
+    issue_values(prev);
+    NamedBarrierArrive(other_turn, 256);
+    WgmmaWait1Scores(s0, s1);
+    softmax(s0, s1, valid, new0, f0, f1);
+    WgmmaWaitValues(o0, o1, pa);
+    MbarArrive(empty_bar + 8 * prev);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      o0[i] *= f0;
+      o1[i] *= f1;
+    }
+    make_p(s0, s1);
+  }
+  // The last value product, in turn (the turn barriers end balanced: warpgroup 0 then takes the
+  // arrival warpgroup 1 leaves after its last issue).
+  NamedBarrier(my_turn, 256);
+  issue_values((num_tiles - 1) % kXStages);
+  NamedBarrierArrive(other_turn, 256);
+  WgmmaWaitValues(o0, o1, pa);
+  MbarArrive(empty_bar + 8 * ((num_tiles - 1) % kXStages));
+  if (wg == 0) NamedBarrier(my_turn, 256);
 
   // Epilogue: normalize, optionally unrotate (O·R_Vᵀ on tensor cores), write.
   float inv[2];
@@ -483,24 +566,38 @@ bool ExtendWgmmaAvailable() {
   return available;
 }
 
-absl::Status PrepareExtendWgmma() {
-  if (absl::Status s = CudaStatus(cudaFuncSetAttribute(ExtendWgmmaKernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       kXSmemBytes),
-                                  "extend attention (wgmma) shared memory");
-      !s.ok()) {
-    return s;
-  }
-  return CudaStatus(cudaFuncSetAttribute(ExtendWgmmaKernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, kXSmemBytes),
+namespace {
+template <int G, int kDiag>
+absl::Status SetSmem() {
+  return CudaStatus(cudaFuncSetAttribute(ExtendWgmmaKernel<G, kDiag>, cudaFuncAttributeMaxDynamicSharedMemorySize, kXSmemBytes),
                     "extend attention (wgmma) shared memory");
 }
+template <int kDiag>
+void Launch(const ExtendParams& p, dim3 grid, cudaStream_t stream) {
+  if (p.shape.group_size == 128) {
+    ExtendWgmmaKernel<128, kDiag><<<grid, kXThreads, kXSmemBytes, stream>>>(p);
+  } else {
+    ExtendWgmmaKernel<64, kDiag><<<grid, kXThreads, kXSmemBytes, stream>>>(p);
+  }
+}
+}  // namespace
 
-absl::Status LaunchExtendWgmma(const ExtendParams& p, int max_new_tokens, cudaStream_t stream) {
+absl::Status PrepareExtendWgmma() {
+  for (absl::Status s : {SetSmem<128, 0>(), SetSmem<64, 0>(), SetSmem<128, 1>(), SetSmem<128, 2>()}) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchExtendWgmma(const ExtendParams& p, int max_new_tokens, cudaStream_t stream, int diag) {
   const int tpc = ExtendWgmmaTokensPerCta(static_cast<int>(p.shape.gqa()));
   const dim3 grid((max_new_tokens + tpc - 1) / tpc, p.table.num_seqs * p.shape.num_kv_heads);
-  if (p.shape.group_size == 128) {
-    ExtendWgmmaKernel<128><<<grid, kXThreads, kXSmemBytes, stream>>>(p);
+  if (diag == 1 && p.shape.group_size == 128) {
+    Launch<1>(p, grid, stream);
+  } else if (diag == 2 && p.shape.group_size == 128) {
+    Launch<2>(p, grid, stream);
   } else {
-    ExtendWgmmaKernel<64><<<grid, kXThreads, kXSmemBytes, stream>>>(p);
+    Launch<0>(p, grid, stream);
   }
   return CudaStatus(cudaGetLastError(), "extend attention (wgmma) launch");
 }

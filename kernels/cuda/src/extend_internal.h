@@ -20,8 +20,10 @@ inline int ExtendWgmmaTokensPerCta(int gqa) { return kExtendWgmmaRows / gqa; }
 bool ExtendWgmmaAvailable();
 // Sets the wgmma kernel's shared-memory limit (once per device, before launches and capture).
 absl::Status PrepareExtendWgmma();
-// Enqueues the wgmma kernel over max_new_tokens (checked by the caller, as the shape).
-absl::Status LaunchExtendWgmma(const ExtendParams& p, int max_new_tokens, cudaStream_t stream);
+// Enqueues the wgmma kernel over max_new_tokens (checked by the caller, as the shape). diag
+// (bench diagnostics at group 128, wrong outputs): 1 the producer skips the dequantization, 2 the
+// raw copies.
+absl::Status LaunchExtendWgmma(const ExtendParams& p, int max_new_tokens, cudaStream_t stream, int diag = 0);
 
 // The mma.sync kernel (any sm_80+ device).
 absl::Status PrepareExtendMma();

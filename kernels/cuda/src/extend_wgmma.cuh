@@ -48,6 +48,20 @@ __device__ __forceinline__ void WgmmaF16N64(float (&s0)[16], float (&s1)[16], co
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(kAccumulate));
 #endif
 }
+// s (+)= A(64 x 16 at desc_a, K-major) · B(16 x 64 at desc_b): both operands in shared memory.
+template <int kAccumulate>
+__device__ __forceinline__ void WgmmaF16N64SS(float (&s0)[16], float (&s1)[16], uint64_t desc_a, uint64_t desc_b) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : OSCARKV_WG_ACC32(s0, s1)
+      : "l"(desc_a), "l"(desc_b), "n"(kAccumulate));
+#endif
+}
 // y (+)= A(64 x 16, registers) · B(16 x 128 at desc); kTransB: B stored N-major (value tiles).
 template <int kAccumulate, int kTransB>
 __device__ __forceinline__ void WgmmaF16N128R(float (&y0)[32], float (&y1)[32], const uint32_t (&a)[4], uint64_t desc) {
@@ -74,6 +88,26 @@ __device__ __forceinline__ void WgmmaCommitWait32(float (&s0)[16], float (&s1)[1
 #if OSCARKV_HAVE_WGMMA
   asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n"
                : OSCARKV_WG_ACC32(s0, s1) : : "memory");
+#endif
+}
+// Waits until at most one wgmma group of this warpgroup is pending (the score product issued
+// before the value product), naming the scores.
+__device__ __forceinline__ void WgmmaWait1Scores(float (&s0)[16], float (&s1)[16]) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned 1;\n" : OSCARKV_WG_ACC32(s0, s1) : : "memory");
+#endif
+}
+// Waits for every wgmma group of this warpgroup, naming the value product's accumulators and its
+// A fragments (the tensor cores read them until it completes: their registers stay reserved).
+__device__ __forceinline__ void WgmmaWaitValues(float (&y0)[32], float (&y1)[32], uint32_t (&a)[4][4]) {
+#if OSCARKV_HAVE_WGMMA
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n"
+               : OSCARKV_WG_ACC(y0, y1), "+r"(a[0][0]), "+r"(a[0][1]), "+r"(a[0][2]), "+r"(a[0][3]),
+                 "+r"(a[1][0]), "+r"(a[1][1]), "+r"(a[1][2]), "+r"(a[1][3]),
+                 "+r"(a[2][0]), "+r"(a[2][1]), "+r"(a[2][2]), "+r"(a[2][3]),
+                 "+r"(a[3][0]), "+r"(a[3][1]), "+r"(a[3][2]), "+r"(a[3][3])
+               :
+               : "memory");
 #endif
 }
 __device__ __forceinline__ void WgmmaFence64(float (&y0)[32], float (&y1)[32], uint32_t (&a)[4][4]) {
@@ -110,6 +144,9 @@ __device__ __forceinline__ void MbarWaitParity(uint32_t bar, uint32_t parity) {
 }
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace
