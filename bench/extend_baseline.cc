@@ -45,7 +45,8 @@ absl::Status RunSdpaExtendBaseline(const KernelBenchOptions& o, std::vector<Exte
         if (backend == "cudnn") row.sdpa_cudnn_us = us;
         if (backend == "flash") row.sdpa_flash_us = us;
         if (backend == "efficient") row.sdpa_efficient_us = us;
-        row.sdpa_how += absl::StrCat(row.sdpa_how.empty() ? "" : "; ", backend, ": ", j["how"].get<std::string>());
+        row.sdpa_how += absl::StrCat(row.sdpa_how.empty() ? "" : "; ", backend, ": ", j["how"].get<std::string>(),
+                                     " (max diff vs flash ", j.value("max_diff", 0.0), ")");
       } else if (j.contains("error")) {
         row.sdpa_how += absl::StrCat(row.sdpa_how.empty() ? "" : "; ", backend, " did not run (",
                                      j["error"].get<std::string>(), ")");

@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "oscarkv/cuda/decode_runner.h"
+#include "extend_internal.h"  // kernels/cuda/src: the extend kernels' diagnostics
 #include "oscarkv/cuda/extend_attention.h"
 #include "oscarkv/cuda/quantize_write.h"
 #include "oscarkv/kernels/numeric.h"
@@ -751,6 +752,13 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
     auto us = TimeMedianUs([&] { return cuda::LaunchExtendAttention(*plan, e, nullptr); }, o.samples);
     if (!us.ok()) return us.status();
     row.us = *us;
+    if (plan->tensor_cores && B == 1 && P == 32768) {
+      for (int diag : {1, 2}) {
+        auto d = TimeMedianUs([&] { return cuda::detail::LaunchExtendWgmma(e, C, nullptr, diag); }, o.samples);
+        if (!d.ok()) return d.status();
+        (diag == 1 ? row.diag_no_dequant_us : row.diag_no_copies_us) = *d;
+      }
+    }
   }
 
   // Quantize-on-write: quant_tokens tokens of one layer, 8 KV heads, K and V.

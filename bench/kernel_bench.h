@@ -109,6 +109,9 @@ struct ExtendRow {
   double sdpa_cudnn_us = 0, sdpa_flash_us = 0, sdpa_efficient_us = 0;
   std::string sdpa_how;
   bool tensor_cores = false;  // ours ran the wgmma kernel
+  // Diagnostics of the wgmma kernel (wrong outputs, never the reported figure): its time with the
+  // producer skipping the dequantization / the raw copies.
+  double diag_no_dequant_us = 0, diag_no_copies_us = 0;
   double best_sdpa_us() const;  // the fastest backend that ran (0: none)
 };
 

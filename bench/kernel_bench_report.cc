@@ -111,6 +111,10 @@ std::string FormatTable(const KernelBenchReport& r) {
                            e.tensor_cores ? "" : "  (mma.sync kernel)");
     }
     for (const auto& e : r.extend) {
+      if (e.diag_no_dequant_us > 0)
+        s += absl::StrFormat("  diagnostics B=%d P=%d C=%d (wrong outputs): producer without dequantization %.1f us, "
+                             "without raw copies %.1f us\n", e.batch, e.prefix, e.new_tokens, e.diag_no_dequant_us,
+                             e.diag_no_copies_us);
       if (!e.sdpa_how.empty()) s += absl::StrFormat("  SDPA B=%d P=%d C=%d: %s\n", e.batch, e.prefix, e.new_tokens, e.sdpa_how);
     }
   }
