@@ -1,6 +1,7 @@
 # cmake -DBUILD_DIR=... -DCONSUMER_DIR=... -DWORK_DIR=... -DGENERATOR=... -P package_test.cmake
 # Installs the `client` component of BUILD_DIR into WORK_DIR/prefix, then builds and runs the
-# consumer project (find_package(oscarkv CONFIG REQUIRED), links oscarkv::client).
+# consumer project (find_package(oscarkv CONFIG REQUIRED); links oscarkv::client, and
+# oscarkv::c for consumer_c).
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
@@ -14,3 +15,4 @@ run(${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+run(${WORK_DIR}/build/consumer_c)

@@ -1,18 +1,24 @@
-// The C ABI (oscarkv_c.h) over oscarkv::client::Client.
-#include "oscarkv/client/oscarkv_c.h"
-
+// The C ABI (oscarkv_c.h): the calls that talk to a daemon, over oscarkv::client::Client. The
+// daemon-free calls (profiles, rotations, the page builder) are in oscarkv_c_page.cc.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "oscarkv/client/client.h"
+#include "oscarkv/client/oscarkv_c.h"
+#include "oscarkv_c_internal.h"
 
 using oscarkv::BlockKey;
 using oscarkv::CodecProfile;
 using oscarkv::PageKind;
+using oscarkv::c_abi::Fail;
+using oscarkv::c_abi::Ok;
 using oscarkv::client::Client;
 using oscarkv::client::Codec;
 
@@ -23,22 +29,15 @@ struct oscarkv_client {
   absl::flat_hash_map<std::string, Codec> codecs ABSL_GUARDED_BY(mu);
 };
 
+struct oscarkv_lease {
+  oscarkv::client::LookupResult lookup;
+};
+
+namespace oscarkv::c_abi {
+CodecProfile ProfileFromC(const oscarkv_codec_profile& c);  // oscarkv_c_page.cc
+}  // namespace oscarkv::c_abi
+
 namespace {
-
-thread_local std::string last_error;
-
-int Fail(const absl::Status& s) {
-  last_error = std::string(s.message());
-  return static_cast<int>(s.code());
-}
-int Fail(int code, const char* message) {
-  last_error = message;
-  return code;
-}
-int Ok() {
-  last_error.clear();
-  return OSCARKV_OK;
-}
 
 std::string IdKey(const uint8_t* id) { return std::string(reinterpret_cast<const char*>(id), 16); }
 
@@ -75,8 +74,6 @@ int Register(oscarkv_client* h, const CodecProfile& p, oscarkv_codec* out) {
 }  // namespace
 
 extern "C" {
-
-const char* oscarkv_last_error(void) { return last_error.c_str(); }
 
 void oscarkv_connect_options_init(oscarkv_connect_options* opts) {
   if (opts == nullptr) return;
@@ -135,20 +132,7 @@ int oscarkv_register_codec(oscarkv_client* client, const oscarkv_codec_profile* 
   if (client == nullptr || profile == nullptr || out == nullptr) {
     return Fail(OSCARKV_E_INVALID_ARGUMENT, "client, profile and out must not be NULL");
   }
-  CodecProfile p;
-  p.model_id = profile->model_id ? profile->model_id : "";
-  p.model_revision = profile->model_revision ? profile->model_revision : "";
-  p.num_layers = profile->num_layers;
-  p.num_kv_heads = profile->num_kv_heads;
-  p.tp_rank = profile->tp_rank;
-  p.tp_size = profile->tp_size;
-  p.head_dim = profile->head_dim;
-  p.page_tokens = profile->page_tokens;
-  p.group_size = profile->group_size;
-  p.scale_dtype = static_cast<oscarkv::ScaleDtype>(profile->scale_dtype);
-  p.sink_tokens = profile->sink_tokens;
-  p.recent_tokens = profile->recent_tokens;
-  std::memcpy(p.rotation_digest.data(), profile->rotation_digest, 32);
+  const CodecProfile p = oscarkv::c_abi::ProfileFromC(*profile);
   return Register(client, p, out);
 }
 
@@ -194,36 +178,150 @@ int oscarkv_lookup(oscarkv_client* client, const oscarkv_codec* codec, const uin
   return Ok();
 }
 
-int oscarkv_store(oscarkv_client* client, const oscarkv_codec* codec, const oscarkv_page* pages,
-                  size_t n_pages, oscarkv_store_result* result) {
-  if (client == nullptr || result == nullptr || (pages == nullptr && n_pages > 0)) {
+int oscarkv_exists(oscarkv_client* client, const oscarkv_codec* codec, const uint8_t* keys,
+                   size_t n_keys, uint8_t* present) {
+  if (client == nullptr || (n_keys > 0 && (keys == nullptr || present == nullptr))) {
     return Fail(OSCARKV_E_INVALID_ARGUMENT, "NULL argument");
   }
   auto c = FindCodec(client, codec);
   if (!c.ok()) return Fail(c.status());
+  // One single-key (hence prefix == existence) unpinned lookup per key, at most kWindow in
+  // flight; the callbacks only record their answer, this thread waits for them.
+  constexpr size_t kWindow = 256;
+  struct Answers {
+    absl::Mutex mu;
+    absl::CondVar answered_one;
+    size_t answered ABSL_GUARDED_BY(mu) = 0;
+    absl::Status first_error ABSL_GUARDED_BY(mu);
+  };
+  // Shared with the callbacks: the last one may still be unlocking when this thread returns.
+  auto shared = std::make_shared<Answers>();
+  Answers& answers = *shared;
+  const std::vector<BlockKey> ks = Keys(keys, n_keys);
+  for (size_t i = 0; i < n_keys; ++i) {
+    {
+      absl::MutexLock lock(&answers.mu);
+      while (i - answers.answered >= kWindow) answers.answered_one.Wait(&answers.mu);
+    }
+    client->client->LookupAsync(
+        *c, std::span<const BlockKey>(&ks[i], 1), {},
+        [shared, present, i](absl::StatusOr<oscarkv::client::LookupResult> r) {
+          present[i] = r.ok() && r->matched == 1 ? 1 : 0;
+          absl::MutexLock lock(&shared->mu);
+          if (!r.ok() && shared->first_error.ok()) shared->first_error = r.status();
+          ++shared->answered;
+          shared->answered_one.Signal();
+        });
+  }
+  absl::MutexLock lock(&answers.mu);
+  while (answers.answered < n_keys) answers.answered_one.Wait(&answers.mu);
+  if (!answers.first_error.ok()) return Fail(answers.first_error);
+  return Ok();
+}
+
+int oscarkv_lookup_pinned(oscarkv_client* client, const oscarkv_codec* codec,
+                          const uint8_t* keys, size_t n_keys, uint32_t lease_ms,
+                          uint32_t* matched, oscarkv_lease** lease_out) {
+  if (client == nullptr || matched == nullptr || lease_out == nullptr ||
+      (keys == nullptr && n_keys > 0)) {
+    return Fail(OSCARKV_E_INVALID_ARGUMENT, "NULL argument");
+  }
+  *lease_out = nullptr;
+  auto c = FindCodec(client, codec);
+  if (!c.ok()) return Fail(c.status());
+  oscarkv::client::LookupOptions o;
+  o.pin = true;
+  o.lease_ms = lease_ms;
+  auto r = client->client->Lookup(*c, Keys(keys, n_keys), o);
+  if (!r.ok()) return Fail(r.status());
+  *matched = r->matched;
+  *lease_out = new oscarkv_lease{*std::move(r)};
+  return Ok();
+}
+
+uint64_t oscarkv_lease_deadline_ms(const oscarkv_lease* lease) {
+  return lease == nullptr || lease->lookup.lease_ids.empty() ? 0
+                                                             : lease->lookup.lease_deadline_unix_ms;
+}
+
+int oscarkv_release(oscarkv_client* client, oscarkv_lease* lease) {
+  std::unique_ptr<oscarkv_lease> owned(lease);
+  if (lease == nullptr) return Ok();
+  if (client == nullptr) return Fail(OSCARKV_E_INVALID_ARGUMENT, "client is NULL");
+  if (lease->lookup.lease_ids.empty()) return Ok();
+  absl::Status s = client->client->Release(lease->lookup);
+  return s.ok() ? Ok() : Fail(s);
+}
+
+int oscarkv_store(oscarkv_client* client, const oscarkv_codec* codec, const oscarkv_page* pages,
+                  size_t n_pages, oscarkv_store_result* result, int* page_codes) {
+  if (client == nullptr || result == nullptr || (pages == nullptr && n_pages > 0)) {
+    return Fail(OSCARKV_E_INVALID_ARGUMENT, "NULL argument");
+  }
+  *result = {0, 0, static_cast<uint32_t>(n_pages), OSCARKV_OK};
+  auto whole_call_failed = [&](const absl::Status& s) {
+    result->first_error = static_cast<int>(s.code());
+    if (page_codes != nullptr) std::fill(page_codes, page_codes + n_pages, result->first_error);
+    return Fail(s);
+  };
+  auto c = FindCodec(client, codec);
+  if (!c.ok()) return whole_call_failed(c.status());
   std::vector<oscarkv::client::PageWrite> writes(n_pages);
   for (size_t i = 0; i < n_pages; ++i) {
     if (pages[i].key == nullptr || (pages[i].data == nullptr && pages[i].bytes > 0)) {
-      return Fail(OSCARKV_E_INVALID_ARGUMENT, "page with a NULL key or data");
+      return whole_call_failed(absl::InvalidArgumentError(
+          absl::StrCat("page ", i, " has a NULL key or data; nothing was stored")));
     }
     if (pages[i].kind != OSCARKV_PAGE_INT2 && pages[i].kind != OSCARKV_PAGE_BF16) {
-      return Fail(OSCARKV_E_INVALID_ARGUMENT, "page kind must be OSCARKV_PAGE_INT2 or _BF16");
+      return whole_call_failed(absl::InvalidArgumentError(absl::StrCat(
+          "page ", i, ": kind must be OSCARKV_PAGE_INT2 or _BF16; nothing was stored")));
     }
     std::memcpy(writes[i].key.bytes.data(), pages[i].key, 16);
     writes[i].kind = static_cast<PageKind>(pages[i].kind);
     writes[i].bytes = {static_cast<const uint8_t*>(pages[i].data), pages[i].bytes};
   }
   auto r = client->client->Store(*c, writes);
-  if (!r.ok()) return Fail(r.status());
+  if (!r.ok()) return whole_call_failed(r.status());
   *result = {r->stored, r->deduplicated, r->failed, OSCARKV_OK};
-  for (const auto& s : r->item_status) {
-    if (!s.ok() && !absl::IsAlreadyExists(s)) {
-      result->first_error = static_cast<int>(s.code());
-      last_error = std::string(s.message());
-      return OSCARKV_OK;  // the call worked; per-page failures are in the result
+  size_t first_failed = n_pages;
+  for (size_t i = 0; i < r->item_status.size() && i < n_pages; ++i) {
+    const absl::Status& s = r->item_status[i];
+    if (page_codes != nullptr) page_codes[i] = static_cast<int>(s.code());
+    if (!s.ok() && !absl::IsAlreadyExists(s) && first_failed == n_pages) first_failed = i;
+  }
+  if (first_failed == n_pages) return Ok();
+  const absl::Status& s = r->item_status[first_failed];
+  result->first_error = static_cast<int>(s.code());
+  return Fail(absl::Status(s.code(), absl::StrCat(r->failed, " of ", n_pages,
+                                                  " pages not stored; first: page ",
+                                                  first_failed, ": ", s.message())));
+}
+
+int oscarkv_delete(oscarkv_client* client, const oscarkv_codec* codec, const uint8_t* keys,
+                   size_t n_keys, int* key_codes, uint32_t* deleted) {
+  if (client == nullptr || (keys == nullptr && n_keys > 0)) {
+    return Fail(OSCARKV_E_INVALID_ARGUMENT, "NULL argument");
+  }
+  if (deleted != nullptr) *deleted = 0;
+  auto c = FindCodec(client, codec);
+  if (!c.ok()) return Fail(c.status());
+  auto r = client->client->Delete(*c, Keys(keys, n_keys));
+  if (!r.ok()) return Fail(r.status());
+  uint32_t removed = 0;
+  size_t first_failed = n_keys;
+  for (size_t i = 0; i < r->size() && i < n_keys; ++i) {
+    const absl::Status& s = (*r)[i];
+    if (key_codes != nullptr) key_codes[i] = static_cast<int>(s.code());
+    if (s.ok() || absl::IsFailedPrecondition(s)) {
+      ++removed;
+    } else if (!absl::IsNotFound(s) && first_failed == n_keys) {
+      first_failed = i;
     }
   }
-  return Ok();
+  if (deleted != nullptr) *deleted = removed;
+  if (first_failed == n_keys) return Ok();
+  const absl::Status& s = (*r)[first_failed];
+  return Fail(absl::Status(s.code(), absl::StrCat("key ", first_failed, ": ", s.message())));
 }
 
 int oscarkv_load(oscarkv_client* client, const oscarkv_codec* codec, const uint8_t* keys,

@@ -58,6 +58,62 @@ static int daemon_free_checks(void) {
   CHECK(oscarkv_block_keys(NULL, "", 0, tokens, 150, keys, 4, &n) == OSCARKV_E_INVALID_ARGUMENT);
   CHECK(strlen(oscarkv_last_error()) > 0);
 
+  {
+    oscarkv_codec_profile prof;
+    uint8_t id[16];
+    uint64_t bytes = 0;
+    CHECK(oscarkv_abi_version() == OSCARKV_ABI_VERSION);
+    CHECK(strcmp(oscarkv_status_name(OSCARKV_E_NOT_FOUND), "NOT_FOUND") == 0);
+    CHECK(strcmp(oscarkv_status_name(99), "UNKNOWN_CODE") == 0);
+    CHECK(oscarkv_builtin_profile("qwen3-8b", &prof) == OSCARKV_OK);
+    CHECK(strcmp(prof.model_id, "Qwen/Qwen3-8B") == 0 && prof.num_layers == 36);
+    CHECK(oscarkv_codec_id(&prof, id) == OSCARKV_OK);
+    hex(id, h);
+    CHECK(strcmp(h, "4be25704bf3761cb7196d7029b0c67ed") == 0);
+    memset(prof.rotation_digest, 1, 32);
+    CHECK(oscarkv_codec_id(&prof, id) == OSCARKV_OK);
+    hex(id, h);
+    CHECK(strcmp(h, "b0f7827f2a02f7c99e053faac7c79e14") == 0);
+    CHECK(oscarkv_page_size(&prof, OSCARKV_PAGE_INT2, &bytes) == OSCARKV_OK);
+    CHECK(bytes == 1327168);
+    CHECK(oscarkv_page_size(&prof, OSCARKV_PAGE_BF16, &bytes) == OSCARKV_OK);
+    CHECK(bytes == 9437248);
+    CHECK(oscarkv_page_size(&prof, 3, &bytes) == OSCARKV_E_INVALID_ARGUMENT);
+    CHECK(oscarkv_builtin_profile("refmodel", &prof) == OSCARKV_OK);
+    CHECK(oscarkv_codec_id(&prof, id) == OSCARKV_OK);
+    hex(id, h);
+    CHECK(strcmp(h, "c5bc90c8c91954515b762ed6bedbf267") == 0);
+    prof.head_dim = 100;
+    CHECK(oscarkv_codec_id(&prof, id) == OSCARKV_E_INVALID_ARGUMENT);
+    CHECK(oscarkv_builtin_profile("nope", &prof) == OSCARKV_E_INVALID_ARGUMENT);
+    CHECK(strstr(oscarkv_last_error(), "nope") != NULL);
+  }
+  {
+    /* A rotation set: identity rotations digest like RotationSet::Identity; a non-orthogonal
+     * matrix and an unknown range mode are refused; a page built with a rotation whose digest
+     * is not the profile's is refused. */
+    enum { L = 1, H = 1, D = 64 };
+    static float m[L * 2 * H * D * D];
+    float clips[L * 2 * H] = {1.0f, 0.9f};
+    uint8_t modes[L * 2 * H] = {0, 2};
+    uint8_t digest[32], zero[32];
+    oscarkv_rotation* rot = NULL;
+    int j;
+    for (j = 0; j < 2 * D; ++j) m[(j / D) * D * D + (j % D) * D + j % D] = 1.0f;
+    CHECK(oscarkv_rotation_create(L, H, D, m, clips, NULL, &rot) == OSCARKV_OK && rot != NULL);
+    memset(zero, 0, 32);
+    CHECK(oscarkv_rotation_digest(rot, digest) == OSCARKV_OK && memcmp(digest, zero, 32) != 0);
+    oscarkv_rotation_free(rot);
+    rot = NULL;
+    CHECK(oscarkv_rotation_create(L, H, D, m, clips, modes, &rot) ==
+          OSCARKV_E_INVALID_ARGUMENT);
+    CHECK(rot == NULL && strstr(oscarkv_last_error(), "range mode") != NULL);
+    m[1] = 0.5f;
+    CHECK(oscarkv_rotation_create(L, H, D, m, clips, NULL, &rot) == OSCARKV_E_INVALID_ARGUMENT);
+    CHECK(strstr(oscarkv_last_error(), "orthogonal") != NULL);
+    oscarkv_rotation_free(NULL);
+  }
+
   oscarkv_connect_options_init(&opts);
   CHECK(opts.verify_checksums == 1);
   opts.address = "127.0.0.1:1";
