@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what is missing (Debian packages), configures and builds oscarkv in Release.
 #   scripts/setup.sh            install + build into ./build
-# Environment: BUILD_DIR (default build), OSCARKV_JOBS (default nproc), OSCARKV_SKIP_APT=1.
+# Environment: BUILD_DIR (default build), OSCARKV_JOBS (default nproc), OSCARKV_SKIP_APT=1,
+# OSCARKV_SKIP_PIP=1 (no Python venv: python/'s tests are then not registered with ctest).
+# The Python package's environment is ./.venv (git-ignored): numpy and pytest from PyPI, and
+# `pip install ./python` with the built liboscarkv_c.so bundled into it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,7 +49,24 @@ if [[ "${OSCARKV_SKIP_DEPLOY_TOOLS:-0}" != 1 ]]; then
       helm-python-sdk==0.2.2 kubernetes-validate==1.37.0
   fi
 fi
+
+PY_VENV=$(realpath -m "${OSCARKV_PY_VENV:-.venv}")
+if [[ "${OSCARKV_SKIP_PIP:-0}" != 1 ]]; then
+  # Before configuring: ctest registers python/'s tests when this venv has numpy and pytest.
+  [[ -x "$PY_VENV/bin/python" ]] || { echo "==> creating $PY_VENV"; python3 -m venv "$PY_VENV"; }
+  echo "==> $PY_VENV: numpy, pytest"
+  "$PY_VENV/bin/python" -m pip install -q --disable-pip-version-check numpy pytest
+fi
 echo "==> configuring ${BUILD_DIR} (Release)"
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${OSCARKV_CMAKE_ARGS:-}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DOSCARKV_PYTHON="$PY_VENV/bin/python" ${OSCARKV_CMAKE_ARGS:-}
 echo "==> building with ${JOBS} jobs"
 cmake --build "$BUILD_DIR" -j "$JOBS"
+if [[ "${OSCARKV_SKIP_PIP:-0}" != 1 ]]; then
+  echo "==> pip install ./python into $PY_VENV (liboscarkv_c.so bundled)"
+  OSCARKV_LIBRARY="$(realpath -m "$BUILD_DIR")/client/liboscarkv_c.so" \
+    "$PY_VENV/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall \
+    --no-deps ./python
+  (cd / && "$PY_VENV/bin/python" -c \
+    "import oscarkv; print('==> oscarkv', oscarkv.__version__, 'uses', oscarkv.library_path())")
+fi
