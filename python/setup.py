@@ -16,12 +16,14 @@ class BuildPyWithLibrary(build_py):
         src = os.environ.get("OSCARKV_LIBRARY")
         if not src and os.environ.get("OSCARKV_BUILD_DIR"):
             src = str(Path(os.environ["OSCARKV_BUILD_DIR"]) / "client" / "liboscarkv_c.so")
+        dst = Path(self.build_lib) / "oscarkv" / "_lib"
         if not src:
+            # A library bundled by an earlier in-tree build must not ship silently (stale).
+            shutil.rmtree(dst, ignore_errors=True)
             return
         if not Path(src).is_file():
             raise SystemExit("oscarkv: %s does not exist (build it: cmake --build build "
                              "--target oscarkv_c)" % src)
-        dst = Path(self.build_lib) / "oscarkv" / "_lib"
         dst.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst / "liboscarkv_c.so")
         print("oscarkv: bundled %s" % src)

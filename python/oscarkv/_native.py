@@ -70,9 +70,11 @@ def candidate_paths() -> List[Path]:
     build_dir = os.environ.get("OSCARKV_BUILD_DIR")
     if build_dir:
         out.append(Path(build_dir) / "client" / LIBRARY_NAME)
-    # Imported from a source checkout (python/oscarkv): the repository's default build dir.
-    out.append(here.parent.parent / "build" / "client" / LIBRARY_NAME)
-    for prefix in ("/usr/local/lib", "/usr/local/lib64", "/usr/lib", "/usr/lib64"):
+    if (here.parent / "pyproject.toml").is_file():
+        # Imported from a source checkout (python/oscarkv): the repository's default build dir.
+        out.append(here.parent.parent / "build" / "client" / LIBRARY_NAME)
+    for prefix in ("/usr/local/lib", "/usr/local/lib64", "/usr/lib/x86_64-linux-gnu",
+                   "/usr/lib/aarch64-linux-gnu", "/usr/lib", "/usr/lib64"):
         out.append(Path(prefix) / LIBRARY_NAME)
     return out
 
