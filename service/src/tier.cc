@@ -117,7 +117,29 @@ void PageTier::WriterLoop() {
     std::shared_ptr<const std::vector<uint8_t>> bytes;
     {
       absl::MutexLock l(&mu_);
-      while (!stop_ && queue_.empty()) work_.Wait(&mu_);
+      while (!stop_ && queue_.empty()) {
+        if (unsynced_ == 0) {
+          work_.Wait(&mu_);
+          continue;
+        }
+        // Idle with puts not yet on disk: make them durable after a quiet spell (a burst of
+        // demotions is synced once, not page by page).
+        const bool quiet = work_.WaitWithTimeout(&mu_, options_.sync_interval);
+        if (stop_ || !queue_.empty() || !quiet || unsynced_ == 0) continue;
+        unsynced_ = 0;
+        writing_ = true;
+        mu_.Unlock();
+        absl::Status s;
+        {
+          absl::MutexLock io(&io_mu_);
+          s = store_->Sync();
+        }
+        mu_.Lock();
+        writing_ = false;
+        last_sync_ = absl::Now();
+        if (!s.ok()) ++sync_errors_;
+        drained_.SignalAll();
+      }
       if (stop_) return;
       std::tie(key, seq) = queue_.front();
       queue_.pop_front();
@@ -150,7 +172,25 @@ void PageTier::WriterLoop() {
     } else {
       counters_.demote_drops.fetch_add(1, std::memory_order_relaxed);
     }
+    bool sync_now = false;
+    {
+      absl::MutexLock l(&mu_);
+      if (s.ok()) unsynced_ += bytes->size();
+      // In a long burst, sync every sync_interval or sync_bytes anyway: that bounds what a
+      // kill -9 loses. The page stays visible in pending_ until its sync is done.
+      sync_now = unsynced_ >= options_.sync_bytes ||
+                 (unsynced_ > 0 && absl::Now() - last_sync_ >= options_.sync_interval);
+      if (sync_now) unsynced_ = 0;
+    }
+    if (sync_now) {
+      absl::MutexLock io(&io_mu_);
+      if (!store_->Sync().ok()) {
+        absl::MutexLock l(&mu_);
+        ++sync_errors_;
+      }
+    }
     absl::MutexLock l(&mu_);
+    if (sync_now) last_sync_ = absl::Now();
     auto it = pending_.find(key);
     if (it != pending_.end() && it->second.seq == seq) {
       queued_bytes_ -= it->second.bytes->size();
@@ -234,11 +274,16 @@ uint64_t PageTier::Clear(const CodecId* codec) {
 }
 
 bool PageTier::Flush(absl::Time deadline) {
-  absl::MutexLock l(&mu_);
-  while (!queue_.empty() || writing_) {
-    if (drained_.WaitWithDeadline(&mu_, deadline)) break;
+  {
+    absl::MutexLock l(&mu_);
+    while (!queue_.empty() || writing_) {
+      if (drained_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    if (!queue_.empty() || writing_) return false;
+    unsynced_ = 0;
   }
-  return queue_.empty() && !writing_;
+  absl::MutexLock io(&io_mu_);
+  return store_->Sync().ok();
 }
 
 uint64_t PageTier::queued_bytes() const {

@@ -52,6 +52,11 @@ class RocksDbTierStore final : public TierStore {
     db_opts.create_if_missing = true;
     db_opts.create_missing_column_families = true;
     db_opts.max_background_jobs = 2;
+    // Pages and their metadata records are flushed together: after a crash a page is either
+    // indexed and readable, or gone.
+    db_opts.atomic_flush = true;
+    // Page reads are whole blobs, often in demotion order: keep the kernel's readahead.
+    db_opts.advise_random_on_open = false;
     rocksdb::ColumnFamilyOptions pages_opts;
     pages_opts.enable_blob_files = true;
     pages_opts.min_blob_size = 4096;
@@ -61,6 +66,7 @@ class RocksDbTierStore final : public TierStore {
     pages_opts.blob_compression_type = rocksdb::kNoCompression;
     // Bounds the write-ahead log replayed after a crash (kill -9) to about this many bytes.
     pages_opts.write_buffer_size = 32ull << 20;
+    pages_opts.max_write_buffer_number = 4;  // puts go on while a full memtable is flushed
     rocksdb::ColumnFamilyOptions meta_opts;
     std::vector<rocksdb::ColumnFamilyDescriptor> cfs = {
         {rocksdb::kDefaultColumnFamilyName, pages_opts}, {"meta", meta_opts}};
@@ -116,6 +122,7 @@ class RocksDbTierStore final : public TierStore {
     batch.Put(meta_cf(), k, EncodeMeta(page.size(), seq));
     rocksdb::WriteOptions wo;
     wo.sync = opts_.sync_writes;
+    wo.disableWAL = !opts_.sync_writes;  // see RocksDbTierOptions::sync_writes
     absl::Status s = FromRocks(db_->Write(wo, &batch), "SSD tier write");
     if (!s.ok()) {
       absl::MutexLock l(&mu_);
@@ -172,6 +179,13 @@ class RocksDbTierStore final : public TierStore {
     batch.Delete(pages_cf(), k);
     batch.Delete(meta_cf(), k);
     return FromRocks(db_->Write(rocksdb::WriteOptions(), &batch), "SSD tier delete");
+  }
+
+  absl::Status Sync() override {
+    rocksdb::FlushOptions fo;
+    fo.wait = true;
+    fo.allow_write_stall = true;
+    return FromRocks(db_->Flush(fo, handles_), "SSD tier flush");
   }
 
   TierStats Stats() override {

@@ -120,6 +120,7 @@ class FaultInjectingTierStore final : public TierStore {
   FaultInjectingTierStore(std::unique_ptr<TierStore> base, FaultPlan plan)
       : base_(std::move(base)), plan_(plan), rng_(plan.seed) {}
 
+  absl::Status Sync() override { return base_->Sync(); }
   absl::Status Put(const TierKey& key, std::span<const uint8_t> page) override {
     if (Roll(plan_.put_error_rate)) return absl::UnavailableError("injected SSD write error");
     return base_->Put(key, page);

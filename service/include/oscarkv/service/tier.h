@@ -13,10 +13,14 @@
 //   rename -- on every new registration), the pages in <path>/pages (RocksDB). A restarted
 //   daemon re-registers the codecs, then serves every page the store recovered; recovery reads
 //   only RocksDB's small metadata records, never page bytes.
-// * What survives: a page is in the tier once the writer thread has put it (RocksDB's WAL, in
-//   the OS page cache: it survives kill -9 of the daemon; `sync_writes` also fsyncs each put so
-//   it survives a machine crash). Pages still queued, and pages only in the DRAM pool, are lost
-//   on kill -9. Flush() waits for the queue to drain (the daemon's SIGTERM path).
+// * What survives: a page has reached the tier once the writer has put it and synced (a memtable
+//   flush into RocksDB blob files, fsynced: page bytes are written once, there is no
+//   write-ahead log copy). The writer syncs after `sync_interval` without new demotions, and
+//   within a burst every `sync_interval` or `sync_bytes`; a page stays in the queue's map (so
+//   visible) until its sync. Pages still queued or not yet synced (at most about the last
+//   `sync_interval` or `sync_bytes` of demotions), and pages only in the DRAM pool, are lost
+//   on kill -9 -- never served corrupt. `sync_writes` logs and fsyncs every put instead.
+//   Flush() drains the queue and syncs (the daemon's SIGTERM path).
 //
 // Thread-safe. Latency histograms are in nanoseconds of one Put / one Read.
 #pragma once
@@ -45,7 +49,11 @@ struct TierOptions {
   uint64_t capacity_bytes = 0;        // page bytes the tier may hold (LRU beyond that)
   uint64_t queue_bytes = 64ull << 20;  // demotion queue bound
   absl::Duration max_wait = absl::Seconds(1);  // longest back-pressure wait of one Demote
-  bool sync_writes = false;           // fsync every put (survives a machine crash)
+  // Puts are made durable (RocksDB memtable flush into blob files, fsynced) once the writer has
+  // been idle this long, and by Flush(); pages put since the last one are lost on kill -9.
+  absl::Duration sync_interval = absl::Milliseconds(200);
+  uint64_t sync_bytes = 16ull << 20;  // ... and after this many bytes within a burst
+  bool sync_writes = false;           // log and fsync every put instead (survives anything)
 };
 
 struct TierCounters {
@@ -110,6 +118,9 @@ class PageTier {
   std::deque<std::pair<tiering::TierKey, uint64_t>> queue_ ABSL_GUARDED_BY(mu_);  // (key, seq)
   uint64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t unsynced_ ABSL_GUARDED_BY(mu_) = 0;  // bytes put since the last Sync
+  uint64_t sync_errors_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_sync_ ABSL_GUARDED_BY(mu_) = absl::Now();
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   // Held by the writer around each Put and by Delete/Clear around theirs, so a delete can

@@ -65,12 +65,17 @@ class TierStore {
   virtual TierStats Stats() = 0;
   // Calls fn for every stored key (order unspecified); used to rebuild indexes after restart.
   virtual void ForEachKey(const std::function<void(const TierKey&, uint64_t bytes)>& fn) = 0;
+  // Makes every completed Put durable (on disk, fsynced) before returning.
+  virtual absl::Status Sync() { return absl::OkStatus(); }
 };
 
 struct RocksDbTierOptions {
   std::string path;                // directory; created if missing
   uint64_t capacity_bytes = 64ull << 30;
-  bool sync_writes = false;        // fsync each Put (durability vs throughput)
+  // false: Puts go to memtables only (no write-ahead log, so page bytes are written to disk
+  // once, into blob files) and are durable after Sync() or an automatic memtable flush; a crash
+  // loses what was put since. true: each Put is logged and fsynced before it returns.
+  bool sync_writes = false;
   bool verify_on_get = true;       // verify header + checksum of every page read
 };
 
