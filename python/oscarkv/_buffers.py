@@ -11,6 +11,7 @@ from typing import Any, Tuple
 
 from .errors import InvalidArgumentError
 
+_np: Any
 try:  # numpy is optional: the CI path, and the only way to read non-bytes read-only buffers
     import numpy as _np
 except ImportError:  # pragma: no cover - exercised only where numpy is absent

@@ -334,8 +334,8 @@ class Client:
 
     def load(self, codec: Codec, keys: Keys,
              kinds: Union[PageKind, Sequence[PageKind], None] = None) -> List[Any]:
-        """Loads the longest cached prefix of `keys` into fresh arrays (numpy uint8, or
-        bytearray without numpy), one per loaded page, exactly the page's size. `kinds` (one
+        """Loads the longest cached prefix of `keys` into fresh arrays (numpy uint8; without
+        numpy a bytearray or a memoryview of one), one per loaded page, exactly its size. `kinds` (one
         kind, or one per key) sizes the buffers exactly; without it each buffer is allocated at
         the larger (BF16) page size and a view of the loaded bytes is returned -- use load_into
         with your own buffers to avoid both."""

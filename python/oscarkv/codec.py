@@ -201,7 +201,7 @@ class Rotation:
     `oscarkv calibrate` writes) or from_arrays(...). Immutable; safe to share across threads."""
 
     def __init__(self, handle: int, layers: int, kv_heads: int, head_dim: int) -> None:
-        self._handle = ctypes.c_void_p(handle)
+        self._handle: Optional[ctypes.c_void_p] = ctypes.c_void_p(handle)
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         d = (ctypes.c_uint8 * 32)()
         check(_native.load().oscarkv_rotation_digest(self._handle, d))
@@ -214,7 +214,7 @@ class Rotation:
             self._handle = None
 
     @property
-    def handle(self) -> ctypes.c_void_p:
+    def handle(self) -> Optional[ctypes.c_void_p]:
         return self._handle
 
     @staticmethod
@@ -309,13 +309,14 @@ def read_safetensors(path: Union[str, os.PathLike]):
     meta = header.pop("__metadata__", {}) or {}
     out = {}
     for name, t in header.items():
-        b, e = t["data_offsets"]
+        begin, end = t["data_offsets"]
         n = 1
-        for s in t["shape"]:
-            n *= s
-        if not (0 <= b <= e <= len(data) - base) or e - b != n * _ST_DTYPES.get(t["dtype"], 0):
+        for dim in t["shape"]:
+            n *= dim
+        if not (0 <= begin <= end <= len(data) - base) or \
+                end - begin != n * _ST_DTYPES.get(t["dtype"], 0):
             raise InvalidArgumentError("%s: tensor %s has bad offsets or size" % (path, name))
-        out[name] = (t["dtype"], t["shape"], data[base + b:base + e])
+        out[name] = (t["dtype"], t["shape"], data[base + begin:base + end])
     return out, meta
 
 
@@ -387,6 +388,7 @@ def decode_page(profile: Union[CodecProfile, Codec], page: Buffer) -> Any:
         profile = profile.profile
     p = profile
     cap = p.num_layers * 2 * p.page_tokens * p.num_kv_heads * p.head_dim
+    rows: Any
     if have_numpy():
         import numpy as np
         rows = np.empty(cap, dtype=np.float32)
