@@ -19,6 +19,9 @@
 #include "absl/strings/strip.h"
 #include "oscarkv/cuda/decode_runner.h"
 #include "extend_internal.h"  // kernels/cuda/src: the extend kernels' diagnostics
+#include "oscarkv/cuda/device_buffer.h"
+#include "oscarkv/cuda/internal/decode_launch.h"
+#include "oscarkv/cuda/internal/quantize_launch.h"
 #include "oscarkv/cuda/extend_attention.h"
 #include "oscarkv/cuda/quantize_write.h"
 #include "oscarkv/kernels/numeric.h"
@@ -146,10 +149,10 @@ absl::Status BuildBatch(const KernelBenchOptions& o, int B, int L, bool all_bf16
     indptr.push_back(static_cast<int32_t>(ids.size()));
   }
   cuda::DecodeShape shape{static_cast<uint32_t>(o.layers), kKvHeads, kQHeads, kHeadDim, 128, kPageTokens, 0};
-  auto dec = cuda::PagedDecoder::Create(shape, indptr, ids, kinds, sms, target);
+  auto dec = cuda::CreatePagedDecoder(shape, indptr, ids, kinds, sms, {target});
   if (!dec.ok()) return dec.status();
   out->decoder = std::make_unique<cuda::PagedDecoder>(*std::move(dec));
-  const double bytes = out->decoder->plan().page_bytes_read;
+  const double bytes = cuda::DecoderPlan(*out->decoder).page_bytes_read;
   out->copies = std::clamp(static_cast<int>(std::ceil(300e6 / std::max(bytes, 1.0))), 1, 8);
   const PageGeometry g2 = GeometryFor(prof, PageKind::kInt2), gb = GeometryFor(prof, PageKind::kBf16);
   size_t n2 = 0, nb = 0;
@@ -225,7 +228,7 @@ absl::Status BuildBatch(const KernelBenchOptions& o, int B, int L, bool all_bf16
 
 absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, int B,
                                   const float* rot_k,
-                                  cuda::DecodeVariant variant = cuda::DecodeVariant::kBaseline,
+                                  cuda::DecodeVariant variant = cuda::DecodeParams{}.variant,
                                   bool precise_query = true,
                                   std::vector<float>* out_host = nullptr,
                                   bool merge_kernel = false, int rotation = 0,
@@ -239,7 +242,7 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
   FillFloat<<<64, 256>>>(q->as<float>(), size_t(B) * kQHeads * kHeadDim, 99);
   std::vector<cuda::DecodeParams> params;
   for (int c = 0; c < pb.copies; ++c) {
-    cuda::DecodeParams p = pb.decoder->Params();
+    cuda::DecodeParams p = cuda::DecoderParams(*pb.decoder);
     p.table.page_ptrs = pb.ptr_tables[c].as<const uint8_t*>();
     p.table.page_kinds = pb.kinds.as<uint8_t>();
     p.table.page_token_counts = pb.counts.as<uint16_t>();
@@ -291,7 +294,7 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
                          o.samples);
   if (us.ok() && timeline != nullptr) {
     // One launch with timestamps, between untimed back-to-back launches (as in the timing).
-    const int ctas = pb.decoder->plan().num_int2_items;
+    const int ctas = cuda::DecoderPlan(*pb.decoder).num_int2_items;
     auto tl = DeviceBuffer::Create(size_t(std::max(ctas, 1)) * cuda::kDecodeTimelineWords * 8);
     if (!tl.ok()) return tl.status();
     BENCH_RETURN_IF_ERROR(CudaOk(cudaMemset(tl->get(), 0, tl->bytes()), "timeline"));
@@ -490,12 +493,14 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       BENCH_RETURN_IF_ERROR(BuildBatch(o, d.batch, d.length, all_bf16, r.sms, o.target_ctas[0],
                                        *ksrc, *vsrc, frags->get(), clips->as<float>(), &pb));
       // The reported INT2 configuration (re-planned for the other CTA targets below).
-      cuda::DecodeVariant best_v = cuda::DecodeVariant::kBaseline;
+      cuda::DecodeVariant best_v = cuda::DecodeParams{}.variant;
       bool best_merge_kernel = false;
       int best_rotation = 0;
       if (!all_bf16) {
-        // Every INT2 variant on the same pages; the report's INT2 figure is the fastest one
-        // within the default tolerance.
+        // The default launch (PagedDecoder::Run's options), then the alternatives of each of its
+        // per-plan choices on the same pages: the report's INT2 figure is the default's; the
+        // fastest configuration within the tolerance is named beside it (int2_best), so the
+        // table shows whether the default is the fastest.
         struct Config {
           cuda::DecodeVariant v;
           bool precise;
@@ -508,20 +513,15 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
           std::string options;             // a --ab option set: never the reported figure
         };
         std::vector<Config> configs;
+        const cuda::DecodeVariant dv = cuda::DecodeParams{}.variant;
+        configs.push_back({dv, o.precise_query});  // the default launch
         if (o.all_variants) {
-          for (int vi = 0; vi < cuda::kNumDecodeVariants; ++vi)
-            configs.push_back({static_cast<cuda::DecodeVariant>(vi), o.precise_query});
-          if (o.precise_query) configs.push_back({cuda::DecodeVariant::kPackedHeads, false});
-          // The default variant with the separate merge kernel instead of the fused merge, with
-          // the queries rotated in every CTA and by the rotation kernel (instead of the
-          // decoder's choice), and the session-5 launch (merge kernel, rotation in every CTA).
-          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, true, 0});
-          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, false, 1});
-          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, false, 2});
-          configs.push_back({cuda::DecodeParams{}.variant, o.precise_query, true, 1});
-          // packed_int8 with the W exchange rows of session 8 and before (DecodeParams::linear_w_rows).
-          configs.push_back({cuda::DecodeVariant::kPackedInt8, o.precise_query, false, 0, true});
-          const cuda::DecodeVariant dv = cuda::DecodeParams{}.variant;
+          // The separate merge kernel instead of the fused merge, the queries rotated in every
+          // CTA and by the rotation kernel (instead of the decoder's choice), and both.
+          configs.push_back({dv, o.precise_query, true, 0});
+          configs.push_back({dv, o.precise_query, false, 1});
+          configs.push_back({dv, o.precise_query, false, 2});
+          configs.push_back({dv, o.precise_query, true, 1});
           for (const std::string& ab : o.ab_configs)
             configs.push_back({dv, o.precise_query, false, 0, false, 0, false,
                                o.diagnostics ? ab.c_str() : nullptr, ab});
@@ -531,8 +531,6 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
             configs.push_back({dv, o.precise_query, false, 0, false, cuda::kDecodeDebugNoMerge, false, "no_merge"});
             configs.push_back({dv, o.precise_query, false, 0, false, 0, true, "no_rotation"});
           }
-        } else {
-          configs.push_back({cuda::DecodeVariant::kBaseline, o.precise_query});
         }
         d.int2_us = 0;
         std::vector<float> base_out;
@@ -543,6 +541,12 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         // median of its rounds' medians (its output is checked in the first round).
         std::vector<std::vector<double>> round_us(configs.size());
         std::vector<std::vector<float>> outs(configs.size());
+        // An untimed run of the default first: the first configuration timed after the pages are
+        // built measured up to 7% slower than the same launch timed later (H200, B=1 x 32K).
+        if (!configs.empty()) {
+          auto warm = TimeDecode(o, pb, d.batch, rot_k, configs[0].v, configs[0].precise);
+          if (!warm.ok()) return warm.status();
+        }
         for (int round = 0; round < std::max(o.rounds, 1); ++round) {
           for (size_t ci = 0; ci < configs.size(); ++ci) {
             const Config& cfg = configs[ci];
@@ -605,9 +609,13 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
           }
           std::fprintf(stderr, "[bench]   INT2 %-40s %9.1f us  max diff vs CPU (seq 0) %.2e, vs baseline %.2e%s%s\n",
                        vt.name.c_str(), vt.us, ref_rel, max_rel, vt.check_ok ? "" : "  MISMATCH", rounds.c_str());
+          if (ci == 0) {
+            d.int2_us = vt.us;  // the default launch
+            d.int2_default_ok = vt.check_ok;
+          }
           if (vt.check_ok && !vt.approximate && cfg.timeline == nullptr && cfg.options.empty() &&
-              (d.int2_us == 0 || vt.us < d.int2_us)) {
-            d.int2_us = vt.us;
+              (d.int2_best_us == 0 || vt.us < d.int2_best_us)) {
+            d.int2_best_us = vt.us;
             d.int2_best = vt.name;
             best_v = cfg.v;
             best_merge_kernel = cfg.merge_kernel;
@@ -619,9 +627,9 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       absl::StatusOr<double> us =
           all_bf16 ? TimeDecode(o, pb, d.batch, rot_k) : absl::StatusOr<double>(d.int2_us);
       if (!us.ok()) return us.status();
-      const auto& plan = pb.decoder->plan();
+      const auto& plan = cuda::DecoderPlan(*pb.decoder);
       if (all_bf16) {
-        auto mk = TimeDecode(o, pb, d.batch, rot_k, cuda::DecodeVariant::kBaseline, true, nullptr, true);
+        auto mk = TimeDecode(o, pb, d.batch, rot_k, cuda::DecodeParams{}.variant, true, nullptr, true);
         if (!mk.ok()) return mk.status();
         d.bf16_merge_kernel_us = *mk;
         d.bf16_us = *us;
@@ -650,11 +658,11 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         const int target = o.target_ctas[ti];
         const int tail = target <= kTailTarget ? kTailTarget - target : 0;
         const int wide = target >= kWideTarget ? target - kWideTarget : 0;
-        auto dec = cuda::PagedDecoder::Create(shape, indptr, ids, kinds, r.sms, wide > 0 ? 0 : std::max(target, 0),
-                                              target < 0 && tail == 0, tail, wide);
+        auto dec = cuda::CreatePagedDecoder(shape, indptr, ids, kinds, r.sms,
+                                            {wide > 0 ? 0 : std::max(target, 0), target < 0 && tail == 0, tail, wide});
         if (!dec.ok()) return dec.status();
         pb.decoder = std::make_unique<cuda::PagedDecoder>(*std::move(dec));
-        // The reported (fastest default-tolerance) variant, re-planned.
+        // The fastest configuration within the tolerance, re-planned.
         auto t = TimeDecode(o, pb, d.batch, rot_k, best_v, o.precise_query, nullptr, best_merge_kernel,
                             best_rotation, false, 0, timeline.get(),
                             absl::StrCat("target", target, "/", d.batch, "x", d.length));
@@ -663,7 +671,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         if (target == -1) {
           // The session-5 default as a whole: that planner, the merge kernel, the queries
           // rotated in every CTA.
-          auto t5 = TimeDecode(o, pb, d.batch, rot_k, cuda::DecodeVariant::kPackedInt8, o.precise_query,
+          auto t5 = TimeDecode(o, pb, d.batch, rot_k, cuda::DecodeParams{}.variant, o.precise_query,
                                nullptr, true, 1);
           if (!t5.ok()) return t5.status();
           d.int2_by_target.push_back({-2, *t5});
@@ -782,7 +790,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       auto d_dp = DeviceBuffer::FromHost(dp);
       auto d_ds = DeviceBuffer::FromHost(ds);
       if (!d_ptrs.ok() || !d_kinds.ok() || !d_dp.ok() || !d_ds.ok()) return absl::InternalError("upload");
-      using LP = cuda::QuantizeWriteParams::LoadPath;
+      using LP = cuda::QuantizeWriteArgs::LoadPath;
       struct Variant {
         const char* name;
         bool rotate, clip, precise = true;
@@ -814,7 +822,6 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
                     {"int2 unbiased v2, wgmma with the clip code (kWgmma8)", true, false, true, kUb, LP::kWgmma8},
                     {"int2 unbiased v2, mma.sync rotation (round 3)", true, false, true, kUb, LP::kPrefetchL1},
                     {"int2 unbiased v2, engine launch (mode table, clip ratios 1.0)", true, false, true, kUb, LP::kAuto, 1},
-                    {"int2 unbiased v2, round-2 kernel", true, false, true, kUb, LP::kRound2},
                     {"int2 unbiased v2, R fp16 only", true, false, false, kUb},
                     {"int2 prerotated+unbiased-fixed (flush / R_V absorbed)", false, false, true, kFx},
                     {"int2 prerotated+unbiased v2 (flush / R_V absorbed)", false, false, true, kUb},
@@ -846,7 +853,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
                          [&](const std::string& s) { return std::string(v.name).find(s) != std::string::npos; })) {
           continue;
         }
-        cuda::QuantizeWriteParams q;
+        cuda::QuantizeWriteArgs q;
         q.num_layers = o.layers;
         q.num_kv_heads = kKvHeads;
         q.page_tokens = kPageTokens;
@@ -873,6 +880,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         r.quant.push_back({v.name, *us, bytes});
       }
     }
+    // The write beside the attention and projections of the same prefill step.
+    BENCH_RETURN_IF_ERROR(MeasurePrefillStep(o, ksrc->as<uint16_t>(), vsrc->as<uint16_t>(), rot_k, &r));
   }
   return r;
 }

@@ -25,10 +25,14 @@ struct KernelBenchOptions {
   int layers = 4;          // layers per page (the kernel reads one layer's segments)
   std::string sdpa_command = "python3 bench/sdpa_baseline.py";  // empty: skip the baseline
   bool precise_query = true;
-  // Measure every INT2 kernel variant (cuda::DecodeVariant), plus the best-known one with the
-  // approximate single-fp16 query; false: the baseline variant only.
+  // Measure the default INT2 launch's alternatives beside it (the separate merge kernel, the
+  // other query rotation); false: the default launch only.
   bool all_variants = true;
   int quant_tokens = 32768;  // quantize-on-write: tokens of one layer (all 8 KV heads, K and V)
+  // The prefill-step row (PrefillStepRow) for this many tokens (0: skip; it uses the first
+  // quantize row, so quant_tokens must equal it), and the GEMM baseline it runs.
+  int prefill_tokens = 32768;
+  std::string gemm_command = "python3 bench/gemm_baseline.py";
   std::vector<std::string> quant_rows;  // non-empty: only rows whose names contain one of these
   // Decode plan CTA targets to measure (0 = default; -1, not first: the default target on the
   // session-5 planner, PlanDecode's session5_slots; kTailTarget - N, not first: the default
@@ -83,9 +87,13 @@ struct DecodeRow {
   // (packed_int8 with the merge kernel and in-CTA rotation on that planner), kTailTarget - N:
   // tail_items N.
   std::vector<std::pair<int, double>> int2_by_target;
-  // Every INT2 variant measured; int2_us is the fastest non-approximate one (int2_best).
+  // Every INT2 configuration measured, the default launch first (int2_us is its time; whether its
+  // output passed the CPU check: int2_default_ok); int2_best names the fastest one within the
+  // tolerance (int2_best_us), so int2_us / int2_best_us says how far the default is from it.
   std::vector<VariantTime> int2_variants;
   std::string int2_best;
+  double int2_best_us = 0;
+  bool int2_default_ok = true;
 };
 
 // target_ctas entry for the default target with PlanDecode's tail_items = N: kTailTarget - N.
@@ -115,6 +123,22 @@ struct ExtendRow {
   double best_sdpa_us() const;  // the fastest backend that ran (0: none)
 };
 
+// Quantize-on-write in a prefill step of one Qwen3-8B layer (hidden 4096, 32 query heads, 8 KV
+// heads, d 128, MLP 12288): `tokens` new tokens of one sequence (no prefix). All times measured in
+// the same call: the default codec write of the step's K and V (the first quantize row), the
+// step's attention (this project's extend kernel, and the fastest PyTorch SDPA backend on dense
+// BF16 K/V with the causal mask), its projections (Q, K, V and O: bf16 GEMMs through
+// torch.matmul, bench/gemm_baseline.py) and the MLP's GEMMs (gate + up, down).
+struct PrefillStepRow {
+  int tokens = 0;
+  double quant_us = 0, attention_us = 0, attention_sdpa_us = 0, projections_us = 0, mlp_us = 0;
+  std::string sdpa_backend, quant_row, error;
+  // quant_us / (attention_us + projections_us): the write's share of the step's attention and
+  // projections (ours; with the SDPA attention: share_sdpa).
+  double share() const;
+  double share_sdpa() const;
+};
+
 struct KernelBenchReport {
   std::string device;
   int sms = 0, decode_ctas_per_sm = 0;
@@ -122,6 +146,7 @@ struct KernelBenchReport {
   std::vector<DecodeRow> decode;
   std::vector<QuantRow> quant;
   std::vector<ExtendRow> extend;
+  std::vector<PrefillStepRow> prefill;
   std::string sdpa_error;  // why the baseline is missing, if it is
 };
 
@@ -134,6 +159,11 @@ absl::StatusOr<std::vector<DecodeRow>> RunSdpaBaseline(const KernelBenchOptions&
 // Runs options.sdpa_command --extend for options.extend_shapes and fills the rows' SDPA figures
 // (rows[i] is extend_shapes[i]). Unavailable when it cannot run.
 absl::Status RunSdpaExtendBaseline(const KernelBenchOptions& options, std::vector<ExtendRow>* rows);
+
+// Fills r->prefill (one row for options.prefill_tokens > 0, after r->quant is measured): k_new /
+// v_new are at least prefill_tokens bf16 rows of [8][128], rot_k the layer's R_K (device).
+absl::Status MeasurePrefillStep(const KernelBenchOptions& options, const uint16_t* k_new,
+                                const uint16_t* v_new, const float* rot_k, KernelBenchReport* r);
 
 // The `bench kernels` command line (shared by `oscarkv bench kernels` and bench/kernel_bench).
 int KernelBenchMain(int argc, char** argv);

@@ -29,6 +29,11 @@ int KernelBenchMain(int argc, char** argv) {
       .Option("layers", "4", "layers per page (one is read)")
       .Option("sdpa", "python3 bench/sdpa_baseline.py", "baseline command ('' to skip)")
       .Option("quant-tokens", "32768", "tokens written by the quantize-on-write bench")
+      .Option("prefill-tokens", "32768",
+              "the prefill-step row: quantize-on-write of this many tokens beside the step's "
+              "attention and projections (0 skips; needs --quant-tokens of the same value)")
+      .Option("gemm", "python3 bench/gemm_baseline.py",
+              "GEMM baseline command for the prefill step's projections ('' to skip)")
       .Option("quant-rows", "",
               "'|'-separated substrings: only the quantize-on-write rows whose names contain one "
               "(profiling, quick A/B; the JSON's quant_variant names the row quant_bw_fraction comes from)")
@@ -59,7 +64,7 @@ int KernelBenchMain(int argc, char** argv) {
       .Flag("fast-query", "single fp16 query part for INT2 scores (default: hi+lo)")
       .Flag("json", "print the JSON summary after the table")
 
-      .Flag("baseline-only", "measure only the baseline INT2 decode variant")
+      .Flag("baseline-only", "measure only the default INT2 decode launch (not its alternatives)")
       .Flag("int2-only", "decode on OSCAR INT2 pages only (no BF16 pages, no quantize bench)")
       .Flag("extend-only", "only the extend (chunked-prefill) rows and their SDPA baselines");
   if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
@@ -78,8 +83,10 @@ int KernelBenchMain(int argc, char** argv) {
   auto samples = args.integer("samples");
   auto layers = args.integer("layers");
   auto qt = args.integer("quant-tokens");
+  auto pt = args.integer("prefill-tokens");
   auto rounds = args.integer("rounds");
-  if (!samples.ok() || !layers.ok() || !qt.ok() || !rounds.ok() || *rounds < 1) {
+  if (!samples.ok() || !layers.ok() || !qt.ok() || !pt.ok() || *pt < 0 || *pt > (1 << 20) ||
+      !rounds.ok() || *rounds < 1) {
     std::fprintf(stderr, "bad numeric option\n");
     return 2;
   }
@@ -88,6 +95,8 @@ int KernelBenchMain(int argc, char** argv) {
   o.quant_tokens = static_cast<int>(*qt);
   o.rounds = static_cast<int>(*rounds);
   o.sdpa_command = args.str("sdpa");
+  o.prefill_tokens = static_cast<int>(*pt);
+  o.gemm_command = args.str("gemm");
   for (absl::string_view q : absl::StrSplit(args.str("quant-rows"), '|', absl::SkipEmpty())) {
     o.quant_rows.emplace_back(q);
   }

@@ -124,9 +124,6 @@ int RunEval(int argc, char** argv) {
       .Option("group", "128", "INT2 quantization group size (32, 64 or 128)")
       .Option("threads", "0", "worker threads (0 = all cores)")
       .Option("device", "cpu", "where attention runs: cpu (the reference) or cuda (GPU kernels)")
-      .Option("decode-variant", "",
-              "with --device cuda: decode kernel variant (baseline, packed_heads, "
-              "packed_split_acc, packed_int8, packed_int8_values; empty = the kernels' default)")
       .Option("shard", "0/1", "K/N: only windows i with i % N == K (combine by windows_evaluated)")
       .Flag("json", "print {\"rows\": [{codec, bpb, gap, recall_bpb, recall_gap}, ...]}");
   if (auto rc = args.ParseOrExitCode(argc, argv)) return *rc;
@@ -200,14 +197,8 @@ int RunEval(int argc, char** argv) {
                c.model_id.c_str(), o.windows, o.window_bytes, o.recall_span ? o.windows : 0,
                o.recall_span, codecs.size(), S, R, G, device.c_str(), shard, shards);
   engine::BackendFactory backends;
-  const std::string variant = args.str("decode-variant");
-  if (!variant.empty() && device != "cuda") {
-    return Fail(absl::InvalidArgumentError("--decode-variant needs --device cuda"), 2);
-  }
   if (device == "cuda") {
-    backends = [variant](const engine::KvCodec& k) {
-      return engine::MakeCudaAttention(k, {variant});
-    };
+    backends = [](const engine::KvCodec& k) { return engine::MakeCudaAttention(k); };
   }
   engine::ProgressBar bar("eval");
   auto rows = engine::EvaluateCodecs(**model, std::string(text->begin(), text->end()), codecs, o,

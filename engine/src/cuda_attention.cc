@@ -38,8 +38,7 @@ absl::Status Upload(DeviceBuffer& dst, const std::vector<T>& v) {
 
 class CudaAttention final : public AttentionBackend {
  public:
-  CudaAttention(KvCodec codec, std::optional<cuda::DecodeVariant> variant)
-      : codec_(std::move(codec)), variant_(variant) {}
+  explicit CudaAttention(KvCodec codec) : codec_(std::move(codec)) {}
   absl::Status Attend(const AttentionInputs& in, float* out) override;
 
  private:
@@ -47,7 +46,6 @@ class CudaAttention final : public AttentionBackend {
   absl::Status PrepareWindow(const AttentionInputs& in);
 
   KvCodec codec_;
-  std::optional<cuda::DecodeVariant> variant_;  // unset: the kernels' default
   int num_sms_ = 0;
   // Codec state (INT2 codecs): rotations [L][2][Hkv][d][d], their write-kernel fragments, clip
   // ratios and range modes [L][2][Hkv].
@@ -203,8 +201,7 @@ absl::Status CudaAttention::Attend(const AttentionInputs& in, float* out) {
   }
 
   // Decode attention: one sequence per query position over its own view of the pages.
-  cuda::DecodeParams p = decoder_->Params();
-  if (variant_) p.variant = *variant_;
+  cuda::DecodeInputs p;
   p.table.page_ptrs = entry_ptrs_.as<const uint8_t* const>();
   p.table.page_kinds = entry_kinds_.as<uint8_t>();
   p.table.page_token_counts = entry_counts_.as<uint16_t>();
@@ -217,7 +214,7 @@ absl::Status CudaAttention::Attend(const AttentionInputs& in, float* out) {
     p.unrotate_output = true;
   }
   p.out = out_.as<float>();
-  OSCARKV_RETURN_IF_ERROR(cuda::LaunchDecodeAttention(p, nullptr));
+  OSCARKV_RETURN_IF_ERROR(decoder_->Run(p, nullptr));
   OSCARKV_RETURN_IF_ERROR(CudaOk(cudaMemcpy(out, out_.get(), q_elems * 4, cudaMemcpyDeviceToHost), "output download"));
   return CudaOk(cudaGetLastError(), "CUDA attention");
 }
@@ -227,27 +224,14 @@ absl::Status CudaAttention::Attend(const AttentionInputs& in, float* out) {
 bool CudaAttentionCompiled() { return true; }
 
 absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttention(KvCodec codec,
-                                                                    const CudaAttentionOptions& options) {
-  std::optional<cuda::DecodeVariant> variant;
-  if (!options.decode_variant.empty()) {
-    std::string known;
-    for (int i = 0; i < cuda::kNumDecodeVariants; ++i) {
-      const auto v = static_cast<cuda::DecodeVariant>(i);
-      if (options.decode_variant == cuda::DecodeVariantName(v)) variant = v;
-      absl::StrAppend(&known, i ? ", " : "", cuda::DecodeVariantName(v));
-    }
-    if (!variant) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown decode variant '", options.decode_variant,
-                                                     "' (known: ", known, ")"));
-    }
-  }
+                                                                    const CudaAttentionOptions&) {
   if (!cuda::HaveCudaDevice()) {
     return absl::FailedPreconditionError("no CUDA device is visible (cudaGetDeviceCount found none)");
   }
   if (codec.int2 && codec.rotations == nullptr) {
     return absl::InvalidArgumentError("INT2 codec without rotations");
   }
-  return std::unique_ptr<AttentionBackend>(new CudaAttention(std::move(codec), variant));
+  return std::unique_ptr<AttentionBackend>(new CudaAttention(std::move(codec)));
 }
 
 }  // namespace oscarkv::engine

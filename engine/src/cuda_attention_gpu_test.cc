@@ -51,12 +51,10 @@ using testing::RealLayers;
 #define SKIP_WITHOUT_GPU() \
   if (!cuda::HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: CudaAttention GPU test skipped"
 
-void CheckCodec(const KvCodec& codec, const std::vector<LayerInputs>& layers, const std::string& what,
-                const CudaAttentionOptions& options = {}) {
-  SCOPED_TRACE(what + " codec " + codec.name + " decode variant " +
-               (options.decode_variant.empty() ? "default" : options.decode_variant));
+void CheckCodec(const KvCodec& codec, const std::vector<LayerInputs>& layers, const std::string& what) {
+  SCOPED_TRACE(what + " codec " + codec.name);
   MixedPrecisionAttention cpu(codec);
-  auto gpu = MakeCudaAttention(codec, options);
+  auto gpu = MakeCudaAttention(codec);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   for (const LayerInputs& li : layers) {
     const size_t n = size_t{li.tokens} * li.hq * li.d;
@@ -65,10 +63,8 @@ void CheckCodec(const KvCodec& codec, const std::vector<LayerInputs>& layers, co
     absl::Status s = (*gpu)->Attend(li.view(), got.data());
     ASSERT_TRUE(s.ok()) << s;
     const Diff d = Compare(got, want);
-    std::printf("  %-34s %-10s %-13s layer %u T=%u: rel_rms %.2e, outside %.4f%%, max |err|/bound %.2f\n",
-                what.c_str(), codec.name.c_str(),
-                options.decode_variant.empty() ? "default" : options.decode_variant.c_str(), li.layer,
-                li.tokens, d.rel_rms,
+    std::printf("  %-34s %-10s layer %u T=%u: rel_rms %.2e, outside %.4f%%, max |err|/bound %.2f\n",
+                what.c_str(), codec.name.c_str(), li.layer, li.tokens, d.rel_rms,
                 100 * d.frac_outside, d.max_excess);
     EXPECT_TRUE(d.finite) << "non-finite output (an element not written?)";
     const bool no_windows = codec.sink == 0 && codec.recent == 0;
@@ -92,26 +88,13 @@ TEST(CudaAttentionGpu, MatchesCpuOnTheReferenceModel) {
   const ModelConfig& c = (*model)->config();
   const std::vector<LayerInputs> layers = RealLayers(**model, 700);
   ASSERT_EQ(layers.size(), c.num_layers);
-  // The kernels' default decode variant, and packed_heads (fp16 hi+lo query) beside it: real
-  // activations have large logits, where the default's int8 query split shows first.
-  for (const char* variant : {"", "packed_heads"}) {
-    for (auto [sink, recent] : {std::pair{64u, 256u}, std::pair{0u, 0u}, std::pair{5u, 37u}}) {
-      for (const KvCodec& codec : Codecs(c.num_layers, c.num_kv_heads, c.head_dim, sink, recent, 128)) {
-        if (!codec.int2 && (sink != 64 || *variant)) continue;
-        CheckCodec(codec, layers, "refmodel sink " + std::to_string(sink) + " recent " + std::to_string(recent),
-                   {variant});
-      }
+  // Real activations have large logits, where the int8 query split shows first.
+  for (auto [sink, recent] : {std::pair{64u, 256u}, std::pair{0u, 0u}, std::pair{5u, 37u}}) {
+    for (const KvCodec& codec : Codecs(c.num_layers, c.num_kv_heads, c.head_dim, sink, recent, 128)) {
+      if (!codec.int2 && sink != 64) continue;
+      CheckCodec(codec, layers, "refmodel sink " + std::to_string(sink) + " recent " + std::to_string(recent));
     }
   }
-}
-
-TEST(CudaAttentionGpu, UnknownDecodeVariantIsAnError) {
-  SKIP_WITHOUT_GPU();
-  const auto codecs = Codecs(1, 1, 128, 64, 256, 128);
-  auto gpu = MakeCudaAttention(codecs[2], {"packed_nothing"});
-  ASSERT_FALSE(gpu.ok());
-  EXPECT_EQ(gpu.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(gpu.status().message().find("packed_int8"), std::string::npos) << gpu.status();
 }
 
 TEST(CudaAttentionGpu, MatchesCpuOnRandomInputs) {

@@ -14,7 +14,7 @@ for bin in kernels/cuda/cuda_kernels_gpu_test kernels/cuda/cuda_reference_test b
   { ldd "$b/$bin" | awk '/=>/ {print $3}' | grep -vE 'libc\.so|libm\.so|libstdc\+\+|libgcc_s|ld-linux|libdl|libpthread|librt' || true; } |
     while read -r lib; do cp -Ln "$lib" "$out/lib/" 2>/dev/null || true; done
 done
-cp "$root/bench/sdpa_baseline.py" "$out/" 2>/dev/null || true
+cp "$root/bench/sdpa_baseline.py" "$root/bench/gemm_baseline.py" "$out/" 2>/dev/null || true
 # Packed copy for the device call (its 64 MiB tree limit counts the checkout's shared/ too).
 tar cJf "$b/carry.tar.xz" -C "$b" carry
 du -sh "$out" "$b/carry.tar.xz"

@@ -158,12 +158,12 @@ absl::Status LaunchDecodeAttention(const DecodeParams& params, cudaStream_t stre
   if (p.fused_merge && reinterpret_cast<uintptr_t>(p.out) % 16 != 0) {
     return absl::InvalidArgumentError("fused_merge needs a 16-byte aligned out");
   }
-  const float scale = p.softmax_scale > 0 ? p.softmax_scale : 1.0f / sqrtf(128.0f);
   const int sq = p.table.num_seqs * static_cast<int>(p.shape.num_q_heads);
-  (void)scale;
   const int n2 = p.num_int2_items, nb = p.num_items - p.num_int2_items;
   // The INT2 kernel (after the rotation kernel unless rotate_in_cta).
-  if (n2 > 0) LaunchDecodeInt2Kernels(p, n2, stream);
+  if (n2 > 0) {
+    if (absl::Status st = LaunchDecodeInt2Kernels(p, n2, stream); !st.ok()) return st;
+  }
   if (nb > 0) {
     static const bool once = SetSmem(DecodeBf16Kernel, SmemBytes<false>());
     (void)once;
@@ -201,9 +201,6 @@ absl::Status LaunchDecodeAttention(const DecodeParams& params, cudaStream_t stre
 const char* DecodeVariantName(DecodeVariant v) {
   switch (v) {
     case DecodeVariant::kBaseline: return "baseline";
-    case DecodeVariant::kPackedHeads: return "packed_heads";
-    case DecodeVariant::kPackedSplitAcc: return "packed_split_acc";
-    case DecodeVariant::kPackedInt8: return "packed_int8";
     case DecodeVariant::kPackedInt8Values: return "packed_int8_values";
   }
   return "unknown";

@@ -10,12 +10,13 @@
 #include <cstdint>
 
 #include "device_util.cuh"
-#include "oscarkv/cuda/decode_attention.h"
+#include "oscarkv/cuda/internal/decode_launch.h"
 
 namespace oscarkv::cuda {
 
-// Enqueues the INT2 kernel (p.variant) over the plan's first `blocks` items (decode_int2.cu).
-void LaunchDecodeInt2Kernels(const DecodeParams& p, int blocks, cudaStream_t stream);
+// Enqueues the rotation kernel (unless rotate_in_cta) and the INT2 kernel (p.variant) over the
+// plan's first `blocks` items (decode_int2.cu).
+absl::Status LaunchDecodeInt2Kernels(const DecodeParams& p, int blocks, cudaStream_t stream);
 
 namespace {
 

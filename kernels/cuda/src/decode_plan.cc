@@ -4,7 +4,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
-#include "oscarkv/cuda/decode_attention.h"
+#include "oscarkv/cuda/internal/decode_launch.h"
 
 namespace oscarkv::cuda {
 

@@ -50,7 +50,7 @@ constexpr int SmemBytesOf(int wgs, int parts) { return 1024 + ImageBytesOf(parts
 // kWgs: warpgroups per CTA.
 template <int G, int kParts, int kWgs>
 __global__ void __launch_bounds__(128 * kWgs, 1)
-    StreamWriteKernel(const QuantizeWriteParams p, int tiles_per_mat, int total_tiles) {
+    StreamWriteKernel(const QuantizeWriteArgs p, int tiles_per_mat, int total_tiles) {
 #if OSCARKV_HAVE_WGMMA
   constexpr int kThreads = 128 * kWgs, kStages = StagesOf(kWgs, kParts), kImage = ImageBytesOf(kParts);
   extern __shared__ __align__(16) uint8_t smem_raw[];
@@ -246,10 +246,10 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
 
 }  // namespace
 
-bool StreamWriteSupports(const QuantizeWriteParams& p, const char** why) {
+bool StreamWriteSupports(const QuantizeWriteArgs& p, const char** why) {
   const char* reason = nullptr;
   const uint8_t m = static_cast<uint8_t>(p.range_mode);
-  if (p.rot_fragments != nullptr && !p.precise_rotation && p.load_path != QuantizeWriteParams::LoadPath::kStream) {  // kStream: hi only
+  if (p.rot_fragments != nullptr && !p.precise_rotation && p.load_path != QuantizeWriteArgs::LoadPath::kStream) {  // kStream: hi only
     reason = "R fp16-only rotation asked";
   } else if (p.clips != nullptr) {
     reason = "quantile clips";
@@ -263,7 +263,7 @@ bool StreamWriteSupports(const QuantizeWriteParams& p, const char** why) {
   return reason == nullptr;
 }
 
-absl::Status LaunchStreamWrite(const QuantizeWriteParams& p, cudaStream_t stream) {
+absl::Status LaunchStreamWrite(const QuantizeWriteArgs& p, cudaStream_t stream) {
   int device = 0, sms = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -272,7 +272,7 @@ absl::Status LaunchStreamWrite(const QuantizeWriteParams& p, cudaStream_t stream
   const long long total = static_cast<long long>(tiles_per_mat) * p.layer_count * 2 * p.num_kv_heads;
   if (total > (1ll << 31) - 1) return absl::InvalidArgumentError("quantize-on-write: launch too large");
   const int ctas = static_cast<int>(std::min<long long>(sms, total));
-  using LoadPath = QuantizeWriteParams::LoadPath;
+  using LoadPath = QuantizeWriteArgs::LoadPath;
   const int parts = p.rot_fragments == nullptr ? 0 : p.precise_rotation ? 2 : 1;
   const int wgs = parts != 0 && p.load_path == LoadPath::kStream3 ? 3 : 4;
   auto run = [&](auto kernel) -> absl::Status {

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "oscarkv/cuda/quantize_write.h"
+#include "oscarkv/cuda/internal/quantize_launch.h"
 
 namespace oscarkv::cuda::detail {
 
@@ -43,10 +43,10 @@ __device__ inline void PrepareStreamImage(const float* r, uint8_t* image) {
 // The streaming kernel writes rotated rows (rot_fragments set, precise_rotation) into INT2 pages
 // with min-max or unbiased-fixed ranges and no clip, and into BF16 pages. `why` (optional) gets
 // the reason when it does not apply.
-bool StreamWriteSupports(const QuantizeWriteParams& p, const char** why = nullptr);
+bool StreamWriteSupports(const QuantizeWriteArgs& p, const char** why = nullptr);
 
 // Launches it (callers check StreamWriteSupports, and that this build runs sm_90a code on the
 // device: QuantizeWriteHasWgmma).
-absl::Status LaunchStreamWrite(const QuantizeWriteParams& p, cudaStream_t stream);
+absl::Status LaunchStreamWrite(const QuantizeWriteArgs& p, cudaStream_t stream);
 
 }  // namespace oscarkv::cuda::detail

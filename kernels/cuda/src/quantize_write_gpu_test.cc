@@ -26,6 +26,7 @@
 
 #include "gtest/gtest.h"
 #include "oscarkv/cuda/device_buffer.h"
+#include "oscarkv/cuda/internal/quantize_launch.h"
 #include "oscarkv/cuda/reference.h"
 #include "oscarkv/kernels/numeric.h"
 #include "oscarkv/kernels/quantize.h"
@@ -199,7 +200,7 @@ void RunWrite(const WriteCase& c) {
   for (auto* b : {&d_ptrs, &d_kinds, &d_page, &d_slot, &d_k, &d_v, &d_clips, &d_mats, &d_frag}) {
     ASSERT_TRUE(b->ok()) << b->status();
   }
-  QuantizeWriteParams gp = hp;
+  QuantizeWriteArgs gp(hp);
   gp.precise_rotation = c.precise;
   gp.k_src = d_k->as<uint16_t>();
   gp.v_src = d_v->as<uint16_t>();
@@ -218,7 +219,7 @@ void RunWrite(const WriteCase& c) {
   // Both load paths (staged, the default, and the round-1 direct loads) write every byte, and
   // write the same bytes (the same arithmetic in the same order), rotated or not.
   std::vector<std::vector<uint8_t>> round1(n_pages);
-  using LoadPath = QuantizeWriteParams::LoadPath;
+  using LoadPath = QuantizeWriteArgs::LoadPath;
   int cc_major = 0, cc_minor = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
@@ -235,7 +236,7 @@ void RunWrite(const WriteCase& c) {
   const bool stream_fits = (!c.rotate || c.precise) && no_clip && stream_modes;
   gp.range_modes_fixed_only = stream_modes && !c.range_modes.empty();
   for (LoadPath path : {LoadPath::kRound1, LoadPath::kDirect, LoadPath::kStaged, LoadPath::kAuto,
-                        LoadPath::kRound2, LoadPath::kLoadAhead, LoadPath::kLoadAtTile,
+                        LoadPath::kLoadAhead, LoadPath::kLoadAtTile,
                         LoadPath::kPrefetchL1, LoadPath::kWgmma4, LoadPath::kWgmma8,
                         LoadPath::kWgmma12, LoadPath::kStream, LoadPath::kStream3}) {
   const bool stream_path = path == LoadPath::kStream || path == LoadPath::kStream3;

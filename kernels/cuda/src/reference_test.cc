@@ -12,6 +12,8 @@
 
 #include "gtest/gtest.h"
 #include "oscarkv/cuda/decode_runner.h"
+#include "oscarkv/cuda/device_buffer.h"
+#include "oscarkv/cuda/internal/decode_launch.h"
 #include "oscarkv/cuda/reference.h"
 #include "oscarkv/kernels/numeric.h"
 #include "oscarkv/kernels/page_codec.h"

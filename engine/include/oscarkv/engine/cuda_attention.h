@@ -28,16 +28,11 @@ namespace oscarkv::engine {
 // True when this binary was built with the CUDA kernels.
 bool CudaAttentionCompiled();
 
-struct CudaAttentionOptions {
-  // Decode-attention kernel variant by name (cuda::DecodeVariantName: "baseline",
-  // "packed_heads", "packed_split_acc", "packed_int8", "packed_int8_values"); empty = the
-  // kernels' default (packed_int8_values), what a serving engine gets. Lets the harness measure
-  // each variant's accuracy on real activations.
-  std::string decode_variant;
-};
+// Options of the CUDA backend (none yet: the kernels pick their launch per plan).
+struct CudaAttentionOptions {};
 
 // FailedPrecondition without a usable device, Unimplemented in a build without CUDA,
-// InvalidArgument for a codec the kernels do not support or an unknown decode variant.
+// InvalidArgument for a codec the kernels do not support.
 absl::StatusOr<std::unique_ptr<AttentionBackend>> MakeCudaAttention(
     KvCodec codec, const CudaAttentionOptions& options = {});
 

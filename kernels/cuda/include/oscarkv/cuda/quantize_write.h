@@ -1,9 +1,9 @@
 // Quantize-on-write: new K/V rows (bf16, e.g. post-RoPE keys from the engine) are rotated
-// (x·R on tensor cores, R as fp16 high + low parts, or fp16 only: `precise_rotation`), then written
+// (x·R on tensor cores, R in high + low parts), then written
 // straight into their page slots in the docs/FORMAT.md layout -- bf16 rows for BF16 pages (sink,
 // recent tail), or clipped INT2 codes + fp16 (scale, min) for INT2 pages. The same kernel with no
 // rotation is the flush that moves the oldest tail tokens (already rotated bf16 rows) into an
-// INT2 page. Rows may stream through a cp.async ring in shared memory (`load_path`).
+// INT2 page.
 //
 // Bit-exactness: given the same fp32 row, codes and fp16 parameters equal the CPU reference
 // (kernels/src/quantize.cc: quantile clip with linear interpolation, directed-rounding fp16
@@ -70,50 +70,6 @@ struct QuantizeWriteParams {
   // Clip ratios [layer_count][2][num_kv_heads] applied to INT2 rows; nullptr: no clipping (and
   // the faster kernel built without the clip, for the default codec's `--clip none`).
   const float* clips = nullptr;
-  // R as fp16 high + low parts (the default; rotation error ~1e-6 relative); false uses the high
-  // part only: ~2^-12 relative, half the tensor work and fragment traffic (default write 174.2 ->
-  // 158.7 us on wgmma, 220.8 -> 186.3 us on mma.sync, H200, 12:16 UTC 2026-11-30). Not the
-  // default: on the reference model's real K/V no INT2 code differs from the fp32 rotation, but
-  // 0.4-1% of groups pick another range candidate, and the engine's
-  // CPU-vs-GPU attention test (engine/src/cuda_attention_gpu_test.cc) measured relative RMS
-  // errors of 1.0e-3 to 6.9e-3 against its 1e-3 bound (random inputs with outlier channels).
-  bool precise_rotation = true;
-  // How rows reach the kernel: kStaged streams them through a cp.async ring in shared memory
-  // (one balanced wave of CTAs); kDirect loads them straight into registers. kAuto: staged for
-  // the min-max / bf16 kernels (measured faster), direct for the selecting kernels (compute-
-  // bound: staged measured 1.5-3% slower, and with R hi+lo the ring costs CTAs per SM). kRound1
-  // is round 1's kernel as it was (direct loads; selecting kernels with 4-warp CTAs, 19 band
-  // bins, 4 tiles per CTA), kRound2 round 2's selecting kernel as it was (direct loads, positions
-  // kept per element, three compares per code), both kept for side-by-side benches. The direct
-  // selecting kernels (kAuto, kDirect) run round 3's selection (quantize_write.cu) and load the
-  // next tile's rows one tile ahead into registers when unrotated, prefetch them into L1 one tile
-  // ahead when rotated (measured faster each way); kLoadAhead / kPrefetchL1 force either,
-  // kLoadAtTile does neither (each tile loaded when reached; kPrefetchL1 is round 3's rotating
-  // selecting kernel, mma.sync). All write the same bytes.
-  // kWgmma4 / 8 / 12 (rotating selecting kernels, sm_90a builds; see quantize_write.cu): the
-  // rotation on wgmma, R read by the tensor cores from shared memory, CTAs of 4, 8 or 12 warps
-  // (1, 2 or 3 warpgroups), rows prefetched into L1 one tile ahead; LaunchQuantizeWrite fails
-  // (Unimplemented) without sm_90a kernels (QuantizeWriteHasWgmma). kAuto takes kWgmma8 for the
-  // rotating selecting kernels where the build has it, compiled without the quantile clip when
-  // `clips` is null (default codec write on an H200: mma.sync 220.8 us, kWgmma8 174.2 us, kAuto
-  // 169.0 us), round 3's mma.sync kernel otherwise. For the rotating min-max / bf16 kernels kAuto
-  // stays on mma.sync (staged); kWgmma* run them on wgmma (one warpgroup per CTA): INT2 pages
-  // 142.8 -> 113.4 us, but BF16 pages 125.0 -> 141.7 us.
-  // kStream: the streaming kernel (quantize_stream.cu, sm_90a): rows through shared memory, R as
-  // bf16 hi + lo read by wgmma from shared memory, one CTA of 4 warpgroups per SM; it takes
-  // rotated rows (precise_rotation) and already rotated ones (the flush, R_V absorbed: read from
-  // its rings into the same registers, 3-stage rings) with no clip into BF16 pages and INT2
-  // pages with min-max or unbiased-fixed ranges, and kAuto takes it for every such launch (an
-  // error for others).
-  // kStream with precise_rotation false rotates by R's bf16 high part only (~2^-9 relative:
-  // timing diagnostics only; kAuto never takes it). kStream3: the same kernel with 3 warpgroups
-  // (3-stage rings, 168 registers), for side-by-side benches (rows already rotated: 4 warpgroups
-  // either way).
-  enum class LoadPath : uint8_t {
-    kAuto, kStaged, kDirect, kRound1, kRound2, kLoadAhead, kLoadAtTile, kPrefetchL1,
-    kWgmma4, kWgmma8, kWgmma12, kStream, kStream3
-  };
-  LoadPath load_path = LoadPath::kAuto;
   // Range selection of INT2 groups (see the top of this file): per (layer, K|V, head) modes
   // [layer_count][2][num_kv_heads] as RangeMode bytes (RotationSet::range_mode order, like
   // clips), or nullptr to use `range_mode` for every head.
@@ -124,6 +80,10 @@ struct QuantizeWriteParams {
   bool range_modes_fixed_only = false;
 };
 
+// Enqueues the write on `stream` (no host synchronisation, no allocation): the fastest kernel
+// this build and device have for the launch's rotation, page kinds, range modes and clips.
+// Errors: InvalidArgument for an unsupported geometry or missing buffers; Internal for a CUDA
+// launch error.
 absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& params, cudaStream_t stream);
 
 // Whether this build runs sm_90a kernels (wgmma) on the current device: quantize_write.cu is
