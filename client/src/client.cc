@@ -8,10 +8,12 @@
 #include <chrono>
 #include <thread>
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "oscarkv/kernels/page_checksum.h"
 #include "oscarkv/util/host_port.h"
 #include "oscarkv/util/status_macros.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
@@ -357,23 +359,30 @@ class GrpcClient final : public Client {
         out.item_status[i] = s;
       }
     }
-    // A key another reservation holds but has not committed is ABORTED (in progress): retry it
-    // with a short backoff until it is committed by them (ALREADY_EXISTS), stored by us, or the
-    // bounded wait ends (then it stays ABORTED: reported as not stored).
-    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    for (int attempt = 0; !valid.empty(); ++attempt) {
-      for (size_t begin = 0; begin < valid.size(); begin += server_.max_batch) {
-        const size_t n = std::min<size_t>(server_.max_batch, valid.size() - begin);
+    // Keys another reservation holds uncommitted (ABORTED: in progress) are asked again with a
+    // short backoff until that one commits (then they are deduplicated), fails or the wait
+    // runs out (then they are reported as not stored, with the daemon's ABORTED).
+    const auto give_up = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(std::clamp<int64_t>(
+                             options_.store_in_progress_wait_ms, 0, options_.rpc_timeout_ms));
+    auto backoff = std::chrono::microseconds(500);
+    std::vector<size_t> todo = std::move(valid);
+    while (true) {
+      for (size_t begin = 0; begin < todo.size(); begin += server_.max_batch) {
+        const size_t n = std::min<size_t>(server_.max_batch, todo.size() - begin);
         OSCARKV_RETURN_IF_ERROR(StoreChunk(
-            codec, pages, std::span<const size_t>(valid).subspan(begin, n), &out.item_status));
+            codec, pages, std::span<const size_t>(todo).subspan(begin, n), &out.item_status));
       }
       std::vector<size_t> busy;
-      for (size_t i : valid) {
+      for (size_t i : todo) {
         if (absl::IsAborted(out.item_status[i])) busy.push_back(i);
       }
-      if (busy.empty() || std::chrono::steady_clock::now() > give_up) break;
-      std::this_thread::sleep_for(std::chrono::microseconds(200 << std::min(attempt, 5)));
-      valid = std::move(busy);
+      const auto now = std::chrono::steady_clock::now();
+      if (busy.empty() || now >= give_up) break;
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(backoff,
+                                                                               give_up - now));
+      backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
+      todo = std::move(busy);
     }
     for (const absl::Status& s : out.item_status) {
       if (s.ok()) {
@@ -525,7 +534,12 @@ class GrpcClient final : public Client {
     return absl::OkStatus();
   }
 
-  // Reserve + write + commit for the pages `idx` of `pages` (at most max_batch).
+  // Reserve + write + commit for the pages `idx` of `pages` (at most max_batch). Every page of
+  // `idx` ends with its status set: OK (committed by this call), ALREADY_EXISTS (committed
+  // before), ABORTED (reserved by a reservation that has not committed it: in progress), or why
+  // it was not stored. Whatever this call reserved and did not commit is aborted before it
+  // returns, so a failed page never leaves a reservation behind that a later Store of the key
+  // would trip over.
   absl::Status StoreChunk(const Codec& codec, std::span<const PageWrite> pages,
                           std::span<const size_t> idx, std::vector<absl::Status>* status) {
     pb::ReserveRequest req;
@@ -540,7 +554,9 @@ class GrpcClient final : public Client {
       auto ctx = Context();
       OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->Reserve(ctx.get(), req, &resp), "Reserve"));
     }
+    const uint64_t reservation = resp.reservation_id();
     if (static_cast<size_t>(resp.results_size()) != idx.size()) {
+      if (reservation != 0) AbortReservation(reservation);
       return absl::InternalError("Reserve: daemon returned a result count != item count");
     }
     std::vector<size_t> reserved;  // indexes into `pages`
@@ -555,39 +571,69 @@ class GrpcClient final : public Client {
         (*status)[idx[j]] = absl::InternalError(absl::StrCat(
             "daemon reserved a ", r.slot().bytes(), "-byte slot for a ",
             pages[idx[j]].bytes.size(), "-byte page"));
-        continue;  // left uncommitted: the reservation's abort/expiry reclaims it
+        continue;  // left uncommitted: aborted below
       }
       reserved.push_back(idx[j]);
       slots.push_back(r.slot());
     }
     if (reserved.empty()) {
-      if (resp.reservation_id() != 0) AbortReservation(resp.reservation_id());
+      if (reservation != 0) AbortReservation(reservation);
       return absl::OkStatus();
     }
-    absl::Status written = shm_ ? WriteShm(pages, reserved, slots)
-                                : WriteStream(resp.reservation_id(), pages, reserved);
-    if (!written.ok()) {
-      AbortReservation(resp.reservation_id());
-      for (size_t i : reserved) (*status)[i] = written;
+    // Over shared memory each page is copied into its slot and hashed in the same pass; a page
+    // whose bytes do not match its checksum is not committed (DATA_LOSS to this caller).
+    std::vector<size_t> to_commit;
+    if (shm_) {
+      for (size_t j = 0; j < reserved.size(); ++j) {
+        absl::Status w = WriteShmVerified(pages[reserved[j]].bytes, slots[j]);
+        if (w.ok()) {
+          to_commit.push_back(reserved[j]);
+        } else {
+          (*status)[reserved[j]] = w;
+        }
+      }
+    } else {
+      absl::Status written = WriteStream(reservation, pages, reserved);
+      if (written.ok()) {
+        to_commit = reserved;
+      } else {
+        for (size_t i : reserved) (*status)[i] = written;
+      }
+    }
+    if (to_commit.empty()) {
+      AbortReservation(reservation);
       return absl::OkStatus();
     }
     pb::CommitRequest commit;
-    commit.set_reservation_id(resp.reservation_id());
-    for (size_t i : reserved) commit.add_keys(KeyBytes(pages[i].key));
+    commit.set_reservation_id(reservation);
+    for (size_t i : to_commit) commit.add_keys(KeyBytes(pages[i].key));
+    // Shared-memory pages were hashed here over the slot's bytes: the daemon checks their
+    // headers without a second pass over the bytes. Streamed pages it verifies itself.
+    commit.set_checksums_verified(shm_ != nullptr);
     pb::CommitResponse cresp;
-    auto ctx = Context();
-    grpc::Status gs = stub_->Commit(ctx.get(), commit, &cresp);
+    grpc::Status gs;
+    {
+      auto ctx = Context();
+      gs = stub_->Commit(ctx.get(), commit, &cresp);
+    }
+    bool all_committed = to_commit.size() == reserved.size();
     if (!gs.ok()) {
-      AbortReservation(resp.reservation_id());
-      for (size_t i : reserved) (*status)[i] = FromGrpc(gs, "Commit");
-      return absl::OkStatus();
+      for (size_t i : to_commit) (*status)[i] = FromGrpc(gs, "Commit");
+      all_committed = false;
+    } else if (static_cast<size_t>(cresp.results_size()) != to_commit.size()) {
+      for (size_t i : to_commit) {
+        (*status)[i] = absl::InternalError("Commit: daemon returned a result count != key count");
+      }
+      all_committed = false;
+    } else {
+      for (size_t j = 0; j < to_commit.size(); ++j) {
+        absl::Status s = FromItem(cresp.results(static_cast<int>(j)));
+        all_committed &= s.ok();
+        (*status)[to_commit[j]] = std::move(s);
+      }
     }
-    if (static_cast<size_t>(cresp.results_size()) != reserved.size()) {
-      return absl::InternalError("Commit: daemon returned a result count != key count");
-    }
-    for (size_t j = 0; j < reserved.size(); ++j) {
-      (*status)[reserved[j]] = FromItem(cresp.results(static_cast<int>(j)));
-    }
+    // Aborting releases only what is not committed; committed pages stay.
+    if (!all_committed) AbortReservation(reservation);
     return absl::OkStatus();
   }
 
@@ -599,16 +645,13 @@ class GrpcClient final : public Client {
     stub_->Abort(ctx.get(), req, &resp);  // best effort: reservations expire anyway
   }
 
-  absl::Status WriteShm(std::span<const PageWrite> pages, const std::vector<size_t>& reserved,
-                        const std::vector<pb::PageRef>& slots) {
-    for (size_t j = 0; j < reserved.size(); ++j) {
-      const auto& src = pages[reserved[j]].bytes;
-      if (!shm_->Contains(slots[j].offset(), src.size())) {
-        return absl::InternalError("daemon reserved a slot outside its shared-memory segment");
-      }
-      std::memcpy(shm_->data() + slots[j].offset(), src.data(), src.size());
+  // Copies one page into its reserved pool slot, hashing it as it goes (one pass); DATA_LOSS
+  // when the bytes in the slot do not match the page's checksum.
+  absl::Status WriteShmVerified(std::span<const uint8_t> src, const pb::PageRef& slot) {
+    if (!shm_->Contains(slot.offset(), src.size())) {
+      return absl::InternalError("daemon reserved a slot outside its shared-memory segment");
     }
-    return absl::OkStatus();
+    return CopyPageVerified(std::span<uint8_t>(shm_->data() + slot.offset(), src.size()), src);
   }
 
   absl::Status WriteStream(uint64_t reservation_id, std::span<const PageWrite> pages,
@@ -664,9 +707,12 @@ class GrpcClient final : public Client {
           out[j] = std::span<uint8_t>(owned->back());
         }
       }
+      // Checksums of the bytes as the copy wrote them (one pass), where the copy hashed them.
+      std::vector<std::optional<uint64_t>> digests(m);
+      const bool verify = options_.verify_checksums;
       absl::Status s = m == 0 ? absl::OkStatus()
-                       : shm_  ? ReadShm(resp, out)
-                               : ReadStream(resp, keys.subspan(begin, m), out);
+                       : shm_  ? ReadShm(resp, out, verify, &digests)
+                               : ReadStream(resp, keys.subspan(begin, m), out, verify, &digests);
       // Synchronous on purpose: when Load returns, the pages are no longer pinned (a Delete or
       // Clear right after it behaves as expected). A failed release only means the lease runs
       // to its deadline; the caller learns of it through `release_status`.
@@ -677,7 +723,11 @@ class GrpcClient final : public Client {
         const PageKind kind = resp.pages(static_cast<int>(j)).kind() == pb::PAGE_KIND_BF16
                                   ? PageKind::kBf16
                                   : PageKind::kInt2;
-        absl::Status c = CheckPage(codec, kind, out[j], options_.verify_checksums);
+        absl::Status c = CheckPage(codec, kind, out[j], verify && !digests[j].has_value());
+        if (c.ok() && verify && digests[j].has_value() &&
+            *digests[j] != StoredPageChecksum(out[j])) {
+          c = absl::DataLossError("page checksum mismatch: the page is corrupt");
+        }
         if (!c.ok()) {
           return absl::Status(c.code(), absl::StrCat("loaded page ", loaded + j, " (key ",
                                                      keys[begin + j].Hex(), "): ", c.message()));
@@ -691,19 +741,31 @@ class GrpcClient final : public Client {
     return absl::OkStatus();
   }
 
-  absl::Status ReadShm(const pb::LookupResponse& resp, std::span<std::span<uint8_t>> out) {
+  // Copies leased pages out of the pool; with `hash`, each page is hashed as it is copied (one
+  // pass) and its checksum left in (*digests)[j].
+  absl::Status ReadShm(const pb::LookupResponse& resp, std::span<std::span<uint8_t>> out,
+                       bool hash, std::vector<std::optional<uint64_t>>* digests) {
     for (size_t j = 0; j < out.size(); ++j) {
       const pb::PageRef& r = resp.pages(static_cast<int>(j));
       if (!shm_->Contains(r.offset(), r.bytes())) {
         return absl::InternalError("daemon leased a page outside its shared-memory segment");
       }
-      std::memcpy(out[j].data(), shm_->data() + r.offset(), r.bytes());
+      const std::span<const uint8_t> src(shm_->data() + r.offset(), r.bytes());
+      if (hash) {
+        (*digests)[j] = CopyPageWithChecksum(out[j], src);
+      } else {
+        std::memcpy(out[j].data(), src.data(), src.size());
+      }
     }
     return absl::OkStatus();
   }
 
+  // ReadPages of a lease's pages; with `hash`, pages whose chunks arrive in order are hashed
+  // chunk by chunk right after each is copied (one pass), their checksums left in *digests.
   absl::Status ReadStream(const pb::LookupResponse& resp, std::span<const BlockKey> keys,
-                          std::span<std::span<uint8_t>> out) {
+                          std::span<std::span<uint8_t>> out, bool hash,
+                          std::vector<std::optional<uint64_t>>* digests) {
+    std::vector<std::unique_ptr<PageChecksummer>> hashers(out.size());
     std::unordered_map<std::string, size_t> index;
     for (size_t j = 0; j < out.size(); ++j) index.emplace(KeyBytes(keys[j]), j);
     pb::ReadRequest req;
@@ -723,9 +785,17 @@ class GrpcClient final : public Client {
         ctx->TryCancel();
         break;
       }
-      std::memcpy(out[it->second].data() + chunk.offset(), chunk.data().data(),
-                  chunk.data().size());
-      got[it->second] += chunk.data().size();
+      const size_t j = it->second;
+      std::memcpy(out[j].data() + chunk.offset(), chunk.data().data(), chunk.data().size());
+      if (hash && chunk.offset() == 0 && got[j] == 0) {
+        hashers[j] = std::make_unique<PageChecksummer>();
+      }
+      if (hashers[j] != nullptr && hashers[j]->offset() == chunk.offset()) {
+        hashers[j]->Update(out[j].subspan(chunk.offset(), chunk.data().size()));
+      } else {
+        hashers[j].reset();  // out of order: verified by a pass after the copy
+      }
+      got[j] += chunk.data().size();
     }
     absl::Status s = FromGrpc(reader->Finish(), "ReadPages");
     if (!bad.ok()) return bad;
@@ -734,6 +804,9 @@ class GrpcClient final : public Client {
       if (got[j] != out[j].size()) {
         return absl::DataLossError(absl::StrCat("ReadPages: page ", j, " arrived with ", got[j],
                                                 " of ", out[j].size(), " bytes"));
+      }
+      if (hashers[j] != nullptr && hashers[j]->offset() == out[j].size()) {
+        (*digests)[j] = hashers[j]->Digest();
       }
     }
     return absl::OkStatus();
@@ -809,6 +882,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   auto client = std::make_unique<GrpcClient>(options, std::move(channel));
   OSCARKV_RETURN_IF_ERROR(client->Init());
   return std::unique_ptr<Client>(std::move(client));
+}
+
+absl::Status StoreResult::ToStatus() const {
+  for (size_t i = 0; i < item_status.size(); ++i) {
+    const absl::Status& s = item_status[i];
+    if (s.ok() || absl::IsAlreadyExists(s)) continue;
+    return absl::Status(s.code(), absl::StrCat(failed, " of ", item_status.size(),
+                                               " pages not stored; first: page ", i, ": ",
+                                               s.message()));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<BlockKey> Client::BlockKeys(const Codec& codec, std::span<const uint32_t> tokens,

@@ -1,6 +1,7 @@
 #include "oscarkv/kernels/page_format.h"
 
 #include <xxhash.h>
+#include <xxh_x86dispatch.h>  // the widest vector unit this CPU has
 
 #include <cstring>
 
@@ -25,8 +26,9 @@ PageGeometry GeometryFor(const CodecProfile& p, PageKind kind) {
 uint64_t ComputePageChecksum(std::span<const uint8_t> page) {
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
-  XXH3_64bits_update(state, page.data(), offsetof(PageHeader, checksum));
-  XXH3_64bits_update(state, page.data() + kPageHeaderBytes, page.size() - kPageHeaderBytes);
+  XXH3_64bits_update_dispatch(state, page.data(), offsetof(PageHeader, checksum));
+  XXH3_64bits_update_dispatch(state, page.data() + kPageHeaderBytes,
+                              page.size() - kPageHeaderBytes);
   const uint64_t h = XXH3_64bits_digest(state);
   XXH3_freeState(state);
   return h;

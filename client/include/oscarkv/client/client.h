@@ -66,6 +66,10 @@ struct ConnectOptions {
   bool verify_checksums = true;
   // Deadline of each RPC (a streaming call of a batch counts as one RPC), and of Connect.
   int64_t rpc_timeout_ms = 10000;
+  // Store: how long to keep asking for a key that another reservation holds uncommitted (the
+  // daemon's ABORTED, "in progress") before reporting it as not stored (at most rpc_timeout_ms;
+  // 0 = ask once). When the other store commits meanwhile, the key counts as deduplicated.
+  int64_t store_in_progress_wait_ms = 2000;
   // Threads running the *Async calls (at least 1).
   int async_threads = 2;
   // Bytes per WriteChunk / expected ReadChunk on the gRPC data path.
@@ -129,11 +133,19 @@ struct PageWrite {
   std::span<const uint8_t> bytes;
 };
 
+// What Store did with each page. A page is cached only when its item_status is OK (committed
+// by this call) or ALREADY_EXISTS (committed before: deduplicated); every other status says why
+// it is NOT cached, e.g. DATA_LOSS (its bytes do not match its checksum), ABORTED (another
+// reservation still holds the key uncommitted after store_in_progress_wait_ms: store it again
+// later), RESOURCE_EXHAUSTED (no room), INVALID_ARGUMENT (rejected before sending).
 struct StoreResult {
   uint32_t stored = 0;        // newly committed
-  uint32_t deduplicated = 0;  // already stored (committed and verified): skipped
-  uint32_t failed = 0;        // see item_status
+  uint32_t deduplicated = 0;  // already committed before this call: skipped
+  uint32_t failed = 0;        // not cached: see item_status
   std::vector<absl::Status> item_status;  // per input page: OK, ALREADY_EXISTS, or the error
+  // OK when every page is cached (stored or deduplicated); else the code of the first page that
+  // is not, with how many are not and that page's index and reason.
+  absl::Status ToStatus() const;
 };
 
 struct LoadResult {

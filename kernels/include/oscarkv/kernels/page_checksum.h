@@ -1,0 +1,61 @@
+// One pass over a page's bytes: its checksum (docs/FORMAT.md §1: XXH3-64, seed 0, over header
+// bytes [0, 56) then the payload) computed while the page is copied, so that copying and
+// verifying a page read it from memory once instead of twice.
+//
+// The copy runs in chunks of kChecksumChunkBytes; each chunk is hashed right after it was
+// written, while it is still in the core's L2 cache, so the hash costs no memory traffic of
+// its own. The hash is taken over the DESTINATION bytes: what it vouches for is the copy
+// that was made, not only its source.
+//
+// Thread-safety: the functions are reentrant; a PageChecksummer is one caller's state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "absl/status/status.h"
+
+namespace oscarkv {
+
+// Copy + hash granularity: small enough to stay in L2 between the copy and the hash, large
+// enough that the per-chunk calls cost nothing.
+inline constexpr size_t kChecksumChunkBytes = size_t{128} << 10;
+
+// Streaming form of ComputePageChecksum for bytes that arrive in order (a gRPC stream, a copy
+// in chunks). Update() takes the page's bytes from offset 0 on, in any split; the 8 bytes of
+// the header's checksum field are skipped as the format says.
+class PageChecksummer {
+ public:
+  PageChecksummer();
+  ~PageChecksummer();
+  PageChecksummer(const PageChecksummer&) = delete;
+  PageChecksummer& operator=(const PageChecksummer&) = delete;
+
+  void Reset();
+  // The next `bytes.size()` bytes of the page (offset() advances by that much).
+  void Update(std::span<const uint8_t> bytes);
+  uint64_t offset() const { return offset_; }
+  // The checksum of the bytes given so far (the page's checksum once all were given).
+  uint64_t Digest() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  uint64_t offset_ = 0;
+};
+
+// Copies `src` to `dst` (same size) and returns the page checksum of the bytes written, in one
+// pass. dst and src must not overlap.
+uint64_t CopyPageWithChecksum(std::span<uint8_t> dst, std::span<const uint8_t> src);
+
+// The checksum field of a page's header (0 for a page shorter than its header).
+uint64_t StoredPageChecksum(std::span<const uint8_t> page);
+
+// CopyPageWithChecksum, then compares with the checksum the copy's header carries: DATA_LOSS
+// naming both when they differ. The copy is made either way (the caller decides what to do
+// with a page that failed).
+absl::Status CopyPageVerified(std::span<uint8_t> dst, std::span<const uint8_t> src);
+
+}  // namespace oscarkv

@@ -1,0 +1,82 @@
+#include "oscarkv/kernels/page_checksum.h"
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "oscarkv/kernels/page_format.h"
+
+namespace oscarkv {
+namespace {
+
+// Random bytes with a header whose checksum field holds the page's checksum.
+std::vector<uint8_t> RandomPage(size_t bytes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> page(bytes);
+  for (auto& b : page) b = static_cast<uint8_t>(rng());
+  const uint64_t c = ComputePageChecksum(page);
+  std::memcpy(page.data() + offsetof(PageHeader, checksum), &c, sizeof(c));
+  return page;
+}
+
+// Sizes around the chunk boundaries, and the real Qwen3-8B INT2 page size.
+const size_t kSizes[] = {64, 65, 4096, kChecksumChunkBytes - 1, kChecksumChunkBytes,
+                         kChecksumChunkBytes + 64, 3 * kChecksumChunkBytes + 7, 1327168};
+
+TEST(PageChecksum, CopyHashesWhatItCopies) {
+  for (size_t n : kSizes) {
+    const auto src = RandomPage(n, static_cast<uint32_t>(n));
+    std::vector<uint8_t> dst(n, 0xAB);
+    EXPECT_EQ(CopyPageWithChecksum(dst, src), ComputePageChecksum(src)) << n;
+    EXPECT_EQ(dst, src) << n;
+    EXPECT_TRUE(CopyPageVerified(dst, src).ok()) << n;
+  }
+}
+
+TEST(PageChecksum, StreamingAnySplitMatches) {
+  std::mt19937 rng(7);
+  for (size_t n : kSizes) {
+    const auto page = RandomPage(n, static_cast<uint32_t>(n) + 1);
+    for (int trial = 0; trial < 20; ++trial) {
+      PageChecksummer h;
+      size_t off = 0;
+      while (off < n) {
+        // Small pieces near the header (so splits land inside the checksum field), larger after.
+        const size_t max = off < 128 ? 9 : 200000;
+        const size_t len = std::min<size_t>(n - off, 1 + rng() % max);
+        h.Update(std::span<const uint8_t>(page).subspan(off, len));
+        off += len;
+      }
+      EXPECT_EQ(h.offset(), n);
+      EXPECT_EQ(h.Digest(), ComputePageChecksum(page)) << n << " trial " << trial;
+    }
+  }
+}
+
+TEST(PageChecksum, AnyCorruptByteIsDataLoss) {
+  const size_t n = 3 * kChecksumChunkBytes + 100;
+  const auto good = RandomPage(n, 3);
+  // A byte of the header, of the checksum field itself, of each chunk, and the last byte.
+  for (size_t at : {size_t{0}, size_t{55}, size_t{56}, size_t{63}, size_t{64},
+                    kChecksumChunkBytes + 5, 2 * kChecksumChunkBytes, n - 1}) {
+    auto bad = good;
+    bad[at] ^= 0x10;
+    std::vector<uint8_t> dst(n);
+    const absl::Status s = CopyPageVerified(dst, bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << "byte " << at << ": " << s;
+    EXPECT_EQ(dst, bad) << "the copy is made either way";
+  }
+}
+
+TEST(PageChecksum, SizeMismatchAndTruncationAreRefused) {
+  const auto src = RandomPage(4096, 4);
+  std::vector<uint8_t> small(4095);
+  EXPECT_EQ(CopyPageVerified(small, src).code(), absl::StatusCode::kInvalidArgument);
+  std::vector<uint8_t> tiny_src(10), tiny_dst(10);
+  EXPECT_EQ(CopyPageVerified(tiny_dst, tiny_src).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(StoredPageChecksum(tiny_src), 0u);
+}
+
+}  // namespace
+}  // namespace oscarkv
