@@ -1,5 +1,8 @@
 // Transfer handles against a real oscarkvd: publish (sink + history + partial tail), open and
 // load by name over shared memory and over gRPC, idempotent publish, close, expiry.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <thread>
 
@@ -103,6 +106,38 @@ TEST_P(HandleTest, PublishOpenLoadClose) {
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->pinned_pages, 0u);
   EXPECT_EQ(stats->leases, 0u);
+}
+
+// A handle page corrupted in the pool after it was published is DATA_LOSS on load (the one
+// load path verifies every page, on either data path); no page of that load is returned.
+TEST_P(HandleTest, CorruptedPageIsDataLossOnLoad) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto prefill = ConnectHandles(d->address(), DataPath::kAuto);
+  auto decode = ConnectHandles(d->address(), GetParam());
+  ASSERT_TRUE(prefill && decode);
+  const client::Codec codec = RegisterRefmodel(prefill->client());
+  Handoff h = MakeHandoff(codec, "req-c", 9);
+  ASSERT_TRUE(prefill->Publish(codec, "req-c", h.writes, "", 60000).ok());
+  ASSERT_TRUE(decode->Load(codec, "req-c").ok());
+  auto info = prefill->Open("req-c");
+  ASSERT_TRUE(info.ok()) << info.status();
+  const uint64_t off = info->pages[2].offset + info->pages[2].bytes - 1;  // its last byte
+  ASSERT_TRUE(prefill->client().Release(info->lease_id).ok());
+  const int fd = ::open(d->shm_path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(off)), 1);
+  byte ^= 0x08;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(off)), 1);
+  ::close(fd);
+  auto bad = decode->Load(codec, "req-c");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kDataLoss) << bad.status();
+  EXPECT_NE(bad.status().message().find(h.writes[2].key.Hex()), std::string::npos)
+      << bad.status();
+  auto stats = prefill->client().GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->leases, 0u);  // the failed load released its lease
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, HandleTest, ::testing::Values(DataPath::kSharedMemory,

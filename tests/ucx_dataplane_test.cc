@@ -1,6 +1,9 @@
 // The UCX data plane end to end: oscarkvd serves its pool over UCX (GetDataPlane), a UcxLoader
 // fetches leased pages and handle pages by RMA get, over tcp and over shm; kill -9 of the daemon
 // during batch transfers (10 rounds) gives errors, never a wrong page, within the bound.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -124,6 +127,25 @@ TEST_P(UcxDataPlaneTest, LoadAndHandleByRma) {
   for (size_t i = 0; i < 5; ++i) EXPECT_EQ(h->pages[i], s.pages[i]);
   EXPECT_EQ(h->info.metadata, "state");
   ASSERT_TRUE(loader->handles().Close("pd-1").ok());
+
+  // A page corrupted in the pool: DATA_LOSS through the staged RMA load, the RMA straight into
+  // engine buffers, and the handle load -- the one load path verifies each of them.
+  auto pin = c->Lookup(codec, std::span(s.keys).subspan(3, 1), {.pin = true});
+  ASSERT_TRUE(pin.ok() && pin->matched == 1);
+  const uint64_t off = pin->pages[0].offset + 4096;
+  ASSERT_TRUE(c->Release(*pin).ok());
+  const int fd = ::open(d->shm_path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(off)), 1);
+  byte ^= 0x02;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(off)), 1);
+  ::close(fd);
+  EXPECT_EQ(loader->Load(codec, s.keys).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(loader->LoadInto(codec, s.keys, slots).status().code(), absl::StatusCode::kDataLoss);
+  ASSERT_TRUE(loader->handles().PublishKeys(codec, "pd-2", hk, "", 10000).ok());
+  EXPECT_EQ(loader->LoadHandle(codec, "pd-2").status().code(), absl::StatusCode::kDataLoss);
+  ASSERT_TRUE(loader->handles().Close("pd-2").ok());
 
   auto st = c->GetStats();
   ASSERT_TRUE(st.ok());

@@ -8,17 +8,19 @@
 #include <chrono>
 #include <thread>
 #include <cstring>
-#include <optional>
-#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "oscarkv/kernels/page_checksum.h"
 #include "oscarkv/util/host_port.h"
 #include "oscarkv/util/status_macros.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
+#include "client_internal.h"
 #include "local_channel.h"
+#include "oscarkv/proto/codec_convert.h"
+#include "page_fetch.h"
+#include "rpc_core.h"
 #include "shm_mapping.h"
+#include "store_path.h"
 #include "task_pool.h"
 
 namespace oscarkv::client {
@@ -46,13 +48,6 @@ namespace {
 namespace pb = ::oscarkv::v1;
 namespace local = ::oscarkv::v1::local;
 
-// The one adapter from grpc::Status to absl::Status: codes map one-to-one.
-absl::Status FromGrpc(const grpc::Status& s, std::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(std::string(what), ": ", s.error_message()));
-}
-
 absl::Status FromItem(const pb::ItemStatus& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
 }
@@ -64,46 +59,10 @@ std::string IdBytes(const CodecId& id) {
   return std::string(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
 }
 
-absl::StatusOr<BlockKey> KeyFromBytes(const std::string& s) {
-  BlockKey k;
-  if (s.size() != k.bytes.size()) {
-    return absl::InternalError(absl::StrCat("daemon returned a ", s.size(), "-byte key"));
-  }
-  std::memcpy(k.bytes.data(), s.data(), s.size());
-  return k;
-}
-
-pb::PageKind ToProto(PageKind k) {
-  return k == PageKind::kInt2 ? pb::PAGE_KIND_INT2 : pb::PAGE_KIND_BF16;
-}
-
-void ToProto(const CodecProfile& p, pb::CodecProfile* out) {
-  out->set_model_id(p.model_id);
-  out->set_model_revision(p.model_revision);
-  out->set_num_layers(p.num_layers);
-  out->set_num_kv_heads(p.num_kv_heads);
-  out->set_tp_rank(p.tp_rank);
-  out->set_tp_size(p.tp_size);
-  out->set_head_dim(p.head_dim);
-  out->set_page_tokens(p.page_tokens);
-  out->set_group_size(p.group_size);
-  out->set_scale_dtype(static_cast<uint32_t>(p.scale_dtype));
-  out->set_sink_tokens(p.sink_tokens);
-  out->set_recent_tokens(p.recent_tokens);
-  bool any = false;
-  for (uint8_t b : p.rotation_digest) any |= b != 0;
-  if (any) {
-    out->set_rotation_digest(
-        std::string(reinterpret_cast<const char*>(p.rotation_digest.data()), 32));
-  }
-}
-
 class GrpcClient final : public Client {
  public:
-  GrpcClient(ConnectOptions options, std::shared_ptr<grpc::Channel> channel)
-      : options_(std::move(options)),
-        channel_(std::move(channel)),
-        stub_(pb::KvCache::NewStub(channel_)) {}
+  explicit GrpcClient(ConnectOptions options)
+      : options_(std::move(options)), rpc_(RpcCore::Dial(options_)) {}
 
   ~GrpcClient() override {
     pool_.reset();  // drain async work before unmapping
@@ -120,8 +79,8 @@ class GrpcClient final : public Client {
     req.set_wire_version(pb::WIRE_VERSION_1);
     req.set_client_name(options_.client_name);
     pb::HandshakeResponse resp;
-    auto ctx = Context();
-    OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->Handshake(ctx.get(), req, &resp),
+    auto ctx = rpc_->Context();
+    OSCARKV_RETURN_IF_ERROR(FromGrpc(rpc_->stub().Handshake(ctx.get(), req, &resp),
                                      absl::StrCat("handshake with oscarkvd at ", options_.address)));
     if (resp.wire_version() != pb::WIRE_VERSION_1) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -142,6 +101,11 @@ class GrpcClient final : public Client {
       }
     }
     server_.data_path = shm_ ? DataPath::kSharedMemory : DataPath::kGrpc;
+    if (shm_) {
+      source_ = std::make_unique<ShmPageSource>(*shm_);
+    } else {
+      source_ = std::make_unique<StreamPageSource>(*rpc_, /*by_key=*/true);
+    }
     server_.local_socket = resp.local_socket();
     if (options_.lookup_path != LookupPath::kGrpc) {
       if (server_.local_socket.empty()) {
@@ -167,6 +131,7 @@ class GrpcClient final : public Client {
   }
 
   const ServerInfo& server() const override { return server_; }
+  ClientCore core() { return ClientCore{rpc_, source_.get(), shm_.get()}; }
   const ConnectOptions& options() const override { return options_; }
 
   absl::StatusOr<uint64_t> RenewLease(uint64_t lease_id, uint32_t lease_ms) override {
@@ -174,19 +139,19 @@ class GrpcClient final : public Client {
     req.set_lease_id(lease_id);
     req.set_lease_ms(lease_ms);
     pb::RenewLeaseResponse resp;
-    auto ctx = Context();
-    OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->RenewLease(ctx.get(), req, &resp), "RenewLease"));
+    auto ctx = rpc_->Context();
+    OSCARKV_RETURN_IF_ERROR(FromGrpc(rpc_->stub().RenewLease(ctx.get(), req, &resp), "RenewLease"));
     return resp.lease_deadline_unix_ms();
   }
 
   absl::StatusOr<Codec> RegisterCodec(const CodecProfile& profile) override {
     OSCARKV_RETURN_IF_ERROR(profile.Validate());
     pb::RegisterCodecRequest req;
-    ToProto(profile, req.mutable_profile());
+    proto::ToProto(profile, req.mutable_profile());
     pb::RegisterCodecResponse resp;
-    auto ctx = Context();
+    auto ctx = rpc_->Context();
     OSCARKV_RETURN_IF_ERROR(
-        FromGrpc(stub_->RegisterCodec(ctx.get(), req, &resp), "RegisterCodec"));
+        FromGrpc(rpc_->stub().RegisterCodec(ctx.get(), req, &resp), "RegisterCodec"));
     Codec c;
     c.profile = profile;
     c.id = profile.Id();
@@ -223,7 +188,7 @@ class GrpcClient final : public Client {
                                                     resp.lease_deadline_unix_ms());
       }
       for (const pb::PageRef& r : resp.pages()) {
-        auto ref = FromProto(r);
+        auto ref = PageRefFromProto(r);
         if (!ref.ok()) {
           Release(out).IgnoreError();
           return ref.status();
@@ -255,7 +220,7 @@ class GrpcClient final : public Client {
       return;
     }
     LookupCall* call = TakeCall();
-    call->ctx = Context();
+    call->ctx = rpc_->Context();
     call->n = keys.size();
     call->pin = opts.pin;
     call->done = std::move(done);
@@ -265,7 +230,7 @@ class GrpcClient final : public Client {
     }
     call->req.set_pin(opts.pin);
     call->req.set_lease_ms(opts.lease_ms);
-    stub_->async()->Lookup(call->ctx.get(), &call->req, &call->resp,
+    rpc_->stub().async()->Lookup(call->ctx.get(), &call->req, &call->resp,
                            [this, call](grpc::Status gs) {
                              auto done = std::move(call->done);
                              absl::StatusOr<LookupResult> r =
@@ -321,7 +286,7 @@ class GrpcClient final : public Client {
       out.lease_deadline_unix_ms = resp.lease_deadline_unix_ms();
     }
     for (const pb::PageRef& r : resp.pages()) {
-      auto ref = FromProto(r);
+      auto ref = PageRefFromProto(r);
       if (!ref.ok()) return ref.status();
       out.pages.push_back(*ref);
     }
@@ -340,60 +305,13 @@ class GrpcClient final : public Client {
     req.set_lease_id(lease_id);
     pb::ReleaseResponse resp;
     if (local_ != nullptr) return local_->Call(local::Method::kRelease, req, &resp, "Release");
-    auto ctx = Context();
-    return FromGrpc(stub_->Release(ctx.get(), req, &resp), "Release");
+    auto ctx = rpc_->Context();
+    return FromGrpc(rpc_->stub().Release(ctx.get(), req, &resp), "Release");
   }
 
   absl::StatusOr<StoreResult> Store(const Codec& codec,
                                     std::span<const PageWrite> pages) override {
-    StoreResult out;
-    out.item_status.assign(pages.size(), absl::OkStatus());
-    // Client-side checks first, so a bad page never takes a pool slot.
-    std::vector<size_t> valid;
-    valid.reserve(pages.size());
-    for (size_t i = 0; i < pages.size(); ++i) {
-      absl::Status s = CheckPage(codec, pages[i].kind, pages[i].bytes, /*checksum=*/false);
-      if (s.ok()) {
-        valid.push_back(i);
-      } else {
-        out.item_status[i] = s;
-      }
-    }
-    // Keys another reservation holds uncommitted (ABORTED: in progress) are asked again with a
-    // short backoff until that one commits (then they are deduplicated), fails or the wait
-    // runs out (then they are reported as not stored, with the daemon's ABORTED).
-    const auto give_up = std::chrono::steady_clock::now() +
-                         std::chrono::milliseconds(std::clamp<int64_t>(
-                             options_.store_in_progress_wait_ms, 0, options_.rpc_timeout_ms));
-    auto backoff = std::chrono::microseconds(500);
-    std::vector<size_t> todo = std::move(valid);
-    while (true) {
-      for (size_t begin = 0; begin < todo.size(); begin += server_.max_batch) {
-        const size_t n = std::min<size_t>(server_.max_batch, todo.size() - begin);
-        OSCARKV_RETURN_IF_ERROR(StoreChunk(
-            codec, pages, std::span<const size_t>(todo).subspan(begin, n), &out.item_status));
-      }
-      std::vector<size_t> busy;
-      for (size_t i : todo) {
-        if (absl::IsAborted(out.item_status[i])) busy.push_back(i);
-      }
-      const auto now = std::chrono::steady_clock::now();
-      if (busy.empty() || now >= give_up) break;
-      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(backoff,
-                                                                               give_up - now));
-      backoff = std::min(backoff * 2, std::chrono::microseconds(20000));
-      todo = std::move(busy);
-    }
-    for (const absl::Status& s : out.item_status) {
-      if (s.ok()) {
-        ++out.stored;
-      } else if (absl::IsAlreadyExists(s)) {
-        ++out.deduplicated;
-      } else {
-        ++out.failed;
-      }
-    }
-    return out;
+    return StorePages(StoreTarget{*rpc_, shm_.get(), server_.max_batch, options_}, codec, pages);
   }
 
   absl::StatusOr<LoadResult> Load(const Codec& codec, std::span<const BlockKey> keys) override {
@@ -422,8 +340,8 @@ class GrpcClient final : public Client {
   absl::StatusOr<Stats> GetStats() override {
     pb::StatsRequest req;
     pb::StatsResponse r;
-    auto ctx = Context();
-    OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->Stats(ctx.get(), req, &r), "Stats"));
+    auto ctx = rpc_->Context();
+    OSCARKV_RETURN_IF_ERROR(FromGrpc(rpc_->stub().Stats(ctx.get(), req, &r), "Stats"));
     Stats s;
     s.pool_bytes = r.pool_bytes();
     s.pool_used_bytes = r.pool_used_bytes();
@@ -452,8 +370,8 @@ class GrpcClient final : public Client {
       req.set_codec_id(IdBytes(codec.id));
       for (const BlockKey& k : keys.subspan(begin, n)) req.add_keys(KeyBytes(k));
       pb::DeleteResponse resp;
-      auto ctx = Context();
-      OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->Delete(ctx.get(), req, &resp), "Delete"));
+      auto ctx = rpc_->Context();
+      OSCARKV_RETURN_IF_ERROR(FromGrpc(rpc_->stub().Delete(ctx.get(), req, &resp), "Delete"));
       if (static_cast<size_t>(resp.results_size()) != n) {
         return absl::InternalError("Delete: daemon returned a result count != key count");
       }
@@ -467,8 +385,8 @@ class GrpcClient final : public Client {
     if (codec_id != nullptr) req.set_codec_id(IdBytes(*codec_id));
     req.set_include_pinned(include_pinned);
     pb::ClearResponse resp;
-    auto ctx = Context();
-    OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->Clear(ctx.get(), req, &resp), "Clear"));
+    auto ctx = rpc_->Context();
+    OSCARKV_RETURN_IF_ERROR(FromGrpc(rpc_->stub().Clear(ctx.get(), req, &resp), "Clear"));
     return resp.pages_removed();
   }
 
@@ -476,40 +394,6 @@ class GrpcClient final : public Client {
   void Submit(std::function<void()> task) override { pool_->Submit(std::move(task)); }
 
  private:
-  std::unique_ptr<grpc::ClientContext> Context() const {
-    auto ctx = std::make_unique<grpc::ClientContext>();
-    ctx->set_deadline(std::chrono::system_clock::now() +
-                      std::chrono::milliseconds(options_.rpc_timeout_ms));
-    return ctx;
-  }
-
-  static absl::StatusOr<PageRef> FromProto(const pb::PageRef& r) {
-    PageRef out;
-    OSCARKV_ASSIGN_OR_RETURN(out.key, KeyFromBytes(r.key()));
-    out.offset = r.offset();
-    out.bytes = r.bytes();
-    out.kind = r.kind() == pb::PAGE_KIND_BF16 ? PageKind::kBf16 : PageKind::kInt2;
-    out.token_count = r.token_count();
-    return out;
-  }
-
-  // Size, header, codec id, shape and (optionally) checksum of one page of `codec`.
-  static absl::Status CheckPage(const Codec& codec, PageKind kind, std::span<const uint8_t> page,
-                                bool checksum) {
-    const uint64_t want = codec.page_bytes(kind);
-    if (page.size() != want) {
-      return absl::InvalidArgumentError(absl::StrCat("page is ", page.size(), " bytes; a ",
-                                                     PageKindName(kind), " page of codec ",
-                                                     codec.id.Hex(), " is ", want));
-    }
-    OSCARKV_ASSIGN_OR_RETURN(PageHeader h, ParsePageHeader(page, codec.profile, checksum));
-    if (h.kind != static_cast<uint8_t>(kind)) {
-      return absl::InvalidArgumentError(absl::StrCat("page header says kind ", int{h.kind},
-                                                     ", stored as ", PageKindName(kind)));
-    }
-    return absl::OkStatus();
-  }
-
   absl::Status LookupChunk(const Codec& codec, std::span<const BlockKey> keys,
                            const LookupOptions& opts, pb::LookupResponse* resp) {
     // Reused per thread: a cleared request keeps its key strings' buffers (no malloc per key).
@@ -524,8 +408,8 @@ class GrpcClient final : public Client {
     if (local_ != nullptr && keys.size() <= local::kMaxLookupKeys) {
       OSCARKV_RETURN_IF_ERROR(local_->Call(local::Method::kLookup, req, resp, "Lookup"));
     } else {
-      auto ctx = Context();
-      OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->Lookup(ctx.get(), req, resp), "Lookup"));
+      auto ctx = rpc_->Context();
+      OSCARKV_RETURN_IF_ERROR(FromGrpc(rpc_->stub().Lookup(ctx.get(), req, resp), "Lookup"));
     }
     if (resp->matched() > keys.size() || (opts.pin && resp->pages_size() != int(resp->matched()))) {
       Release(resp->lease_id()).IgnoreError();
@@ -534,151 +418,10 @@ class GrpcClient final : public Client {
     return absl::OkStatus();
   }
 
-  // Reserve + write + commit for the pages `idx` of `pages` (at most max_batch). Every page of
-  // `idx` ends with its status set: OK (committed by this call), ALREADY_EXISTS (committed
-  // before), ABORTED (reserved by a reservation that has not committed it: in progress), or why
-  // it was not stored. Whatever this call reserved and did not commit is aborted before it
-  // returns, so a failed page never leaves a reservation behind that a later Store of the key
-  // would trip over.
-  absl::Status StoreChunk(const Codec& codec, std::span<const PageWrite> pages,
-                          std::span<const size_t> idx, std::vector<absl::Status>* status) {
-    pb::ReserveRequest req;
-    req.set_codec_id(IdBytes(codec.id));
-    for (size_t i : idx) {
-      auto* item = req.add_items();
-      item->set_key(KeyBytes(pages[i].key));
-      item->set_kind(ToProto(pages[i].kind));
-    }
-    pb::ReserveResponse resp;
-    {
-      auto ctx = Context();
-      OSCARKV_RETURN_IF_ERROR(FromGrpc(stub_->Reserve(ctx.get(), req, &resp), "Reserve"));
-    }
-    const uint64_t reservation = resp.reservation_id();
-    if (static_cast<size_t>(resp.results_size()) != idx.size()) {
-      if (reservation != 0) AbortReservation(reservation);
-      return absl::InternalError("Reserve: daemon returned a result count != item count");
-    }
-    std::vector<size_t> reserved;  // indexes into `pages`
-    std::vector<pb::PageRef> slots;
-    for (size_t j = 0; j < idx.size(); ++j) {
-      const auto& r = resp.results(static_cast<int>(j));
-      if (r.status().code() != 0) {
-        (*status)[idx[j]] = FromItem(r.status());
-        continue;
-      }
-      if (r.slot().bytes() != pages[idx[j]].bytes.size()) {
-        (*status)[idx[j]] = absl::InternalError(absl::StrCat(
-            "daemon reserved a ", r.slot().bytes(), "-byte slot for a ",
-            pages[idx[j]].bytes.size(), "-byte page"));
-        continue;  // left uncommitted: aborted below
-      }
-      reserved.push_back(idx[j]);
-      slots.push_back(r.slot());
-    }
-    if (reserved.empty()) {
-      if (reservation != 0) AbortReservation(reservation);
-      return absl::OkStatus();
-    }
-    // Over shared memory each page is copied into its slot and hashed in the same pass; a page
-    // whose bytes do not match its checksum is not committed (DATA_LOSS to this caller).
-    std::vector<size_t> to_commit;
-    if (shm_) {
-      for (size_t j = 0; j < reserved.size(); ++j) {
-        absl::Status w = WriteShmVerified(pages[reserved[j]].bytes, slots[j]);
-        if (w.ok()) {
-          to_commit.push_back(reserved[j]);
-        } else {
-          (*status)[reserved[j]] = w;
-        }
-      }
-    } else {
-      absl::Status written = WriteStream(reservation, pages, reserved);
-      if (written.ok()) {
-        to_commit = reserved;
-      } else {
-        for (size_t i : reserved) (*status)[i] = written;
-      }
-    }
-    if (to_commit.empty()) {
-      AbortReservation(reservation);
-      return absl::OkStatus();
-    }
-    pb::CommitRequest commit;
-    commit.set_reservation_id(reservation);
-    for (size_t i : to_commit) commit.add_keys(KeyBytes(pages[i].key));
-    // Shared-memory pages were hashed here over the slot's bytes: the daemon checks their
-    // headers without a second pass over the bytes. Streamed pages it verifies itself.
-    commit.set_checksums_verified(shm_ != nullptr);
-    pb::CommitResponse cresp;
-    grpc::Status gs;
-    {
-      auto ctx = Context();
-      gs = stub_->Commit(ctx.get(), commit, &cresp);
-    }
-    bool all_committed = to_commit.size() == reserved.size();
-    if (!gs.ok()) {
-      for (size_t i : to_commit) (*status)[i] = FromGrpc(gs, "Commit");
-      all_committed = false;
-    } else if (static_cast<size_t>(cresp.results_size()) != to_commit.size()) {
-      for (size_t i : to_commit) {
-        (*status)[i] = absl::InternalError("Commit: daemon returned a result count != key count");
-      }
-      all_committed = false;
-    } else {
-      for (size_t j = 0; j < to_commit.size(); ++j) {
-        absl::Status s = FromItem(cresp.results(static_cast<int>(j)));
-        all_committed &= s.ok();
-        (*status)[to_commit[j]] = std::move(s);
-      }
-    }
-    // Aborting releases only what is not committed; committed pages stay.
-    if (!all_committed) AbortReservation(reservation);
-    return absl::OkStatus();
-  }
-
-  void AbortReservation(uint64_t id) {
-    pb::AbortRequest req;
-    req.set_reservation_id(id);
-    pb::AbortResponse resp;
-    auto ctx = Context();
-    stub_->Abort(ctx.get(), req, &resp);  // best effort: reservations expire anyway
-  }
-
-  // Copies one page into its reserved pool slot, hashing it as it goes (one pass); DATA_LOSS
-  // when the bytes in the slot do not match the page's checksum.
-  absl::Status WriteShmVerified(std::span<const uint8_t> src, const pb::PageRef& slot) {
-    if (!shm_->Contains(slot.offset(), src.size())) {
-      return absl::InternalError("daemon reserved a slot outside its shared-memory segment");
-    }
-    return CopyPageVerified(std::span<uint8_t>(shm_->data() + slot.offset(), src.size()), src);
-  }
-
-  absl::Status WriteStream(uint64_t reservation_id, std::span<const PageWrite> pages,
-                           const std::vector<size_t>& reserved) {
-    auto ctx = Context();
-    pb::WriteResponse resp;
-    auto writer = stub_->WritePages(ctx.get(), &resp);
-    const size_t chunk = std::max<uint32_t>(options_.stream_chunk_bytes, 4096);
-    pb::WriteChunk msg;
-    bool open = true;  // false once the stream broke; Finish() says why
-    for (size_t i = 0; open && i < reserved.size(); ++i) {
-      const auto& src = pages[reserved[i]].bytes;
-      for (size_t off = 0; open && off < src.size(); off += chunk) {
-        msg.set_reservation_id(reservation_id);
-        msg.set_key(KeyBytes(pages[reserved[i]].key));
-        msg.set_offset(off);
-        msg.set_data(src.data() + off, std::min(chunk, src.size() - off));
-        open = writer->Write(msg);
-      }
-    }
-    if (open) writer->WritesDone();
-    return FromGrpc(writer->Finish(), "WritePages");
-  }
-
   // Copies the longest cached prefix of `keys` out of the daemon: into (*dst)[i] when dst is
-  // given, else into owned vectors. Leases are held only for the copy of their chunk.
-  // `release_status` (optional) receives the first failure to release a lease after a copy.
+  // given, else into owned vectors; every page verified (page_fetch.h). Leases are held only for
+  // the copy of their chunk. `release_status` (optional) receives the first failure to release
+  // a lease after a copy.
   absl::Status LoadChunks(const Codec& codec, std::span<const BlockKey> keys,
                           const std::span<const std::span<uint8_t>>* dst,
                           std::vector<std::vector<uint8_t>>* owned, std::vector<PageKind>* kinds,
@@ -691,123 +434,39 @@ class GrpcClient final : public Client {
       OSCARKV_RETURN_IF_ERROR(
           LookupChunk(codec, keys.subspan(begin, n), LookupOptions{.pin = true}, &resp));
       const size_t m = resp.matched();
-      std::vector<std::span<uint8_t>> out(m);
-      for (size_t j = 0; j < m; ++j) {
-        const uint64_t bytes = resp.pages(static_cast<int>(j)).bytes();
-        if (dst != nullptr) {
-          if ((*dst)[loaded + j].size() < bytes) {
-            Release(resp.lease_id()).IgnoreError();
-            return absl::InvalidArgumentError(absl::StrCat(
-                "LoadInto: buffer ", loaded + j, " holds ", (*dst)[loaded + j].size(),
-                " bytes, the page is ", bytes));
-          }
-          out[j] = (*dst)[loaded + j].subspan(0, bytes);
+      std::vector<PageRef> refs;
+      absl::Status s;
+      for (size_t j = 0; j < m && s.ok(); ++j) {
+        auto ref = PageRefFromProto(resp.pages(static_cast<int>(j)));
+        if (ref.ok() && !(ref->key == keys[begin + j])) {
+          ref = absl::InternalError("Lookup: daemon pinned other keys than asked");
+        }
+        if (ref.ok()) {
+          refs.push_back(*ref);
         } else {
-          owned->emplace_back(bytes);
-          out[j] = std::span<uint8_t>(owned->back());
+          s = ref.status();
         }
       }
-      // Checksums of the bytes as the copy wrote them (one pass), where the copy hashed them.
-      std::vector<std::optional<uint64_t>> digests(m);
-      const bool verify = options_.verify_checksums;
-      absl::Status s = m == 0 ? absl::OkStatus()
-                       : shm_  ? ReadShm(resp, out, verify, &digests)
-                               : ReadStream(resp, keys.subspan(begin, m), out, verify, &digests);
+      if (s.ok()) {
+        std::vector<std::span<uint8_t>> out =
+            dst != nullptr ? std::vector<std::span<uint8_t>>(dst->begin() + loaded, dst->end())
+                           : OwnedBuffers(refs, owned);
+        s = FetchVerified(codec, resp.lease_id(), refs, out, *source_, options_.verify_checksums,
+                          loaded);
+      }
       // Synchronous on purpose: when Load returns, the pages are no longer pinned (a Delete or
       // Clear right after it behaves as expected). A failed release only means the lease runs
       // to its deadline; the caller learns of it through `release_status`.
       absl::Status released = Release(resp.lease_id());
       if (release_status != nullptr && release_status->ok()) *release_status = released;
+      if (!s.ok() && owned != nullptr) owned->clear();
       OSCARKV_RETURN_IF_ERROR(s);
-      for (size_t j = 0; j < m; ++j) {
-        const PageKind kind = resp.pages(static_cast<int>(j)).kind() == pb::PAGE_KIND_BF16
-                                  ? PageKind::kBf16
-                                  : PageKind::kInt2;
-        absl::Status c = CheckPage(codec, kind, out[j], verify && !digests[j].has_value());
-        if (c.ok() && verify && digests[j].has_value() &&
-            *digests[j] != StoredPageChecksum(out[j])) {
-          c = absl::DataLossError("page checksum mismatch: the page is corrupt");
-        }
-        if (!c.ok()) {
-          return absl::Status(c.code(), absl::StrCat("loaded page ", loaded + j, " (key ",
-                                                     keys[begin + j].Hex(), "): ", c.message()));
-        }
-        if (kinds != nullptr) kinds->push_back(kind);
-        if (sizes != nullptr) sizes->push_back(out[j].size());
+      for (const PageRef& r : refs) {
+        if (kinds != nullptr) kinds->push_back(r.kind);
+        if (sizes != nullptr) sizes->push_back(r.bytes);
       }
       loaded += m;
       if (m < n) break;
-    }
-    return absl::OkStatus();
-  }
-
-  // Copies leased pages out of the pool; with `hash`, each page is hashed as it is copied (one
-  // pass) and its checksum left in (*digests)[j].
-  absl::Status ReadShm(const pb::LookupResponse& resp, std::span<std::span<uint8_t>> out,
-                       bool hash, std::vector<std::optional<uint64_t>>* digests) {
-    for (size_t j = 0; j < out.size(); ++j) {
-      const pb::PageRef& r = resp.pages(static_cast<int>(j));
-      if (!shm_->Contains(r.offset(), r.bytes())) {
-        return absl::InternalError("daemon leased a page outside its shared-memory segment");
-      }
-      const std::span<const uint8_t> src(shm_->data() + r.offset(), r.bytes());
-      if (hash) {
-        (*digests)[j] = CopyPageWithChecksum(out[j], src);
-      } else {
-        std::memcpy(out[j].data(), src.data(), src.size());
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // ReadPages of a lease's pages; with `hash`, pages whose chunks arrive in order are hashed
-  // chunk by chunk right after each is copied (one pass), their checksums left in *digests.
-  absl::Status ReadStream(const pb::LookupResponse& resp, std::span<const BlockKey> keys,
-                          std::span<std::span<uint8_t>> out, bool hash,
-                          std::vector<std::optional<uint64_t>>* digests) {
-    std::vector<std::unique_ptr<PageChecksummer>> hashers(out.size());
-    std::unordered_map<std::string, size_t> index;
-    for (size_t j = 0; j < out.size(); ++j) index.emplace(KeyBytes(keys[j]), j);
-    pb::ReadRequest req;
-    req.set_lease_id(resp.lease_id());
-    for (size_t j = 0; j < out.size(); ++j) req.add_keys(KeyBytes(keys[j]));
-    auto ctx = Context();
-    auto reader = stub_->ReadPages(ctx.get(), req);
-    std::vector<uint64_t> got(out.size(), 0);
-    pb::ReadChunk chunk;
-    absl::Status bad;
-    while (reader->Read(&chunk)) {
-      auto it = index.find(chunk.key());
-      if (it == index.end() || chunk.page_bytes() != out[it->second].size() ||
-          chunk.offset() > out[it->second].size() ||
-          chunk.data().size() > out[it->second].size() - chunk.offset()) {
-        bad = absl::InternalError("ReadPages: daemon sent a chunk outside the requested pages");
-        ctx->TryCancel();
-        break;
-      }
-      const size_t j = it->second;
-      std::memcpy(out[j].data() + chunk.offset(), chunk.data().data(), chunk.data().size());
-      if (hash && chunk.offset() == 0 && got[j] == 0) {
-        hashers[j] = std::make_unique<PageChecksummer>();
-      }
-      if (hashers[j] != nullptr && hashers[j]->offset() == chunk.offset()) {
-        hashers[j]->Update(out[j].subspan(chunk.offset(), chunk.data().size()));
-      } else {
-        hashers[j].reset();  // out of order: verified by a pass after the copy
-      }
-      got[j] += chunk.data().size();
-    }
-    absl::Status s = FromGrpc(reader->Finish(), "ReadPages");
-    if (!bad.ok()) return bad;
-    OSCARKV_RETURN_IF_ERROR(s);
-    for (size_t j = 0; j < out.size(); ++j) {
-      if (got[j] != out[j].size()) {
-        return absl::DataLossError(absl::StrCat("ReadPages: page ", j, " arrived with ", got[j],
-                                                " of ", out[j].size(), " bytes"));
-      }
-      if (hashers[j] != nullptr && hashers[j]->offset() == out[j].size()) {
-        (*digests)[j] = hashers[j]->Digest();
-      }
     }
     return absl::OkStatus();
   }
@@ -850,10 +509,10 @@ class GrpcClient final : public Client {
   }
 
   const ConnectOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<pb::KvCache::Stub> stub_;
+  const std::shared_ptr<RpcCore> rpc_;
   ServerInfo server_;
   std::unique_ptr<ShmMapping> shm_;
+  std::unique_ptr<PageSource> source_;  // shared memory or gRPC streaming: the data path
   std::shared_ptr<LocalChannel> local_;  // set: Lookup/Release go over the local socket
   std::unique_ptr<TaskPool> pool_;
   std::atomic<int> inflight_{0};  // callback-API calls whose callback has not returned
@@ -872,14 +531,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
     return absl::InvalidArgumentError(absl::StrCat("daemon address ", hp.status().message()));
   }
   if (options.rpc_timeout_ms <= 0) return absl::InvalidArgumentError("rpc_timeout_ms must be > 0");
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);  // calls are not retried transparently: less work per call
-  if (options.dedicated_connection) args.SetInt("grpc.use_local_subchannel_pool", 1);
-  auto channel =
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
-  auto client = std::make_unique<GrpcClient>(options, std::move(channel));
+  auto client = std::make_unique<GrpcClient>(options);
   OSCARKV_RETURN_IF_ERROR(client->Init());
   return std::unique_ptr<Client>(std::move(client));
 }
@@ -893,6 +545,12 @@ absl::Status StoreResult::ToStatus() const {
                                                s.message()));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<ClientCore> CoreOf(Client& c) {
+  auto* g = dynamic_cast<GrpcClient*>(&c);
+  if (g == nullptr) return absl::InternalError("not a Client made by Client::Connect");
+  return g->core();
 }
 
 std::vector<BlockKey> Client::BlockKeys(const Codec& codec, std::span<const uint32_t> tokens,

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include <grpcpp/grpcpp.h>
 
@@ -9,7 +10,11 @@
 #include "absl/synchronization/mutex.h"
 #include "oscarkv/transport/transport.h"
 #include "oscarkv/util/status_macros.h"
+#include "oscarkv/kernels/page_checksum.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
+#include "client_internal.h"
+#include "page_fetch.h"
+#include "rpc_core.h"
 
 namespace oscarkv::client {
 namespace {
@@ -18,19 +23,13 @@ namespace pb = ::oscarkv::v1;
 
 class UcxLoaderImpl final : public UcxLoader {
  public:
-  UcxLoaderImpl(UcxLoaderOptions options, std::unique_ptr<HandleClient> hc)
-      : options_(std::move(options)), hc_(std::move(hc)) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-    // A channel of its own, with short reconnect backoff: a subchannel shared with older
-    // channels may still be backing off from a previous incarnation of the daemon at this
-    // address and would fail calls to the restarted one.
-    args.SetInt("grpc.use_local_subchannel_pool", 1);
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    stub_ = pb::KvCache::NewStub(grpc::CreateCustomChannel(
-        options_.connect.address, grpc::InsecureChannelCredentials(), args));
-  }
+  UcxLoaderImpl(UcxLoaderOptions options, std::unique_ptr<HandleClient> hc,
+                std::shared_ptr<RpcCore> rpc)
+      : options_(std::move(options)),
+        hc_(std::move(hc)),
+        rpc_(std::move(rpc)),
+        staged_(this, /*direct=*/false),
+        direct_(this, /*direct=*/true) {}
   ~UcxLoaderImpl() override {
     absl::MutexLock lock(&mu_);
     Disconnect();
@@ -69,7 +68,8 @@ class UcxLoaderImpl final : public UcxLoader {
     lo.pin = true;
     OSCARKV_ASSIGN_OR_RETURN(LookupResult lookup, hc_->client().Lookup(codec, keys, lo));
     LoadResult out;
-    absl::Status s = Fetch(codec, lookup.pages, &out.pages);
+    absl::Status s = FetchVerified(codec, 0, lookup.pages, OwnedBuffers(lookup.pages, &out.pages),
+                                   staged_, options_.connect.verify_checksums);
     // A dead daemon's leases die with it; a failure after good pages is still reported.
     absl::Status released = hc_->client().Release(lookup);
     if (!s.ok()) return s;
@@ -99,7 +99,8 @@ class UcxLoaderImpl final : public UcxLoader {
     LookupOptions lo;
     lo.pin = true;
     OSCARKV_ASSIGN_OR_RETURN(LookupResult lookup, hc_->client().Lookup(codec, keys, lo));
-    absl::Status s = FetchInto(codec, lookup.pages, dst);
+    absl::Status s = FetchVerified(codec, 0, lookup.pages, dst, direct_,
+                                   options_.connect.verify_checksums);
     hc_->client().Release(lookup).IgnoreError();
     if (!s.ok()) return s;
     if (bytes_out != nullptr) {
@@ -113,7 +114,9 @@ class UcxLoaderImpl final : public UcxLoader {
     OSCARKV_ASSIGN_OR_RETURN(HandleInfo info, hc_->Open(handle, 0));
     HandlePages out;
     absl::Status s = info.codec_id == codec.id
-                         ? Fetch(codec, info.pages, &out.pages)
+                         ? FetchVerified(codec, info.lease_id, info.pages,
+                                         OwnedBuffers(info.pages, &out.pages), staged_,
+                                         options_.connect.verify_checksums)
                          : absl::InvalidArgumentError(absl::StrCat(
                                "handle '", handle, "' holds codec ", info.codec_id.Hex()));
     absl::Status released = hc_->client().Release(info.lease_id);
@@ -127,13 +130,9 @@ class UcxLoaderImpl final : public UcxLoader {
 
  private:
   absl::Status GetDataPlane(pb::GetDataPlaneResponse* resp) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(options_.connect.rpc_timeout_ms));
-    grpc::Status s = stub_->GetDataPlane(&ctx, pb::GetDataPlaneRequest(), resp);
-    if (s.ok()) return absl::OkStatus();
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("GetDataPlane: ", s.error_message()));
+    auto ctx = rpc_->Context();
+    return FromGrpc(rpc_->stub().GetDataPlane(ctx.get(), pb::GetDataPlaneRequest(), resp),
+                    "GetDataPlane");
   }
 
   void Disconnect() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -176,19 +175,42 @@ class UcxLoaderImpl final : public UcxLoader {
     return absl::OkStatus();
   }
 
-  // RMA gets of `refs` into the registered buffer (rounds of at most buffer_bytes), each page
-  // verified, then copied into *pages.
-  absl::Status Fetch(const Codec& codec, const std::vector<PageRef>& refs,
-                     std::vector<std::vector<uint8_t>>* pages) {
-    absl::MutexLock lock(&mu_);
-    pages->clear();
-    pages->reserve(refs.size());
+  // The UCX data path as a PageSource. Staged: RMA gets into the registered buffer (rounds of
+  // at most buffer_bytes), then each page copied out to its destination and hashed in the same
+  // pass. Direct: RMA gets straight into caller buffers registered with RegisterBuffer (the
+  // pages are hashed by FetchVerified after they landed: the CPU never copied them).
+  class Source final : public PageSource {
+   public:
+    Source(UcxLoaderImpl* loader, bool direct) : loader_(loader), direct_(direct) {}
+    absl::Status Fetch(uint64_t, std::span<const PageRef> pages,
+                       std::span<const std::span<uint8_t>> dst, bool hash,
+                       std::vector<std::optional<uint64_t>>* digests) override {
+      absl::MutexLock lock(&loader_->mu_);
+      return direct_ ? loader_->GetDirect(pages, dst) : loader_->GetStaged(pages, dst, hash, digests);
+    }
+
+   private:
+    UcxLoaderImpl* const loader_;
+    const bool direct_;
+  };
+
+  absl::Status RunGets(transport::MemoryRegion& local,
+                       const std::vector<transport::TransferDesc>& descs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::Status s = ep_->Run(transport::Direction::kGet, local, *remote_, descs,
+                              absl::Milliseconds(options_.transfer_timeout_ms));
+    if (s.ok()) return s;
+    Disconnect();  // after Run returned, no request still writes into the buffer
+    return absl::Status(s.code() == absl::StatusCode::kDeadlineExceeded
+                            ? absl::StatusCode::kUnavailable
+                            : s.code(),
+                        absl::StrCat("UCX get from ", options_.connect.address, ": ", s.message()));
+  }
+
+  absl::Status GetStaged(std::span<const PageRef> refs, std::span<const std::span<uint8_t>> dst,
+                         bool hash, std::vector<std::optional<uint64_t>>* digests)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const PageRef& r : refs) {
-      if (r.bytes != codec.page_bytes(r.kind)) {
-        return absl::DataLossError(absl::StrCat("daemon says a ", PageKindName(r.kind), " page is ",
-                                                r.bytes, " bytes; the codec's is ",
-                                                codec.page_bytes(r.kind)));
-      }
       if (r.bytes > buffer_.size()) {
         return absl::InvalidArgumentError(absl::StrCat("a ", r.bytes, "-byte page exceeds the ",
                                                        buffer_.size(), "-byte UCX buffer"));
@@ -198,53 +220,33 @@ class UcxLoaderImpl final : public UcxLoader {
     while (next < refs.size()) {
       OSCARKV_RETURN_IF_ERROR(EnsureConnected());
       std::vector<transport::TransferDesc> descs;
-      size_t used = 0, first = next;
+      size_t used = 0;
+      const size_t first = next;
       for (; next < refs.size() && used + refs[next].bytes <= buffer_.size(); ++next) {
         descs.push_back({buffer_.data() + used, remote_->base() + refs[next].offset,
                          refs[next].bytes});
         used += refs[next].bytes;
       }
-      absl::Status s = ep_->Run(transport::Direction::kGet, *region_, *remote_, descs,
-                                absl::Milliseconds(options_.transfer_timeout_ms));
-      if (!s.ok()) {
-        pages->clear();
-        Disconnect();  // after Run returned, no request still writes into the buffer
-        return absl::Status(s.code() == absl::StatusCode::kDeadlineExceeded
-                                ? absl::StatusCode::kUnavailable
-                                : s.code(),
-                            absl::StrCat("UCX get from ", options_.connect.address, ": ",
-                                         s.message()));
-      }
+      OSCARKV_RETURN_IF_ERROR(RunGets(*region_, descs));
       used = 0;
       for (size_t i = first; i < next; ++i) {
-        std::span<const uint8_t> page(buffer_.data() + used, refs[i].bytes);
+        const std::span<const uint8_t> page(buffer_.data() + used, refs[i].bytes);
         used += refs[i].bytes;
-        auto hdr = ParsePageHeader(page, codec.profile, options_.connect.verify_checksums);
-        if (!hdr.ok() || hdr->kind != static_cast<uint8_t>(refs[i].kind)) {
-          pages->clear();
-          return absl::DataLossError(absl::StrCat(
-              "page ", i, " fetched by UCX failed verification: ",
-              hdr.ok() ? std::string("wrong kind") : std::string(hdr.status().message())));
+        if (hash) {
+          (*digests)[i] = CopyPageWithChecksum(dst[i], page);
+        } else {
+          std::memcpy(dst[i].data(), page.data(), page.size());
         }
-        pages->emplace_back(page.begin(), page.end());
       }
     }
     return absl::OkStatus();
   }
 
   // RMA straight into caller buffers: one batch per registered region.
-  absl::Status FetchInto(const Codec& codec, const std::vector<PageRef>& refs,
-                         std::span<const std::span<uint8_t>> dst) {
-    absl::MutexLock lock(&mu_);
+  absl::Status GetDirect(std::span<const PageRef> refs, std::span<const std::span<uint8_t>> dst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<std::vector<size_t>> by_region(user_regions_.size());  // page indices
     for (size_t i = 0; i < refs.size(); ++i) {
-      if (refs[i].bytes != codec.page_bytes(refs[i].kind)) {
-        return absl::DataLossError("daemon's page size does not match the codec");
-      }
-      if (dst[i].size() < refs[i].bytes) {
-        return absl::InvalidArgumentError(absl::StrCat("dst[", i, "] holds ", dst[i].size(),
-                                                       " bytes; the page is ", refs[i].bytes));
-      }
       size_t r = 0;
       while (r < user_regions_.size() &&
              !user_regions_[r]->Contains(dst[i].data(), refs[i].bytes)) {
@@ -263,32 +265,15 @@ class UcxLoaderImpl final : public UcxLoader {
       for (size_t i : by_region[r]) {
         descs.push_back({dst[i].data(), remote_->base() + refs[i].offset, refs[i].bytes});
       }
-      absl::Status s = ep_->Run(transport::Direction::kGet, *user_regions_[r], *remote_, descs,
-                                absl::Milliseconds(options_.transfer_timeout_ms));
-      if (!s.ok()) {
-        Disconnect();
-        return absl::Status(s.code() == absl::StatusCode::kDeadlineExceeded
-                                ? absl::StatusCode::kUnavailable
-                                : s.code(),
-                            absl::StrCat("UCX get from ", options_.connect.address, ": ",
-                                         s.message()));
-      }
-    }
-    for (size_t i = 0; i < refs.size(); ++i) {
-      std::span<const uint8_t> page(dst[i].data(), refs[i].bytes);
-      auto hdr = ParsePageHeader(page, codec.profile, options_.connect.verify_checksums);
-      if (!hdr.ok() || hdr->kind != static_cast<uint8_t>(refs[i].kind)) {
-        return absl::DataLossError(absl::StrCat(
-            "page ", i, " fetched by UCX failed verification: ",
-            hdr.ok() ? std::string("wrong kind") : std::string(hdr.status().message())));
-      }
+      OSCARKV_RETURN_IF_ERROR(RunGets(*user_regions_[r], descs));
     }
     return absl::OkStatus();
   }
 
   const UcxLoaderOptions options_;
   std::unique_ptr<HandleClient> hc_;
-  std::unique_ptr<pb::KvCache::Stub> stub_;
+  const std::shared_ptr<RpcCore> rpc_;
+  Source staged_, direct_;
   absl::Mutex mu_;
   std::unique_ptr<transport::Context> context_ ABSL_GUARDED_BY(mu_);
   std::vector<uint8_t> buffer_ ABSL_GUARDED_BY(mu_);
@@ -307,7 +292,8 @@ absl::StatusOr<std::unique_ptr<UcxLoader>> UcxLoader::Connect(const UcxLoaderOpt
   if (options.buffer_bytes == 0) return absl::InvalidArgumentError("buffer_bytes must be > 0");
   OSCARKV_ASSIGN_OR_RETURN(std::unique_ptr<HandleClient> hc,
                            HandleClient::Connect(options.connect));
-  auto loader = std::make_unique<UcxLoaderImpl>(options, std::move(hc));
+  OSCARKV_ASSIGN_OR_RETURN(ClientCore core, CoreOf(hc->client()));
+  auto loader = std::make_unique<UcxLoaderImpl>(options, std::move(hc), std::move(core.rpc));
   OSCARKV_RETURN_IF_ERROR(loader->Init());
   return std::unique_ptr<UcxLoader>(std::move(loader));
 }

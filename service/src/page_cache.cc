@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "oscarkv/proto/codec_convert.h"
 #include "page_cache_internal.h"
 
 namespace oscarkv::service {
@@ -42,10 +43,6 @@ bool ToBlockKey(const std::string& bytes, BlockKey* key) {
 void SetItem(pb::ItemStatus* st, const absl::Status& s) {
   st->set_code(static_cast<int32_t>(s.code()));
   if (!s.ok()) st->set_message(std::string(s.message()));
-}
-
-pb::PageKind ToProtoKind(PageKind k) {
-  return k == PageKind::kInt2 ? pb::PAGE_KIND_INT2 : pb::PAGE_KIND_BF16;
 }
 
 }  // namespace
@@ -125,7 +122,7 @@ absl::Status PageCache::Lookup(const pb::LookupRequest& req, pb::LookupResponse*
     ref->set_key(req.keys(matched));
     ref->set_offset(e.offset);
     ref->set_bytes(e.page_bytes);
-    ref->set_kind(ToProtoKind(e.kind));
+    ref->set_kind(proto::ToProto(e.kind));
     ref->set_token_count(e.token_count);
   }
   counters_.hits.fetch_add(matched, std::memory_order_relaxed);

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "oscarkv/proto/codec_convert.h"
 #include "oscarkv/service/page_cache.h"
 #include "oscarkv/service/tier.h"
 #include "page_cache_internal.h"
@@ -47,35 +48,9 @@ absl::Status PageCache::Handshake(const pb::HandshakeRequest& req, pb::Handshake
 
 absl::Status PageCache::RegisterCodec(const pb::RegisterCodecRequest& req,
                                       pb::RegisterCodecResponse* resp) {
-  const pb::CodecProfile& p = req.profile();
-  CodecProfile prof;
-  prof.model_id = p.model_id();
-  prof.model_revision = p.model_revision();
-  prof.num_layers = p.num_layers();
-  prof.num_kv_heads = p.num_kv_heads();
-  prof.tp_rank = p.tp_rank();
-  prof.tp_size = p.tp_size();
-  prof.head_dim = p.head_dim();
-  prof.page_tokens = p.page_tokens();
-  prof.group_size = p.group_size();
-  // 0 (unset in proto3) means the only dtype there is.
-  if (p.scale_dtype() != 0 && p.scale_dtype() != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported scale_dtype ", p.scale_dtype(), " (1 = fp16)"));
-  }
-  prof.scale_dtype = ScaleDtype::kFp16;
-  prof.sink_tokens = p.sink_tokens();
-  prof.recent_tokens = p.recent_tokens();
-  if (!p.rotation_digest().empty()) {
-    if (p.rotation_digest().size() != 32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rotation_digest must be 32 bytes or empty, got ", p.rotation_digest().size()));
-    }
-    std::memcpy(prof.rotation_digest.data(), p.rotation_digest().data(), 32);
-  }
-  if (prof.model_id.size() > 1024 || prof.model_revision.size() > 1024) {
-    return absl::InvalidArgumentError("model_id and model_revision are limited to 1024 bytes");
-  }
+  auto converted = proto::FromProto(req.profile());
+  if (!converted.ok()) return converted.status();
+  CodecProfile prof = *std::move(converted);
   if (absl::Status s = prof.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("unsupported codec profile: ", s.message()));
   }
@@ -100,7 +75,7 @@ absl::Status PageCache::RegisterCodec(const pb::RegisterCodecRequest& req,
   c->id = id;
   c->id_bytes = resp->codec_id();
   c->profile = prof;
-  c->profile_proto = p.SerializeAsString();
+  c->profile_proto = req.profile().SerializeAsString();
   if (tier_ != nullptr) {
     // Persisted before it is usable: no page of a codec reaches the tier unregistered.
     std::vector<std::string> all;

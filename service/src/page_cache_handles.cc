@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "oscarkv/proto/codec_convert.h"
 #include "page_cache_internal.h"
 
 namespace oscarkv::service {
@@ -11,10 +12,6 @@ namespace {
 
 constexpr size_t kMaxHandleName = 256;
 constexpr size_t kMaxHandleMetadata = size_t{1} << 20;
-
-pb::PageKind ToProtoKindH(PageKind k) {
-  return k == PageKind::kInt2 ? pb::PAGE_KIND_INT2 : pb::PAGE_KIND_BF16;
-}
 
 absl::Status CheckHandleName(const std::string& name) {
   if (name.empty() || name.size() > kMaxHandleName) {
@@ -180,7 +177,7 @@ absl::Status PageCache::OpenHandle(const pb::OpenHandleRequest& req,
       ref->set_key(std::string(reinterpret_cast<const char*>(h.pages[i].key.key.bytes.data()), 16));
       ref->set_offset(h.pages[i].offset);
       ref->set_bytes(h.pages[i].page_bytes);
-      ref->set_kind(ToProtoKindH(h.info[i].first));
+      ref->set_kind(proto::ToProto(h.info[i].first));
       ref->set_token_count(h.info[i].second);
     }
   }

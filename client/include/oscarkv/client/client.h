@@ -12,6 +12,12 @@
 // * Data paths: kSharedMemory writes page bytes straight into reserved pool slots and copies
 //   leased pages straight out of the pool; kGrpc streams them (WritePages / ReadPages). kAuto
 //   picks shared memory when the segment could be mapped, else gRPC. Results are identical.
+// * Integrity, one pass per side: every copy the library makes of a page (into a pool slot, out
+//   of the pool, out of a gRPC stream) hashes it in the same pass, in cache-sized chunks, and
+//   compares with the page's XXH3 checksum. A store over shared memory commits only pages whose
+//   slot bytes matched (the daemon then checks headers without reading the bytes again); the
+//   daemon verifies streamed pages itself. A page corrupted anywhere between the writer and the
+//   reader is DATA_LOSS at load, never returned (with verify_checksums, the default).
 // * Control path of Lookup and Release (the calls an engine makes per request): kLocal sends
 //   them over the daemon's same-host control socket (HandshakeResponse.local_socket; small
 //   frames on a unix-domain socket, answered inline by the daemon's epoll thread -- a fraction

@@ -1,0 +1,53 @@
+// The one RPC core under Client, HandleClient and UcxLoader: the gRPC channel to one daemon, the
+// per-call deadline, and the gRPC -> absl::Status adapter. Every control call of the client
+// library goes through one of these; no other file dials a channel or sets a deadline.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "oscarkv/client/client.h"
+#include "oscarkv/v1/oscarkv.grpc.pb.h"
+
+namespace oscarkv::client {
+
+// grpc::Status -> absl::Status: codes one-to-one, the message prefixed with the call's name.
+absl::Status FromGrpc(const grpc::Status& s, std::string_view what);
+
+class RpcCore {
+ public:
+  // A channel to options.address (gRPC connects lazily, on the first call). Shared by the
+  // Clients of a process dialing the same address unless options.dedicated_connection. Calls are
+  // never retried transparently; reconnects back off at most 1 s, so a restarted daemon on the
+  // same address is reached again quickly.
+  static std::shared_ptr<RpcCore> Dial(const ConnectOptions& options);
+
+  v1::KvCache::Stub& stub() const { return *stub_; }
+  // A context whose deadline is rpc_timeout_ms from now (one per call).
+  std::unique_ptr<grpc::ClientContext> Context() const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
+    return ctx;
+  }
+  const std::string& address() const { return address_; }
+  int64_t timeout_ms() const { return timeout_ms_; }
+
+ private:
+  RpcCore(std::shared_ptr<grpc::Channel> channel, std::string address, int64_t timeout_ms)
+      : channel_(std::move(channel)),
+        stub_(v1::KvCache::NewStub(channel_)),
+        address_(std::move(address)),
+        timeout_ms_(timeout_ms) {}
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::KvCache::Stub> stub_;
+  const std::string address_;
+  const int64_t timeout_ms_;
+};
+
+}  // namespace oscarkv::client
