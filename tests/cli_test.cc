@@ -229,6 +229,9 @@ TEST(CliTest, BenchServiceJsonHasAcceptanceFields) {
   ASSERT_EQ(r.code, 0) << r.err;
   json j = json::parse(r.out);
   EXPECT_GT(j.at("shm_load_vs_memcpy").get<double>(), 0.0);
+  EXPECT_GT(j.at("store_vs_memcpy").get<double>(), 0.0);
+  EXPECT_GT(j.at("load_verified_vs_memcpy").get<double>(), 0.0);
+  EXPECT_EQ(j.at("store_load").at("batch_pages").get<int>(), 8);
   EXPECT_GT(j.at("lookup_peak_per_s").get<double>(), 0.0);
   EXPECT_TRUE(j.at("lookup_p99_ms_at_10k").is_null());  // --rate 1000: not measured at 10k
   EXPECT_GT(j.at("open_loop").at("p99_ms").get<double>(), 0.0);
