@@ -84,8 +84,15 @@ absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadVsMemcpy(
     return absl::OkStatus();
   };
 
-  // Warm-up: every buffer each side writes is touched once (pool slots, load buffers, memcpy
-  // destination).
+  // Warm-up: every buffer each side writes is touched once -- the load buffers, the memcpy's
+  // destination, and every pool slot a timed store may be given: the allocator need not hand
+  // the same slots back after a delete, so the stores run until they have covered the whole
+  // pool segment once.
+  const uint64_t pool_bytes = std::max<uint64_t>(c.server().shm_bytes, r.batch_bytes);
+  for (uint64_t covered = 0; covered < pool_bytes + r.batch_bytes; covered += r.batch_bytes) {
+    OSCARKV_RETURN_IF_ERROR(store());
+    OSCARKV_RETURN_IF_ERROR(forget());
+  }
   OSCARKV_RETURN_IF_ERROR(store());
   OSCARKV_RETURN_IF_ERROR(load());
   copy();
