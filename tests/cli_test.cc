@@ -101,8 +101,9 @@ TEST(CliTest, DaemonStartupErrorsAreOneLine) {
   const std::string small = " --pool-mb 8 --local-socket off --ucx off ";
   CmdResult busy = Oscarkvd("--listen " + daemon->address() + " --metrics-listen off" + small);
   EXPECT_EQ(busy.code, 1) << busy.err;
-  EXPECT_THAT(busy.err, HasSubstr("cannot listen on " + daemon->address() +
-                                  ": address already in use"));
+  EXPECT_THAT(busy.err, HasSubstr("cannot listen on " + daemon->address() + ": port " +
+                                  daemon->address().substr(daemon->address().rfind(':') + 1) +
+                                  " is already in use"));
   EXPECT_EQ(Lines(busy.err), 1u) << busy.err;
   // The metrics port taken: the same.
   CmdResult busy_metrics =

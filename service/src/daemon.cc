@@ -114,7 +114,9 @@ void RemoveDeadDefaultPools() {
 
 // OK when `host:port` can be bound now; otherwise one clear reason. Tried before gRPC or
 // httplib bind, whose own failure is a core log line and a vague error. Port 0 always binds.
-absl::Status CheckTcpListenable(const ListenAddress& a, const std::string& flag) {
+// `what` prefixes the message (e.g. "metrics: ") so both listeners read as the metrics server does.
+absl::Status CheckTcpListenable(const ListenAddress& a, const std::string& flag,
+                                 const std::string& what = "") {
   if (a.off || !a.unix_path.empty() || a.port == 0) return absl::OkStatus();
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -138,13 +140,13 @@ absl::Status CheckTcpListenable(const ListenAddress& a, const std::string& flag)
   }
   freeaddrinfo(res);
   if (err == EADDRINUSE) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", a.ToGrpc(),
-                                               ": address already in use (another oscarkvd? "
+    return absl::UnavailableError(absl::StrCat(what, "cannot listen on ", a.ToGrpc(), ": port ",
+                                               a.port, " is already in use (another oscarkvd? "
                                                "choose another with ", flag, ")"));
   }
   if (err != 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", a.ToGrpc(), ": ", std::strerror(err)));
+        absl::StrCat(what, "cannot listen on ", a.ToGrpc(), ": ", std::strerror(err)));
   }
   return absl::OkStatus();
 }
@@ -238,7 +240,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   }
   gpr_set_log_function(LogGrpcCore);
   if (absl::Status s = CheckTcpListenable(*listen, "--listen"); !s.ok()) return s;
-  if (absl::Status s = CheckTcpListenable(*metrics_addr, "--metrics-listen"); !s.ok()) return s;
+  if (absl::Status s = CheckTcpListenable(*metrics_addr, "--metrics-listen", "metrics: "); !s.ok()) return s;
   // Pool size: explicit, or 25% of RAM but no more than /dev/shm can hold.
   uint64_t pool_mb = config.pool_mb;
   if (pool_mb == 0) {
