@@ -13,7 +13,7 @@ PACKAGES=(
   libabsl-dev libssl-dev libxxhash-dev nlohmann-json3-dev libyaml-cpp-dev libeigen3-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libucx-dev ucx-utils librocksdb-dev libcpp-httplib-dev iproute2 python3 python3-venv
+  libucx-dev ucx-utils librocksdb-dev libcpp-httplib-dev iproute2 python3 python3-venv openssl
 )
 
 if [[ "${OSCARKV_SKIP_APT:-0}" != 1 ]]; then

@@ -224,6 +224,7 @@ class ClusterTest : public ::testing::TestWithParam<int> {
         listen.empty() ? (hosts_ ? hosts_->ip(i) : std::string("127.0.0.1")) + ":0" : listen,
         "--ucx", GetParam() == 2 ? "on" : "off", "--ucx-net-devices", "lo"};
     if (hosts_) {
+      flags.push_back("--allow-plaintext");  // the namespaces' veth addresses are not loopback
       o.binary = "/usr/sbin/ip";
       if (::access(o.binary.c_str(), X_OK) != 0) o.binary = "/sbin/ip";
       o.flags = {"netns", "exec", hosts_->ns(i), OSCARKVD_PATH};

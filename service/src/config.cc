@@ -1,5 +1,7 @@
 #include "oscarkv/service/config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,6 +73,11 @@ tier:
   capacity_mb: 0                # page bytes the tier may hold, MiB (LRU beyond); required with a path
   queue_mb: 64                  # demotion queue bound (evictions wait for room, then drop)
   sync_writes: false            # fsync every demotion: survives a machine crash, not only kill -9
+tls:
+  cert: ""                      # gRPC server certificate chain (PEM file); with key: TLS
+  key: ""                       # its private key (PEM file)
+  client_ca: ""                 # CA bundle (PEM) client certificates must chain to: mTLS
+  allow_plaintext: false        # without TLS, serve a non-loopback listen address anyway
 )");
   return *yaml;
 }
@@ -118,6 +125,10 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "ucx.enabled") return ReadBool(v, key, &c->ucx);
   if (key == "ucx.tls") return ReadString(v, key, &c->ucx_tls);
   if (key == "ucx.net_devices") return ReadString(v, key, &c->ucx_net_devices);
+  if (key == "tls.cert") return ReadString(v, key, &c->tls_cert);
+  if (key == "tls.key") return ReadString(v, key, &c->tls_key);
+  if (key == "tls.client_ca") return ReadString(v, key, &c->tls_client_ca);
+  if (key == "tls.allow_plaintext") return ReadBool(v, key, &c->allow_plaintext);
   if (key == "metrics_listen") return ReadString(v, key, &c->metrics_listen);
   if (key == "node_id") return ReadString(v, key, &c->node_id);
   if (key == "log_level") return ReadString(v, key, &c->log_level);
@@ -150,7 +161,7 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
 
 bool IsSection(const std::string& key) {
   return key == "pool" || key == "leases" || key == "limits" || key == "server" || key == "ucx" ||
-         key == "tier";
+         key == "tier" || key == "tls";
 }
 
 const char* NodeKind(const YAML::Node& n) {
@@ -251,6 +262,17 @@ absl::StatusOr<ListenAddress> ParseListenAddress(const std::string& text, bool a
   return a;
 }
 
+namespace {
+// 127.0.0.0/8, ::1 or localhost: reachable from this host only.
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+}  // namespace
+
 absl::Status DaemonConfig::Validate() const {
   if (auto a = ParseListenAddress(listen, false, true); !a.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("listen: ", a.status().message()));
@@ -287,6 +309,22 @@ absl::Status DaemonConfig::Validate() const {
   if (!cpus.empty()) {
     if (auto l = ParseCpuList(cpus); !l.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("cpus: ", l.status().message()));
+    }
+  }
+  if (tls_cert.empty() != tls_key.empty()) {
+    return absl::InvalidArgumentError("tls: cert and key go together (--tls-cert, --tls-key)");
+  }
+  if (!tls_client_ca.empty() && tls_cert.empty()) {
+    return absl::InvalidArgumentError("tls: client_ca needs the server's cert and key too");
+  }
+  if (tls_cert.empty() && !allow_plaintext) {
+    auto a = ParseListenAddress(listen, false, true);
+    if (a->unix_path.empty() && !IsLoopbackHost(a->host)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "refusing plaintext gRPC on ", listen, ": anyone on that network could read, "
+          "change and delete every client's pages. Configure TLS (--tls-cert/--tls-key, and "
+          "--tls-client-ca for mTLS), listen on loopback, or pass --allow-plaintext "
+          "(tls.allow_plaintext: true) for a trusted network"));
     }
   }
   return absl::OkStatus();
@@ -358,6 +396,12 @@ Args MakeArgs() {
       .Option("tier-mb", "", "SSD tier capacity in MiB, LRU beyond it (required with --tier-path)")
       .Option("tier-queue-mb", "", "demotion queue bound in MiB (default 64)")
       .Option("log-level", "", "debug|info|warn|error (default info)")
+      .Option("tls-cert", "", "gRPC over TLS: server certificate chain, PEM file (with --tls-key)")
+      .Option("tls-key", "", "private key of --tls-cert, PEM file")
+      .Option("tls-client-ca", "", "mTLS: CA bundle (PEM) client certificates must chain to; "
+                                   "clients without one are refused")
+      .Flag("allow-plaintext", "serve plaintext gRPC on a non-loopback --listen address (by "
+                               "default refused without TLS)")
       .Flag("print-default-config", "print the embedded default YAML config and exit")
       .Flag("version", "print the version and exit")
       .Epilog(
@@ -423,6 +467,10 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
   str("cpus", &c.cpus);
   str("local-socket", &c.local_socket);
   str("tier-path", &c.tier_path);
+  str("tls-cert", &c.tls_cert);
+  str("tls-key", &c.tls_key);
+  str("tls-client-ca", &c.tls_client_ca);
+  if (args.flag("allow-plaintext")) c.allow_plaintext = true;
   if (args.given("ucx")) {
     const std::string u = args.str("ucx");
     if (u != "on" && u != "off") {

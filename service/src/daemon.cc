@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "grpc_service.h"
 #include "local_control.h"
+#include "tls.h"
 #ifdef OSCARKV_HAVE_UCX
 #include "ucx_data_plane.h"
 #endif
@@ -372,7 +373,9 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(listen->ToGrpc(), grpc::InsecureServerCredentials(),
+  auto tls = MakeServerTls(config);
+  if (!tls.ok()) return tls.status();
+  builder.AddListeningPort(listen->ToGrpc(), tls->credentials,
                            listen->unix_path.empty() ? &bound_port : nullptr);
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon share our port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -422,6 +425,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   LogEvent(LogLevel::kInfo, "ready",
            {{"listen", listen_str},
             {"metrics", metrics_str},
+            {"tls", tls->mode},
             {"shm", shm_path},
             {"local_socket", local_str},
             {"local_threads", absl::StrCat(config.local_threads)},

@@ -54,6 +54,14 @@ struct DaemonConfig {
   uint64_t tier_mb = 0;           // page capacity in MiB (required with a path)
   uint64_t tier_queue_mb = 64;    // demotion queue bound
   bool tier_sync_writes = false;  // fsync every demotion (survives a machine crash, slower)
+  // gRPC over TLS: the server's certificate chain and key (PEM files; both or neither), and the
+  // CA bundle client certificates must chain to ("" = no client certificate asked: TLS, not
+  // mTLS). Without TLS, a listen address that is not loopback (or a unix socket) is refused
+  // unless allow_plaintext says plaintext on that network is intended.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
+  bool allow_plaintext = false;
 
   // Range and format checks across fields (listen addresses, log level, lease bounds).
   absl::Status Validate() const;

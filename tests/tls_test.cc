@@ -1,0 +1,165 @@
+// gRPC over TLS against a real daemon, with a throwaway CA and certificates made by the openssl
+// tool at test time: a client certificate of the configured CA is served; no certificate,
+// another CA's certificate, an expired certificate and plaintext are refused; without TLS a
+// non-loopback listen address is refused at start unless plaintext is allowed explicitly.
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "oscarkv/v1/oscarkv.grpc.pb.h"
+#include "test_util.h"
+
+namespace oscarkv::testing {
+namespace {
+
+namespace pb = ::oscarkv::v1;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A CA, a server certificate for 127.0.0.1, client certificates (valid, expired, another CA's).
+class Pki {
+ public:
+  Pki() : dir_(::testing::TempDir() + "/tls_test_" + std::to_string(::getpid())) {
+    const std::string d = dir_;
+    const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
+    std::filesystem::create_directories(d);
+    // openssl ca (for the expired certificate's fixed dates) needs a database and a config.
+    std::ofstream(d + "/ca.cnf") << "[ca]\ndefault_ca = d\n[d]\ndatabase = " << d
+                                 << "/index.txt\nnew_certs_dir = " << d << "\nserial = " << d
+                                 << "/serial\ndefault_md = sha256\npolicy = p\n"
+                                 << "[p]\ncommonName = supplied\n";
+    std::ofstream(d + "/san.cnf") << "subjectAltName = IP:127.0.0.1, DNS:localhost\n";
+    const std::string script =
+        "set -e; cd " + d + "; : > index.txt; echo 01 > serial;"
+        " for ca in ca other; do openssl req -x509" + ec + "-days 2 -subj /CN=$ca-ca"
+        " -keyout $ca.key -out $ca.pem; done;"
+        " openssl req" + ec + "-subj /CN=127.0.0.1 -keyout server.key -out server.csr;"
+        " openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -set_serial 2 -days 2"
+        " -extfile san.cnf -out server.pem;"
+        " for c in client expired stranger; do openssl req" + ec + "-subj /CN=tenant-$c"
+        " -keyout $c.key -out $c.csr; done;"
+        " openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -set_serial 3 -days 2"
+        " -out client.pem;"
+        " openssl x509 -req -in stranger.csr -CA other.pem -CAkey other.key -set_serial 4"
+        " -days 2 -out stranger.pem;"
+        " openssl ca -batch -config ca.cnf -cert ca.pem -keyfile ca.key -in expired.csr"
+        " -out expired.pem -startdate 20200101000000Z -enddate 20200102000000Z -notext;"
+        // Valid in its day: expiry is the only reason for refusing it.
+        " openssl verify -CAfile ca.pem -no_check_time expired.pem;"
+        " ! openssl verify -CAfile ca.pem expired.pem";
+    ok_ = std::system(("bash -c '" + script + "' > " + d + "/openssl.log 2>&1").c_str()) == 0;
+  }
+  ~Pki() { std::filesystem::remove_all(dir_); }
+  bool ok() const { return ok_; }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string pem(const std::string& name) const { return ReadFile(path(name)); }
+  std::string log() const { return ReadFile(path("openssl.log")); }
+
+ private:
+  std::string dir_;
+  bool ok_ = false;
+};
+
+// Handshake over a TLS channel presenting `client` ("" = no client certificate).
+grpc::Status Handshake(const std::string& addr, const Pki& pki, const std::string& client) {
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = pki.pem("ca.pem");
+  if (!client.empty()) {
+    o.pem_private_key = pki.pem(client + ".key");
+    o.pem_cert_chain = pki.pem(client + ".pem");
+  }
+  auto stub = pb::KvCache::NewStub(grpc::CreateChannel(addr, grpc::SslCredentials(o)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  pb::HandshakeRequest req;
+  req.set_wire_version(pb::WIRE_VERSION_1);
+  pb::HandshakeResponse resp;
+  return stub->Handshake(&ctx, req, &resp);
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { pki_ = new Pki; }
+  static void TearDownTestSuite() {
+    delete pki_;
+    pki_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(pki_->ok()) << pki_->log(); }
+  static Pki* pki_;
+};
+Pki* TlsTest::pki_ = nullptr;
+
+TEST_F(TlsTest, MutualTlsAdmitsOnlyTheConfiguredCasClients) {
+  auto d = StartDaemon({"--tls-cert", pki_->path("server.pem"), "--tls-key",
+                        pki_->path("server.key"), "--tls-client-ca", pki_->path("ca.pem")});
+  ASSERT_NE(d, nullptr);
+  const std::string addr = d->address();
+  grpc::Status s = Handshake(addr, *pki_, "client");
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  for (const char* refused : {"", "stranger", "expired"}) {
+    s = Handshake(addr, *pki_, refused);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE)
+        << "client certificate '" << refused << "': " << s.error_message();
+  }
+  // Plaintext to a TLS port.
+  auto plain = pb::KvCache::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  pb::HandshakeRequest req;
+  req.set_wire_version(pb::WIRE_VERSION_1);
+  pb::HandshakeResponse resp;
+  EXPECT_FALSE(plain->Handshake(&ctx, req, &resp).ok());
+}
+
+TEST_F(TlsTest, TlsWithoutClientCaServesAnyClient) {
+  auto d = StartDaemon({"--tls-cert", pki_->path("server.pem"), "--tls-key",
+                        pki_->path("server.key")});
+  ASSERT_NE(d, nullptr);
+  grpc::Status s = Handshake(d->address(), *pki_, "");
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+// Startup errors: the daemon exits 1 with one line that says why (nothing is bound).
+std::string FailedStart(const std::vector<std::string>& flags) {
+  client::LocalDaemonOptions o;
+  o.binary = OSCARKVD_PATH;
+  o.flags = {"--metrics-listen", "off", "--pool-mb", "64", "--shm-name",
+             UniqueShmName("oscarkv-tls", 0)};
+  o.flags.insert(o.flags.end(), flags.begin(), flags.end());
+  o.log_path = ::testing::TempDir() + "/tls_test_start_" + std::to_string(::getpid()) + ".log";
+  auto d = client::LocalDaemon::Start(o);
+  EXPECT_FALSE(d.ok()) << "started with " << flags[0];
+  const std::string log = ReadFile(o.log_path);
+  std::remove(o.log_path.c_str());
+  return log;
+}
+
+TEST_F(TlsTest, PlaintextOnANonLoopbackAddressIsRefused) {
+  const std::string log = FailedStart({"--listen", "0.0.0.0:0"});
+  EXPECT_NE(log.find("oscarkvd: refusing plaintext gRPC on 0.0.0.0:0"), std::string::npos) << log;
+  EXPECT_NE(log.find("--allow-plaintext"), std::string::npos) << log;
+}
+
+TEST_F(TlsTest, BadTlsFilesAreStartupErrors) {
+  std::string log = FailedStart({"--tls-cert", pki_->path("server.pem")});
+  EXPECT_NE(log.find("cert and key go together"), std::string::npos) << log;
+  log = FailedStart({"--tls-cert", pki_->path("server.pem"), "--tls-key", pki_->path("client.key")});
+  EXPECT_NE(log.find("is not an unencrypted PEM private key of " + pki_->path("server.pem")),
+            std::string::npos)
+      << log;
+  log = FailedStart({"--tls-cert", pki_->path("missing.pem"), "--tls-key", pki_->path("server.key")});
+  EXPECT_NE(log.find("tls: cannot read certificate " + pki_->path("missing.pem")),
+            std::string::npos)
+      << log;
+}
+
+}  // namespace
+}  // namespace oscarkv::testing
