@@ -358,6 +358,8 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
     cmd.push_back(std::to_string(o.pool_mb));
     cmd.push_back("--node-id");
     cmd.push_back(i == 0 ? "prefill-host" : "decode-host");
+    // The namespaces' veth addresses are not loopback: plaintext there is this demo's choice.
+    if (hosts) cmd.push_back("--allow-plaintext");
 #ifdef OSCARKV_PD_HAS_UCX
     // UCX over TCP on this host's one link (the veth end, or lo on loopback).
     for (std::string f : {"--ucx-tls", "tcp", "--ucx-net-devices"}) cmd.push_back(f);

@@ -127,6 +127,55 @@ TEST_F(TlsTest, TlsWithoutClientCaServesAnyClient) {
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
+client::ConnectOptions TlsOptions(const std::string& addr, const Pki& pki,
+                                  const std::string& client) {
+  client::ConnectOptions o;
+  o.address = addr;
+  o.rpc_timeout_ms = 5000;
+  o.tls_ca_file = pki.path("ca.pem");
+  if (!client.empty()) {
+    o.tls_cert_file = pki.path(client + ".pem");
+    o.tls_key_file = pki.path(client + ".key");
+  }
+  return o;
+}
+
+// The client library's TLS options against the mTLS daemon: a page stored and looked up over
+// TLS; without a certificate, with another CA's or in plaintext Connect fails.
+TEST_F(TlsTest, ClientLibraryConnectsOverMutualTls) {
+  auto d = StartDaemon({"--tls-cert", pki_->path("server.pem"), "--tls-key",
+                        pki_->path("server.key"), "--tls-client-ca", pki_->path("ca.pem")});
+  ASSERT_NE(d, nullptr);
+  auto c = client::Client::Connect(TlsOptions(d->address(), *pki_, "client"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  client::Codec codec = RegisterRefmodel(**c);
+  const std::vector<uint32_t> tokens = Tokens(7, codec.profile.page_tokens);
+  const auto keys = client::Client::BlockKeys(codec, tokens);
+  ASSERT_EQ(keys.size(), 1u);
+  const std::vector<uint8_t> page = MakePage(codec.profile, PageKind::kInt2, 7);
+  const std::vector<client::PageWrite> writes = {{keys[0], PageKind::kInt2, page}};
+  auto stored = (*c)->Store(codec, writes);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->stored, 1u);
+  auto found = (*c)->Lookup(codec, keys);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->matched, 1u);
+
+  for (const char* refused : {"", "stranger", "expired"}) {
+    auto r = client::Client::Connect(TlsOptions(d->address(), *pki_, refused));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable)
+        << "certificate '" << refused << "': " << r.status();
+  }
+  client::ConnectOptions plain;
+  plain.address = d->address();
+  plain.rpc_timeout_ms = 5000;
+  EXPECT_FALSE(client::Client::Connect(plain).ok());
+  client::ConnectOptions missing = TlsOptions(d->address(), *pki_, "client");
+  missing.tls_key_file = pki_->path("missing.key");
+  auto m = client::Client::Connect(missing);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound) << m.status();
+}
+
 // Startup errors: the daemon exits 1 with one line that says why (nothing is bound).
 std::string FailedStart(const std::vector<std::string>& flags) {
   client::LocalDaemonOptions o;

@@ -15,6 +15,7 @@
 #include "oscarkv/util/status_macros.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
 #include "client_internal.h"
+#include "credentials.h"
 #include "local_channel.h"
 #include "oscarkv/proto/codec_convert.h"
 #include "page_fetch.h"
@@ -531,6 +532,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
     return absl::InvalidArgumentError(absl::StrCat("daemon address ", hp.status().message()));
   }
   if (options.rpc_timeout_ms <= 0) return absl::InvalidArgumentError("rpc_timeout_ms must be > 0");
+  {  // the TLS files, checked here so a bad one is an error that names it
+    grpc::ChannelArguments unused;
+    if (auto creds = MakeChannelCredentials(options, &unused); !creds.ok()) return creds.status();
+  }
   auto client = std::make_unique<GrpcClient>(options);
   OSCARKV_RETURN_IF_ERROR(client->Init());
   return std::unique_ptr<Client>(std::move(client));

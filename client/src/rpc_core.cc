@@ -1,6 +1,7 @@
 #include "rpc_core.h"
 
 #include "absl/strings/str_cat.h"
+#include "credentials.h"
 
 namespace oscarkv::client {
 
@@ -21,7 +22,7 @@ std::shared_ptr<RpcCore> RpcCore::Dial(const ConnectOptions& options) {
   // incarnation of the daemon at this address.
   if (options.dedicated_connection) args.SetInt("grpc.use_local_subchannel_pool", 1);
   auto channel =
-      grpc::CreateCustomChannel(options.address, grpc::InsecureChannelCredentials(), args);
+      grpc::CreateCustomChannel(options.address, ChannelCredentialsOrFail(options, &args), args);
   return std::shared_ptr<RpcCore>(
       new RpcCore(std::move(channel), options.address, options.rpc_timeout_ms));
 }

@@ -56,7 +56,8 @@ void RunHandoff(const std::vector<std::string> exec[2], const std::string addr[2
     std::vector<std::string> cmd = exec[i];
     cmd.insert(cmd.end(),
                {*daemon_bin, "--listen", addr[i] + ":0", "--pool-mb", "64", "--metrics-listen",
-                "off", "--log-level", "warn", "--ucx-tls", "tcp", "--ucx-net-devices", dev[i]});
+                "off", "--log-level", "warn", "--ucx-tls", "tcp", "--ucx-net-devices", dev[i],
+                "--allow-plaintext"});  // netns veth addresses are not loopback
     client::LocalDaemonOptions o;
     o.binary = cmd[0];
     o.flags.assign(cmd.begin() + 1, cmd.end());

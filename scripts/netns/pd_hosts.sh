@@ -38,7 +38,7 @@ down() {
 # Runs in this shell (not a subshell) so that DAEMON_PIDS reaches the exit trap.
 start_daemon() {
   local ns=$1 addr=$2 log=$3 out=$3.out line=""
-  ip netns exec "$ns" "$OSCARKVD" --listen "$addr:0" --metrics-listen off --pool-mb 128 \
+  ip netns exec "$ns" "$OSCARKVD" --listen "$addr:0" --metrics-listen off --pool-mb 128 --allow-plaintext \
       >"$out" 2>"$log" &
   DAEMON_PIDS+=($!)
   for _ in $(seq 300); do

@@ -85,6 +85,14 @@ struct ConnectOptions {
   // blocking connections and its pipelined LookupAsync connection). true: this Client opens its
   // own.
   bool dedicated_connection = false;
+  // gRPC over TLS (a daemon started with --tls-cert): the CA bundle (PEM file) the daemon's
+  // certificate must chain to; "" = plaintext. With tls_cert_file and tls_key_file (PEM) the
+  // client presents that certificate (a daemon with --tls-client-ca requires one).
+  // tls_server_name: the name checked against the daemon's certificate ("" = the address's host).
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
 };
 
 // What the daemon said in the handshake.
