@@ -89,10 +89,13 @@ TEST(PortsTest, TakenMetricsPortIsAnErrorNamingThePort) {
   auto second = Start({"--metrics-listen", "127.0.0.1:" + std::to_string(port)}, log);
   ASSERT_FALSE(second.ok()) << "a second daemon started on taken metrics port " << port;
   const std::string text = ReadFile(log);
-  EXPECT_NE(text.find("oscarkvd: metrics: cannot listen on 127.0.0.1:" + std::to_string(port) +
-                      ": port " + std::to_string(port) + " is already in use"),
+  // One line naming the address and saying it is taken (the start-up check before any bind, or
+  // the metrics server's own bind).
+  EXPECT_NE(text.find("oscarkvd: "), std::string::npos) << text;
+  EXPECT_NE(text.find("cannot listen on 127.0.0.1:" + std::to_string(port) + ": "),
             std::string::npos)
       << text;
+  EXPECT_NE(text.find("in use"), std::string::npos) << text;
   EXPECT_NE(std::string(second.status().message()).find("with status 1"), std::string::npos)
       << second.status();
   // The first daemon still answers on its port.
@@ -119,9 +122,11 @@ TEST(PortsTest, MetricsPortHeldWithReusePortIsStillTaken) {
   const std::string log = TempPath("reuseport.log");
   auto d = Start({"--metrics-listen", "127.0.0.1:" + std::to_string(port)}, log);
   EXPECT_FALSE(d.ok()) << "the daemon shared metrics port " << port << " via SO_REUSEPORT";
-  EXPECT_NE(ReadFile(log).find("port " + std::to_string(port) + " is already in use"),
+  const std::string text = ReadFile(log);
+  EXPECT_NE(text.find("cannot listen on 127.0.0.1:" + std::to_string(port) + ": "),
             std::string::npos)
-      << ReadFile(log);
+      << text;
+  EXPECT_NE(text.find("in use"), std::string::npos) << text;
   ::close(fd);
   std::remove(log.c_str());
 }

@@ -36,6 +36,8 @@ const std::string& DefaultConfigYaml() {
 #   --ucx-net-devices        ucx.net_devices
 #   --tier-path              tier.path             --tier-mb               tier.capacity_mb
 #   --tier-queue-mb          tier.queue_mb         --version               print the version
+#   --tls-cert               tls.cert              --tls-key               tls.key
+#   --tls-client-ca          tls.client_ca         --allow-plaintext       tls.allow_plaintext
 # Keys without a flag: pool.huge_pages, pool.cuda_register, limits.max_message_mb,
 # limits.max_codecs, server.index_shards, tier.sync_writes.
 listen: 127.0.0.1:50051         # gRPC: HOST:PORT (port 0 = any free port) or unix:/path
