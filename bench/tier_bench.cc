@@ -115,6 +115,7 @@ absl::Status RunIo(const fs::path& dir, const CodecProfile& profile, int pages, 
   service::TierOptions to;
   to.path = (dir / "tier").string();
   to.capacity_bytes = page_bytes * pages * 2;
+  to.max_wait = absl::InfiniteDuration();  // back-pressure waits count; nothing is dropped
   auto tier = service::PageTier::Open(to);
   if (!tier.ok()) return tier.status();
   {
@@ -167,6 +168,7 @@ absl::Status RunRestart(const fs::path& dir, const CodecProfile& profile, uint64
   to.path = (dir / "restart").string();
   to.capacity_bytes = page.size() * (pages + 16);
   to.queue_bytes = 256ull << 20;
+  to.max_wait = absl::InfiniteDuration();
   r->restart_pages = pages;
   r->restart_page_bytes = page.size();
   {

@@ -70,6 +70,9 @@ absl::StatusOr<PageHeader> ParseCommon(std::span<const uint8_t> page, bool verif
   if (absl::Status s = shape.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("page header: ", s.message()));
   }
+  if (h.reserved0 != 0 || h.reserved1 != 0) {
+    return absl::InvalidArgumentError("page header: reserved fields must be zero");
+  }
   if (h.token_count > h.page_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("page header: token_count ", h.token_count,
                                                    " exceeds page_tokens ", h.page_tokens));
@@ -92,6 +95,38 @@ absl::StatusOr<PageHeader> ParseCommon(std::span<const uint8_t> page, bool verif
 }
 
 }  // namespace
+
+absl::Status CheckUnusedSlotsZero(std::span<const uint8_t> page, const PageHeader& h) {
+  if (h.token_count >= h.page_tokens) return absl::OkStatus();
+  PageGeometry g{h.num_layers, h.num_kv_heads, h.head_dim, h.group_size, h.page_tokens,
+                 static_cast<PageKind>(h.kind)};
+  auto zero = [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; ++i) {
+      if (page[i] != 0) return false;
+    }
+    return true;
+  };
+  const uint32_t tc = h.token_count, T = h.page_tokens;
+  for (uint32_t l = 0; l < g.num_layers; ++l) {
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+      for (uint32_t head = 0; head < g.num_kv_heads; ++head) {
+        const size_t seg = g.segment_offset(l, kv, head);
+        const bool ok =
+            g.kind == PageKind::kInt2
+                ? zero(seg + g.code_row_offset(tc), seg + g.code_row_offset(T)) &&
+                      zero(seg + g.scale_offset(tc, 0), seg + g.codes_bytes() + g.scales_bytes())
+                : zero(seg + g.bf16_row_offset(tc), seg + g.bf16_row_offset(T));
+        if (!ok) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "page has token_count ", tc, " but non-zero bytes in the unused token slots of ",
+              "layer ", l, kv == 0 ? " K" : " V", " head ", head,
+              " (FORMAT.md: slots >= token_count are zero bytes)"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<PageHeader> ParsePageHeaderStandalone(std::span<const uint8_t> page,
                                                      bool verify_checksum) {

@@ -417,6 +417,8 @@ absl::Status PageCache::Commit(const pb::CommitRequest& req, pb::CommitResponse*
       bad = absl::InvalidArgumentError(absl::StrCat(
           "page is ", PageKindName(static_cast<PageKind>(hdr->kind)),
           " but the slot was reserved for ", PageKindName(item.kind)));
+    } else {
+      bad = CheckUnusedSlotsZero(page, *hdr);
     }
     if (!bad.ok()) {
       // A page that fails verification frees its slot and key at once: nothing of it stays

@@ -587,3 +587,45 @@ TEST_F(PageCacheTest, ConcurrentStoresAndLookupsNeverLoseOrCorruptPages) {
 
 }  // namespace
 }  // namespace oscarkv::service
+
+namespace oscarkv::service {
+namespace {
+
+// FORMAT.md §1.1, enforced at Commit: reserved header fields are zero, and so are the token
+// slots at and past token_count.
+TEST_F(PageCacheTest, CommitRefusesNonZeroReservedFieldsAndUnusedSlots) {
+  auto fix_checksum = [](std::string& page) {
+    PageHeader h;
+    std::memcpy(&h, page.data(), sizeof(h));
+    h.checksum = ComputePageChecksum(std::span<const uint8_t>(
+        reinterpret_cast<const uint8_t*>(page.data()), page.size()));
+    std::memcpy(page.data(), &h, sizeof(h));
+  };
+  std::string reserved = MakePage(TinyProfile(), PageKind::kInt2, 1);
+  reserved[36] = 1;  // reserved0
+  fix_checksum(reserved);
+  std::string tail = MakePage(TinyProfile(), PageKind::kInt2, 2, /*token_count=*/8);  // random tail
+  std::string clean = tail;
+  const PageGeometry g = GeometryFor(testing::ToProfile(TinyProfile()), PageKind::kInt2);
+  for (uint32_t kv = 0; kv < 2; ++kv) {
+    const size_t seg = g.segment_offset(0, kv, 0);
+    for (size_t i = seg + g.code_row_offset(8); i < seg + g.code_row_offset(16); ++i) clean[i] = 0;
+    for (size_t i = seg + g.scale_offset(8, 0); i < seg + g.segment_bytes(); ++i) clean[i] = 0;
+  }
+  fix_checksum(clean);
+  auto r = Reserve({Key(1), Key(2), Key(3)});
+  ASSERT_TRUE(Write(r.reservation_id(), Key(1), reserved).ok());
+  ASSERT_TRUE(Write(r.reservation_id(), Key(2), tail).ok());
+  ASSERT_TRUE(Write(r.reservation_id(), Key(3), clean).ok());
+  auto c = Commit(r.reservation_id());
+  EXPECT_EQ(c.results(0).code(), static_cast<int>(Code::kInvalidArgument));
+  EXPECT_NE(c.results(0).message().find("reserved"), std::string::npos) << c.results(0).message();
+  EXPECT_EQ(c.results(1).code(), static_cast<int>(Code::kInvalidArgument));
+  EXPECT_NE(c.results(1).message().find("unused token slots"), std::string::npos);
+  EXPECT_EQ(c.results(2).code(), 0) << c.results(2).message();
+  EXPECT_EQ(Lookup({Key(3)}, false).matched(), 1u);
+  EXPECT_EQ(Lookup({Key(2)}, false).matched(), 0u);
+}
+
+}  // namespace
+}  // namespace oscarkv::service

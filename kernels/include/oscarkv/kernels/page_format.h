@@ -90,6 +90,11 @@ absl::StatusOr<PageHeader> ParsePageHeader(std::span<const uint8_t> page,
 absl::StatusOr<PageHeader> ParsePageHeaderStandalone(std::span<const uint8_t> page,
                                                      bool verify_checksum = true);
 
+// FORMAT.md §1.1: the token slots at and past header.token_count hold zero bytes (codes and
+// (scale, min) pairs of an INT2 page, rows of a BF16 page). INVALID_ARGUMENT naming the first
+// non-zero slot. `page` must already have passed ParsePageHeader*; reads only the unused slots.
+absl::Status CheckUnusedSlotsZero(std::span<const uint8_t> page, const PageHeader& header);
+
 // Computes the checksum of a page whose header fields (other than checksum) are filled in.
 uint64_t ComputePageChecksum(std::span<const uint8_t> page);
 
