@@ -8,6 +8,7 @@
 #include <chrono>
 #include <thread>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -437,6 +438,7 @@ class GrpcClient final : public Client {
       const size_t m = resp.matched();
       std::vector<PageRef> refs;
       absl::Status s;
+      std::optional<size_t> corrupt;  // a page whose bytes failed verification
       for (size_t j = 0; j < m && s.ok(); ++j) {
         auto ref = PageRefFromProto(resp.pages(static_cast<int>(j)));
         if (ref.ok() && !(ref->key == keys[begin + j])) {
@@ -453,7 +455,7 @@ class GrpcClient final : public Client {
             dst != nullptr ? std::vector<std::span<uint8_t>>(dst->begin() + loaded, dst->end())
                            : OwnedBuffers(refs, owned);
         s = FetchVerified(codec, resp.lease_id(), refs, out, *source_, options_.verify_checksums,
-                          loaded);
+                          loaded, &corrupt);
       }
       // Synchronous on purpose: when Load returns, the pages are no longer pinned (a Delete or
       // Clear right after it behaves as expected). A failed release only means the lease runs
@@ -461,6 +463,16 @@ class GrpcClient final : public Client {
       absl::Status released = Release(resp.lease_id());
       if (release_status != nullptr && release_status->ok()) *release_status = released;
       if (!s.ok() && owned != nullptr) owned->clear();
+      if (corrupt.has_value()) {
+        // The daemon's copy is unreadable: drop it, so that the key is not a page the cache
+        // claims to have (a later Store would count it as deduplicated) and can be stored again.
+        const BlockKey bad = refs[*corrupt].key;
+        const bool dropped = Delete(codec, std::span<const BlockKey>(&bad, 1)).ok();
+        s = absl::Status(s.code(), absl::StrCat(s.message(), dropped
+                                                                 ? " (the daemon's copy was "
+                                                                   "deleted: store it again)"
+                                                                 : ""));
+      }
       OSCARKV_RETURN_IF_ERROR(s);
       for (const PageRef& r : refs) {
         if (kinds != nullptr) kinds->push_back(r.kind);

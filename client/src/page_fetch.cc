@@ -136,7 +136,8 @@ absl::Status StreamPageSource::Fetch(uint64_t lease_id, std::span<const PageRef>
 
 absl::Status FetchVerified(const Codec& codec, uint64_t lease_id, std::span<const PageRef> pages,
                            std::span<const std::span<uint8_t>> dst, PageSource& source,
-                           bool verify_checksums, size_t first_index) {
+                           bool verify_checksums, size_t first_index,
+                           std::optional<size_t>* corrupt) {
   if (dst.size() < pages.size()) {
     return absl::InvalidArgumentError(absl::StrCat(pages.size(), " pages but ", dst.size(),
                                                    " destination buffers"));
@@ -170,6 +171,7 @@ absl::Status FetchVerified(const Codec& codec, uint64_t lease_id, std::span<cons
       s = absl::DataLossError("page checksum mismatch: the page is corrupt");
     }
     if (!s.ok()) {  // whatever is wrong with a page the daemon served, it is not that page
+      if (corrupt != nullptr) *corrupt = i;
       return absl::DataLossError(absl::StrCat("loaded page ", first_index + i, " (key ",
                                               pages[i].key.Hex(), "): ", s.message()));
     }

@@ -70,9 +70,12 @@ class StreamPageSource final : public PageSource {
 // written) and verified. INVALID_ARGUMENT for a destination too small; DATA_LOSS for a page
 // the daemon describes with the wrong size, or whose bytes fail verification -- the message
 // names the page (its index plus `first_index`) and its key.
+// `corrupt` (optional) receives the index in `pages` of the page whose bytes failed
+// verification, when that is why the call failed.
 absl::Status FetchVerified(const Codec& codec, uint64_t lease_id, std::span<const PageRef> pages,
                            std::span<const std::span<uint8_t>> dst, PageSource& source,
-                           bool verify_checksums, size_t first_index = 0);
+                           bool verify_checksums, size_t first_index = 0,
+                           std::optional<size_t>* corrupt = nullptr);
 
 // Allocates one buffer per page (its size) in *owned and returns spans over them.
 std::vector<std::span<uint8_t>> OwnedBuffers(std::span<const PageRef> pages,

@@ -219,7 +219,9 @@ class Client {
   virtual absl::StatusOr<StoreResult> Store(const Codec& codec,
                                             std::span<const PageWrite> pages) = 0;
 
-  // Lookup with a lease, copy the matched prefix out, verify it, release the lease.
+  // Lookup with a lease, copy the matched prefix out, verify it, release the lease. A page
+  // whose bytes fail verification fails the call with DATA_LOSS and is deleted from the daemon
+  // (best effort), so that the cache stops claiming it and a Store of it stores it again.
   virtual absl::StatusOr<LoadResult> Load(const Codec& codec, std::span<const BlockKey> keys) = 0;
   // The same into caller buffers: dst[i] receives page i and must be at least its size.
   // Returns the number of pages loaded (the matched prefix). `bytes_out`, if given, receives
