@@ -31,7 +31,6 @@
 namespace oscarkv::bench {
 namespace {
 
-using cuda::CudaOk;
 using cuda::DeviceBuffer;
 
 #define BENCH_RETURN_IF_ERROR(expr)            \
@@ -104,7 +103,7 @@ absl::StatusOr<double> TimeMedianUs(F&& call, int samples) {
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  BENCH_RETURN_IF_ERROR(CudaOk(cudaGetLastError(), "timed launches"));
+  BENCH_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "timed launches"));
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
   return v[v.size() / 2];
 }
@@ -210,7 +209,7 @@ absl::Status BuildBatch(const KernelBenchOptions& o, int B, int L, bool all_bf16
       q.rot_fragments = rot_frag;
       q.clips = clips;
       BENCH_RETURN_IF_ERROR(cuda::LaunchQuantizeWrite(q, nullptr));
-      BENCH_RETURN_IF_ERROR(CudaOk(cudaDeviceSynchronize(), "fill pages"));
+      BENCH_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "fill pages"));
     }
     out->ptr_tables.push_back(*std::move(t));
   }
@@ -297,13 +296,13 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
     const int ctas = cuda::DecoderPlan(*pb.decoder).num_int2_items;
     auto tl = DeviceBuffer::Create(size_t(std::max(ctas, 1)) * cuda::kDecodeTimelineWords * 8);
     if (!tl.ok()) return tl.status();
-    BENCH_RETURN_IF_ERROR(CudaOk(cudaMemset(tl->get(), 0, tl->bytes()), "timeline"));
+    BENCH_RETURN_IF_ERROR(CudaStatus(cudaMemset(tl->get(), 0, tl->bytes()), "timeline"));
     for (int i = 0; i < 24; ++i) {
       cuda::DecodeParams p = params[c++ % params.size()];
       if (i == 20) p.debug_timeline = tl->as<uint64_t>();
       BENCH_RETURN_IF_ERROR(cuda::LaunchDecodeAttention(p, nullptr));
     }
-    BENCH_RETURN_IF_ERROR(CudaOk(cudaDeviceSynchronize(), "timeline run"));
+    BENCH_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "timeline run"));
     auto h = tl->ToHost<uint64_t>();
     if (!h.ok()) return h.status();
     for (int cta = 0; cta < ctas; ++cta) {
@@ -315,9 +314,9 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
   }
   if (!us.ok() || out_host == nullptr) return us;
   // One more launch on poisoned output, for the caller's cross-check of variants.
-  BENCH_RETURN_IF_ERROR(CudaOk(cudaMemset(out->get(), 0xff, out->bytes()), "poison"));
+  BENCH_RETURN_IF_ERROR(CudaStatus(cudaMemset(out->get(), 0xff, out->bytes()), "poison"));
   BENCH_RETURN_IF_ERROR(cuda::LaunchDecodeAttention(params[0], nullptr));
-  BENCH_RETURN_IF_ERROR(CudaOk(cudaDeviceSynchronize(), "decode check run"));
+  BENCH_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "decode check run"));
   auto h = out->ToHost<float>();
   if (!h.ok()) return h.status();
   *out_host = *std::move(h);
@@ -341,7 +340,7 @@ absl::StatusOr<std::vector<double>> ReferenceSeq0(const KernelBenchOptions& o, c
   }
   FillFloat<<<64, 256>>>(qd->as<float>(), size_t(B) * kQHeads * kHeadDim, 99);
   std::vector<float> q(kQHeads * kHeadDim);
-  BENCH_RETURN_IF_ERROR(CudaOk(cudaMemcpy(q.data(), qd->get(), q.size() * 4, cudaMemcpyDeviceToHost), "q"));
+  BENCH_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(q.data(), qd->get(), q.size() * 4, cudaMemcpyDeviceToHost), "q"));
   // Dequantized rows of layer 0: k[h][t][d], v[h][t][d].
   std::vector<std::vector<double>> kr(kKvHeads), vr(kKvHeads);
   std::vector<uint8_t> seg;
@@ -351,7 +350,7 @@ absl::StatusOr<std::vector<double>> ReferenceSeq0(const KernelBenchOptions& o, c
     const PageGeometry g = GeometryFor(prof, kind);
     const int n = (*counts)[id];
     seg.resize(2 * kKvHeads * g.segment_bytes());
-    BENCH_RETURN_IF_ERROR(CudaOk(cudaMemcpy(seg.data(), (*ptrs)[id] + g.segment_offset(0, 0, 0), seg.size(),
+    BENCH_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(seg.data(), (*ptrs)[id] + g.segment_offset(0, 0, 0), seg.size(),
                                             cudaMemcpyDeviceToHost), "page"));
     for (int kv = 0; kv < 2; ++kv)
       for (int h = 0; h < kKvHeads; ++h) {
@@ -412,7 +411,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         "no usable CUDA device (", e != cudaSuccess ? cudaGetErrorString(e) : "none found",
         "): the kernel bench runs on a GPU machine, e.g. through scripts/gpu/run_all.sh"));
   }
-  BENCH_RETURN_IF_ERROR(CudaOk(cudaGetDeviceProperties(&prop, 0), "device properties"));
+  BENCH_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, 0), "device properties"));
   r.device = prop.name;
   r.sms = prop.multiProcessorCount;
   r.decode_ctas_per_sm = cuda::DecodeKernelOccupancy(128);
@@ -719,7 +718,7 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       if (!ip.ok() || !tb.ok()) return absl::InternalError("extend table");
       empty_indptr = *std::move(ip);
       empty_table = *std::move(tb);
-      BENCH_RETURN_IF_ERROR(CudaOk(cudaMemset(empty_table.get(), 0, 64), "extend table"));
+      BENCH_RETURN_IF_ERROR(CudaStatus(cudaMemset(empty_table.get(), 0, 64), "extend table"));
       e.table.page_ptrs = empty_table.as<const uint8_t*>();
       e.table.page_kinds = empty_table.as<uint8_t>();
       e.table.page_token_counts = empty_table.as<uint16_t>();
@@ -747,9 +746,9 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
     auto plan = cuda::PlanExtend(shape, B, C);
     if (!plan.ok()) return plan.status();
     row.tensor_cores = plan->tensor_cores;
-    BENCH_RETURN_IF_ERROR(CudaOk(cudaMemset(e.out, 0xff, total * kQHeads * kHeadDim * 4), "poison"));
+    BENCH_RETURN_IF_ERROR(CudaStatus(cudaMemset(e.out, 0xff, total * kQHeads * kHeadDim * 4), "poison"));
     BENCH_RETURN_IF_ERROR(cuda::LaunchExtendAttention(*plan, e, nullptr));
-    BENCH_RETURN_IF_ERROR(CudaOk(cudaDeviceSynchronize(), "extend"));
+    BENCH_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "extend"));
     {  // every output written and finite (the GPU tests check the values)
       auto h = out->ToHost<float>();
       if (!h.ok()) return h.status();

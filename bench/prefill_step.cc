@@ -38,7 +38,7 @@ absl::StatusOr<double> MedianUs(F&& call, int samples) {
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   if (!st.ok()) return st;
-  if (absl::Status e = cuda::CudaOk(cudaDeviceSynchronize(), "prefill step"); !e.ok()) return e;
+  if (absl::Status e = cuda::CudaStatus(cudaDeviceSynchronize(), "prefill step"); !e.ok()) return e;
   std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
   return v[v.size() / 2];
 }
@@ -107,7 +107,7 @@ absl::Status MeasurePrefillStep(const KernelBenchOptions& o, const uint16_t* k_n
       return absl::ResourceExhaustedError("prefill step buffers");
     }
     // Queries: pseudo-random values (never zeros), one host block repeated.
-    if (absl::Status s = cuda::CudaOk(cudaMemset(tb->get(), 0, 64), "table"); !s.ok()) return s;
+    if (absl::Status s = cuda::CudaStatus(cudaMemset(tb->get(), 0, 64), "table"); !s.ok()) return s;
     {
       std::vector<float> block(size_t{1} << 20);
       uint32_t x = 12345;
@@ -118,7 +118,7 @@ absl::Status MeasurePrefillStep(const KernelBenchOptions& o, const uint16_t* k_n
       const size_t n = size_t(T) * kQHeads * kHeadDim;
       for (size_t i = 0; i < n; i += block.size()) {
         const size_t c = std::min(block.size(), n - i);
-        if (absl::Status s = cuda::CudaOk(cudaMemcpy(q->as<float>() + i, block.data(), c * 4, cudaMemcpyHostToDevice), "q");
+        if (absl::Status s = cuda::CudaStatus(cudaMemcpy(q->as<float>() + i, block.data(), c * 4, cudaMemcpyHostToDevice), "q");
             !s.ok()) {
           return s;
         }

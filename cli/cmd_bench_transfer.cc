@@ -6,15 +6,10 @@
 // of real pages and progresses its worker; the two processes exchange UCX blobs over an AF_UNIX
 // socketpair. UCX traffic is confined to loopback (UCX_NET_DEVICES=lo) and shared memory.
 #if __has_include("oscarkv/transport/transport.h")  // built only with the transport module
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -33,6 +28,7 @@
 #include "oscarkv/transport/transport.h"
 #include "oscarkv/util/args.h"
 #include "oscarkv/util/status_macros.h"
+#include "oscarkv/util/subprocess.h"
 
 namespace oscarkv::cli {
 namespace {
@@ -177,73 +173,22 @@ struct PerftestResult {
   std::string command;
 };
 
-// Runs argv with `env` added, stdout+stderr captured, killed after `timeout`.
-absl::StatusOr<std::string> RunCaptured(const std::vector<std::string>& argv,
-                                        const std::vector<std::string>& env, pid_t* pid_out,
-                                        bool wait, absl::Duration timeout) {
-  int pipefd[2];
-  if (pipe2(pipefd, O_CLOEXEC) != 0) return absl::InternalError("pipe");
-  std::vector<std::string> envs;
-  for (char** e = environ; *e; ++e) envs.emplace_back(*e);
-  for (const auto& e : env) envs.push_back(e);
-  std::vector<char*> cargv, cenv;
-  std::vector<std::string> argv_copy = argv;
-  for (auto& a : argv_copy) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  for (auto& e : envs) cenv.push_back(e.data());
-  cenv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork");
-  if (pid == 0) {
-    dup2(pipefd[1], 1);
-    dup2(pipefd[1], 2);
-    execvpe(cargv[0], cargv.data(), cenv.data());
-    _exit(127);
-  }
-  close(pipefd[1]);
-  transport::UniqueFd out(pipefd[0]);
-  if (pid_out) *pid_out = pid;
-  if (!wait) {
-    (void)out.Release();  // the server's output is not needed; its pipe closes when it exits
-    return std::string();
-  }
-  std::string text;
-  const absl::Time deadline = absl::Now() + timeout;
-  char buf[4096];
-  while (true) {
-    pollfd pfd{out.get(), POLLIN, 0};
-    const int left = static_cast<int>(
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
-    if (poll(&pfd, 1, left) <= 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-      return absl::DeadlineExceededError(absl::StrCat(argv[0], " timed out"));
-    }
-    const ssize_t r = read(out.get(), buf, sizeof(buf));
-    if (r <= 0) break;
-    text.append(buf, static_cast<size_t>(r));
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return absl::InternalError(absl::StrCat(argv[0], " failed:\n", text));
-  }
-  return text;
-}
-
 // ucx_perftest server + client on 127.0.0.1, same UCX_TLS; "Final:" line -> overall MB/s.
 absl::StatusOr<PerftestResult> RunPerftest(const std::string& perftest, const std::string& tls,
                                            const std::string& test, size_t msg_bytes,
                                            int64_t iters, int port, int outstanding) {
-  const std::vector<std::string> env = {absl::StrCat("UCX_TLS=", tls), "UCX_NET_DEVICES=lo"};
+  const std::map<std::string, std::string> env = {{"UCX_TLS", tls}, {"UCX_NET_DEVICES", "lo"}};
   std::vector<std::string> common = {"-p", absl::StrCat(port)};
-  pid_t server = -1;
-  {
-    std::vector<std::string> argv = {perftest};
-    argv.insert(argv.end(), common.begin(), common.end());
-    auto r = RunCaptured(argv, env, &server, /*wait=*/false, absl::ZeroDuration());
-    if (!r.ok()) return r.status();
-  }
+  std::vector<std::string> server_argv = {perftest};
+  server_argv.insert(server_argv.end(), common.begin(), common.end());
+  // The server's output is not needed; the destructor kills it if it has not exited.
+  SpawnOptions so(server_argv);
+  so.search_path = true;
+  so.env = env;
+  so.stdout_mode = Stdio::kNull;
+  so.stderr_to_stdout = true;
+  auto server = Subprocess::Spawn(so);
+  if (!server.ok()) return server.status();
   absl::SleepFor(absl::Milliseconds(300));  // let it listen
   std::vector<std::string> argv = {perftest, "127.0.0.1", "-t", test, "-s", absl::StrCat(msg_bytes),
                                    "-n", absl::StrCat(iters), "-w", absl::StrCat(std::max<int64_t>(iters / 10, 4)),
@@ -254,14 +199,21 @@ absl::StatusOr<PerftestResult> RunPerftest(const std::string& perftest, const st
   }
   argv.insert(argv.end(), common.begin(), common.end());
   PerftestResult res;
-  res.command = absl::StrCat(absl::StrJoin(env, " "), " ", absl::StrJoin(argv, " "));
-  auto text = RunCaptured(argv, env, nullptr, /*wait=*/true, absl::Seconds(120));
+  res.command = absl::StrCat(absl::StrJoin(env, " ", absl::PairFormatter("=")), " ",
+                             absl::StrJoin(argv, " "));
+  SpawnOptions co(argv);
+  co.search_path = true;
+  co.env = env;
+  co.stderr_to_stdout = true;
+  auto run = RunAndCollect(std::move(co), absl::Seconds(120));
   // The server exits once the test is done; never leave it behind.
-  for (int i = 0; i < 100 && waitpid(server, nullptr, WNOHANG) == 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(20));
+  (void)(*server)->Wait(absl::Seconds(2));
+  (*server)->Kill();
+  if (!run.ok()) return run.status();
+  if (run->exit_code != 0) {
+    return absl::InternalError(absl::StrCat(perftest, " failed:\n", run->output));
   }
-  if (kill(server, SIGKILL) == 0) waitpid(server, nullptr, 0);
-  if (!text.ok()) return text.status();
+  const std::string* text = &run->output;
   // The result row: "[Final:] <iters> <p50 lat> <avg lat> <overall lat> <avg MB/s> <overall MB/s>
   // <avg msg/s> <overall msg/s>" (-f prints only this row, without the "Final:" label).
   double mbps = -1;

@@ -3,16 +3,15 @@
 // gpu-handoff-worker`), joined by a socketpair (pd/gpu/include/oscarkv/pd/gpu_handoff.h). It
 // needs only the engine (no client), so a slim build without gRPC/UCX has it.
 #if __has_include("oscarkv/pd/gpu_handoff.h")
-#include <fcntl.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
+#include <unistd.h>
 
 #include <map>
 
 #include "absl/strings/str_split.h"
 #include "oscarkv/engine/decode.h"
 #include "oscarkv/pd/gpu_handoff.h"
+#include "oscarkv/util/subprocess.h"
 #include "pd_common.h"
 
 namespace oscarkv::cli {
@@ -216,33 +215,14 @@ int RunGpuHandoffWorker(int argc, char** argv) {
 }
 
 struct Child {
-  pid_t pid = -1;
-  int status = 0;
+  std::unique_ptr<Subprocess> process;
   bool done = false;
   double ms = 0;
-};
-
-absl::StatusOr<pid_t> SpawnWorker(std::vector<std::string> argv, int keep_fd, int close_fd) {
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) return absl::InternalError("fork failed");
-  if (pid == 0) {
-    ::close(close_fd);
-    (void)keep_fd;
-    ::execv("/proc/self/exe", cargv.data());
-    std::fprintf(stderr, "exec /proc/self/exe failed\n");
-    ::_exit(127);
+  std::string DescribeExit() const {
+    return done ? process->DescribeExit() : "still running (killed)";
   }
-  return pid;
-}
-
-std::string DescribeExit(const Child& c) {
-  if (!c.done) return "still running (killed)";
-  if (WIFSIGNALED(c.status)) return absl::StrCat("killed by signal ", WTERMSIG(c.status));
-  return absl::StrCat("exit ", WEXITSTATUS(c.status));
-}
+  bool Succeeded() const { return done && process->exit_code() == 0; }
+};
 
 int RunGpuHandoff(int argc, char** argv) {
   Args args(
@@ -285,7 +265,6 @@ int RunGpuHandoff(int argc, char** argv) {
   Child child[2];
   const auto t0 = Clock::now();
   for (int i = 0; i < 2; ++i) {
-    ::fcntl(sv[i], F_SETFD, 0);  // the child keeps its end across exec
     std::vector<std::string> wargv = {"oscarkv", "pd", "gpu-handoff-worker"};
     for (int a = 1; a < argc; ++a) {
       if (std::string(argv[a]) != "--json") wargv.push_back(argv[a]);
@@ -295,10 +274,13 @@ int RunGpuHandoff(int argc, char** argv) {
           std::string("--result"), absl::StrCat(base, "-", roles[i], ".json")}) {
       wargv.push_back(x);
     }
-    auto pid = SpawnWorker(wargv, sv[i], sv[1 - i]);
-    ::fcntl(sv[i], F_SETFD, FD_CLOEXEC);
-    if (!pid.ok()) return Fail("pd gpu-handoff", pid.status());
-    child[i].pid = *pid;
+    // The child keeps its end of the socketpair across exec; the other end is close-on-exec.
+    SpawnOptions so(wargv);
+    so.program = "/proc/self/exe";
+    so.inherit_fds = {sv[i]};
+    auto p = Subprocess::Spawn(so);
+    if (!p.ok()) return Fail("pd gpu-handoff", p.status());
+    child[i].process = std::move(*p);
   }
   ::close(sv[0]);
   ::close(sv[1]);
@@ -307,7 +289,7 @@ int RunGpuHandoff(int argc, char** argv) {
   bool hung = false;
   while (!(child[0].done && child[1].done)) {
     for (Child& c : child) {
-      if (!c.done && ::waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
+      if (!c.done && !c.process->Running()) {
         c.done = true;
         c.ms = MsSince(t0);
       }
@@ -315,7 +297,7 @@ int RunGpuHandoff(int argc, char** argv) {
     if (MsSince(t0) > limit_ms) {
       hung = true;
       for (Child& c : child) {
-        if (!c.done) ::kill(c.pid, SIGKILL), ::waitpid(c.pid, &c.status, 0);
+        if (!c.done) c.process->Kill();
       }
       break;
     }
@@ -329,12 +311,10 @@ int RunGpuHandoff(int argc, char** argv) {
     side[i] = Json::parse(ss.str(), nullptr, false);
     if (side[i].is_discarded()) side[i] = Json::object();
     std::filesystem::remove(absl::StrCat(base, "-", roles[i], ".json"));
-    side[i]["exit"] = DescribeExit(child[i]);
+    side[i]["exit"] = child[i].DescribeExit();
     side[i]["exit_ms"] = child[i].ms;
   }
-  bool ok = !hung && child[0].done && child[1].done && WIFEXITED(child[0].status) &&
-            WEXITSTATUS(child[0].status) == 0 && WIFEXITED(child[1].status) &&
-            WEXITSTATUS(child[1].status) == 0;
+  bool ok = !hung && child[0].Succeeded() && child[1].Succeeded();
   Json out = {{"ok", ok},
               {"hung", hung},
               {"prefill", side[0]},
@@ -343,8 +323,8 @@ int RunGpuHandoff(int argc, char** argv) {
   std::printf(
       "pd gpu-handoff: prefill on GPU %s (%s after %.0f ms), decode on GPU %s (%s after "
       "%.0f ms)%s\n",
-      args.str("prefill-device").c_str(), DescribeExit(child[0]).c_str(), child[0].ms,
-      args.str("decode-device").c_str(), DescribeExit(child[1]).c_str(), child[1].ms,
+      args.str("prefill-device").c_str(), child[0].DescribeExit().c_str(), child[0].ms,
+      args.str("decode-device").c_str(), child[1].DescribeExit().c_str(), child[1].ms,
       hung ? " -- HUNG, killed" : "");
   for (int i = 0; i < 2; ++i) {
     if (side[i].contains("error")) {

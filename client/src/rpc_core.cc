@@ -5,12 +5,6 @@
 
 namespace oscarkv::client {
 
-absl::Status FromGrpc(const grpc::Status& s, std::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(std::string(what), ": ", s.error_message()));
-}
-
 std::shared_ptr<RpcCore> RpcCore::Dial(const ConnectOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);

@@ -12,12 +12,14 @@
 
 #include "absl/status/status.h"
 #include "oscarkv/client/client.h"
+#include "oscarkv/proto/grpc_status.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
 
 namespace oscarkv::client {
 
-// grpc::Status -> absl::Status: codes one-to-one, the message prefixed with the call's name.
-absl::Status FromGrpc(const grpc::Status& s, std::string_view what);
+// grpc::Status -> absl::Status: codes one-to-one, the message prefixed with the call's name
+// (the one adapter, in proto/, shared with the daemon's ToGrpc).
+using ::oscarkv::FromGrpc;
 
 class RpcCore {
  public:

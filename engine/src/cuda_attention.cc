@@ -20,7 +20,6 @@
 namespace oscarkv::engine {
 namespace {
 
-using cuda::CudaOk;
 using cuda::DeviceBuffer;
 
 constexpr uint32_t kHeadDim = 128;
@@ -32,7 +31,7 @@ absl::Status Upload(DeviceBuffer& dst, const std::vector<T>& v) {
     OSCARKV_ASSIGN_OR_RETURN(dst, DeviceBuffer::Create(v.size() * sizeof(T)));
   }
   if (v.empty()) return absl::OkStatus();
-  return CudaOk(cudaMemcpy(dst.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
+  return CudaStatus(cudaMemcpy(dst.get(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice),
                 "cudaMemcpy H2D");
 }
 
@@ -74,7 +73,7 @@ absl::Status CudaAttention::PrepareCodec(const AttentionInputs& in) {
                                                    in.num_q_heads, "/", in.num_kv_heads));
   }
   if (codec_ready_) return absl::OkStatus();
-  OSCARKV_RETURN_IF_ERROR(CudaOk(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, 0),
+  OSCARKV_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, 0),
                                  "cudaDeviceGetAttribute"));
   if (codec_.int2) {
     const RotationSet* rot = codec_.rotations.get();
@@ -123,7 +122,7 @@ absl::Status CudaAttention::PrepareWindow(const AttentionInputs& in) {
     total += (g.page_bytes() + kPageAlign - 1) / kPageAlign * kPageAlign;
   }
   OSCARKV_ASSIGN_OR_RETURN(pages_, DeviceBuffer::Create(total));
-  OSCARKV_RETURN_IF_ERROR(CudaOk(cudaMemset(pages_.get(), 0, total), "cudaMemset"));
+  OSCARKV_RETURN_IF_ERROR(CudaStatus(cudaMemset(pages_.get(), 0, total), "cudaMemset"));
   std::vector<uint8_t*> page_ptrs(offsets.size());
   for (size_t i = 0; i < offsets.size(); ++i) page_ptrs[i] = pages_.as<uint8_t>() + offsets[i];
   OSCARKV_RETURN_IF_ERROR(Upload(page_ptrs_, page_ptrs));
@@ -174,9 +173,9 @@ absl::Status CudaAttention::Attend(const AttentionInputs& in, float* out) {
     k_host_[i] = FloatToBf16(in.k[i]);
     v_host_[i] = FloatToBf16(in.v[i]);
   }
-  OSCARKV_RETURN_IF_ERROR(CudaOk(cudaMemcpy(k_.get(), k_host_.data(), kv_elems * 2, cudaMemcpyHostToDevice), "K upload"));
-  OSCARKV_RETURN_IF_ERROR(CudaOk(cudaMemcpy(v_.get(), v_host_.data(), kv_elems * 2, cudaMemcpyHostToDevice), "V upload"));
-  OSCARKV_RETURN_IF_ERROR(CudaOk(cudaMemcpy(q_.get(), in.q, q_elems * 4, cudaMemcpyHostToDevice), "Q upload"));
+  OSCARKV_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(k_.get(), k_host_.data(), kv_elems * 2, cudaMemcpyHostToDevice), "K upload"));
+  OSCARKV_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(v_.get(), v_host_.data(), kv_elems * 2, cudaMemcpyHostToDevice), "V upload"));
+  OSCARKV_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(q_.get(), in.q, q_elems * 4, cudaMemcpyHostToDevice), "Q upload"));
 
   // Quantize-on-write: every page set receives its tokens (BF16 or INT2 by page kind).
   WindowBuffers b;
@@ -215,8 +214,8 @@ absl::Status CudaAttention::Attend(const AttentionInputs& in, float* out) {
   }
   p.out = out_.as<float>();
   OSCARKV_RETURN_IF_ERROR(decoder_->Run(p, nullptr));
-  OSCARKV_RETURN_IF_ERROR(CudaOk(cudaMemcpy(out, out_.get(), q_elems * 4, cudaMemcpyDeviceToHost), "output download"));
-  return CudaOk(cudaGetLastError(), "CUDA attention");
+  OSCARKV_RETURN_IF_ERROR(CudaStatus(cudaMemcpy(out, out_.get(), q_elems * 4, cudaMemcpyDeviceToHost), "output download"));
+  return CudaStatus(cudaGetLastError(), "CUDA attention");
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "oscarkv/util/cuda_status.h"
 #include "oscarkv/util/status_macros.h"
 #ifdef OSCARKV_PD_HAS_NCCL
 #include <nccl.h>
@@ -36,11 +37,7 @@ Clock::time_point Deadline(int timeout_ms) {
   return Clock::now() + std::chrono::milliseconds(timeout_ms);
 }
 
-absl::Status Cuda(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
-#define OSCARKV_CUDA(expr) OSCARKV_RETURN_IF_ERROR(Cuda((expr), #expr))
+#define OSCARKV_CUDA(expr) OSCARKV_RETURN_IF_ERROR(CudaStatus((expr), #expr))
 
 // Failure injection for the tests: the process kills itself at a named stage.
 void MaybeDie(const std::string& die_at, const char* stage, const char* side) {
@@ -105,7 +102,7 @@ struct DeviceBuffer {
     device = dev;
     bytes = n;
     OSCARKV_CUDA(cudaSetDevice(dev));
-    return Cuda(cudaMalloc(&ptr, n), "cudaMalloc");
+    return CudaStatus(cudaMalloc(&ptr, n), "cudaMalloc");
   }
 };
 
@@ -119,7 +116,7 @@ struct PinnedBuffer {
   }
   absl::Status Allocate(size_t n) {
     bytes = n;
-    return Cuda(cudaMallocHost(reinterpret_cast<void**>(&ptr), n), "cudaMallocHost");
+    return CudaStatus(cudaMallocHost(reinterpret_cast<void**>(&ptr), n), "cudaMallocHost");
   }
 };
 
@@ -156,7 +153,7 @@ absl::Status WaitStream(cudaStream_t stream, int fd, Clock::time_point deadline,
   for (;;) {
     const cudaError_t q = cudaStreamQuery(stream);
     if (q == cudaSuccess) return absl::OkStatus();
-    if (q != cudaErrorNotReady) return Cuda(q, what);
+    if (q != cudaErrorNotReady) return CudaStatus(q, what);
     OSCARKV_RETURN_IF_ERROR(CheckPeer(fd));
     if (Clock::now() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat(what, " did not finish in time"));
@@ -212,7 +209,7 @@ class Communicator {
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream);
       if (q == cudaSuccess) return absl::OkStatus();
-      if (q != cudaErrorNotReady) return Cuda(q, what);
+      if (q != cudaErrorNotReady) return CudaStatus(q, what);
       ncclResult_t st = ncclSuccess;
       ncclCommGetAsyncError(comm_, &st);
       if (st != ncclSuccess && st != ncclInProgress) return Nccl(st, comm_, what);

@@ -1,127 +1,32 @@
 #include "oscarkv/pd/hosts.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
-#include <chrono>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "oscarkv/util/subprocess.h"
 
 namespace oscarkv::pd {
 namespace {
 
 std::atomic<int> g_counter{0};
 
-absl::StatusOr<ProcessResult> RunQuiet(const std::vector<std::string>& argv);
-
+// Runs `ip` with its stderr captured too: its errors become the Status.
 absl::Status RunIp(const std::string& ip, std::vector<std::string> args) {
   args.insert(args.begin(), ip);
-  auto r = RunQuiet(args);
+  SpawnOptions o(args);
+  o.stderr_to_stdout = true;
+  auto r = RunAndCollect(std::move(o), absl::Seconds(30));
   if (!r.ok()) return r.status();
   if (r->exit_code != 0) {
-    std::string out = r->out;
+    std::string out = r->output;
     while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
     return absl::UnavailableError(
         absl::StrCat("`", absl::StrJoin(args, " "), "` failed (exit ", r->exit_code, "): ", out));
   }
   return absl::OkStatus();
-}
-
-// Like RunProcess, with stderr captured too (for `ip`, whose errors become the Status).
-absl::StatusOr<ProcessResult> SpawnAndWait(const std::vector<std::string>& argv, bool merge_stderr,
-                                           int64_t timeout_ms);
-
-absl::StatusOr<ProcessResult> RunQuiet(const std::vector<std::string>& argv) {
-  return SpawnAndWait(argv, /*merge_stderr=*/true, 30000);
-}
-
-pid_t ForkExec(const std::vector<std::string>& argv, bool merge_stderr, int* out_fd,
-               std::string* error) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    *error = absl::StrCat("pipe: ", std::strerror(errno));
-    return -1;
-  }
-  std::vector<std::string> copy = argv;
-  std::vector<char*> cargv;
-  for (auto& a : copy) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    *error = absl::StrCat("fork: ", std::strerror(errno));
-    ::close(fds[0]);
-    ::close(fds[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    ::dup2(fds[1], STDOUT_FILENO);
-    if (merge_stderr) ::dup2(fds[1], STDERR_FILENO);
-    ::execv(cargv[0], cargv.data());
-    const char msg[] = "exec failed\n";
-    (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  *out_fd = fds[0];
-  return pid;
-}
-
-// Reads `fd` to EOF (or the deadline), then reaps `pid`.
-absl::StatusOr<ProcessResult> Collect(pid_t pid, int fd, int64_t timeout_ms,
-                                      const std::string& what) {
-  ProcessResult r;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  bool timed_out = false;
-  char buf[65536];
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                          deadline - std::chrono::steady_clock::now())
-                          .count();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p{fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) continue;
-    const ssize_t got = ::read(fd, buf, sizeof(buf));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;
-    r.out.append(buf, got);
-  }
-  ::close(fd);
-  if (timed_out) ::kill(pid, SIGKILL);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(what, " did not finish within ", timeout_ms, " ms (killed)"));
-  }
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
-}
-
-absl::StatusOr<ProcessResult> SpawnAndWait(const std::vector<std::string>& argv, bool merge_stderr,
-                                           int64_t timeout_ms) {
-  if (argv.empty()) return absl::InvalidArgumentError("empty command");
-  int fd = -1;
-  std::string error;
-  const pid_t pid = ForkExec(argv, merge_stderr, &fd, &error);
-  if (pid < 0) return absl::InternalError(error);
-  return Collect(pid, fd, timeout_ms, argv[0]);
 }
 
 }  // namespace
@@ -188,32 +93,9 @@ std::vector<std::string> NetnsHosts::Exec(int host) const {
 }
 
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, int64_t timeout_ms) {
-  return SpawnAndWait(argv, /*merge_stderr=*/false, timeout_ms);
-}
-
-absl::StatusOr<std::unique_ptr<Process>> Process::Spawn(const std::vector<std::string>& argv) {
-  if (argv.empty()) return absl::InvalidArgumentError("empty command");
-  std::unique_ptr<Process> p(new Process());
-  std::string error;
-  p->pid_ = ForkExec(argv, /*merge_stderr=*/false, &p->fd_, &error);
-  if (p->pid_ < 0) return absl::InternalError(error);
-  return p;
-}
-
-absl::StatusOr<ProcessResult> Process::Wait(int64_t timeout_ms) {
-  if (pid_ < 0) return absl::FailedPreconditionError("process already waited for");
-  const pid_t pid = pid_;
-  pid_ = -1;
-  return Collect(pid, fd_, timeout_ms, "child process");
-}
-
-Process::~Process() {
-  if (pid_ > 0) {
-    ::kill(pid_, SIGKILL);
-    ::close(fd_);
-    int status;
-    ::waitpid(pid_, &status, 0);
-  }
+  auto r = RunAndCollect(SpawnOptions(argv), absl::Milliseconds(timeout_ms));
+  if (!r.ok()) return r.status();
+  return ProcessResult{r->exit_code, std::move(r->output)};
 }
 
 }  // namespace oscarkv::pd

@@ -5,11 +5,6 @@
 
 namespace oscarkv::service {
 
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
 class LookupMessagePool::Holder final
     : public grpc::MessageHolder<pb::LookupRequest, pb::LookupResponse> {
  public:

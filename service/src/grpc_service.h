@@ -14,6 +14,7 @@
 #include "grpcpp/support/message_allocator.h"
 #include "control_calls.h"
 #include "oscarkv/service/metrics.h"
+#include "oscarkv/proto/grpc_status.h"
 #include "oscarkv/service/page_cache.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
 
@@ -130,6 +131,6 @@ class KvCacheService final : public KvCacheAsyncBase {
   friend class Admission;
 };
 
-grpc::Status ToGrpc(const absl::Status& s);
+using ::oscarkv::ToGrpc;  // the one absl::Status -> grpc::Status adapter (proto/)
 
 }  // namespace oscarkv::service

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "oscarkv/service/log.h"
 #include "oscarkv/util/status_macros.h"
+#include "oscarkv/util/subprocess.h"
 
 namespace oscarkv::service {
 
@@ -127,64 +128,43 @@ absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(
 }
 
 absl::Status UcxDataPlane::SpawnChild() {
-  int out[2], in[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return absl::InternalError("pipe2 failed");
-  if (::pipe2(in, O_CLOEXEC) != 0) {
-    ::close(out[0]);
-    ::close(out[1]);
-    return absl::InternalError("pipe2 failed");
-  }
-  const std::string bytes = absl::StrCat(options_.pool_bytes);
-  const std::string parent = absl::StrCat(::getpid());
-  std::vector<std::string> args = {options_.self_exe, "--internal-ucx-data-plane",
-                                   options_.shm_path,  bytes,
-                                   options_.tls,       options_.net_devices,
-                                   parent};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    for (int fd : {out[0], out[1], in[0], in[1]}) ::close(fd);
-    return absl::InternalError(absl::StrCat("fork failed: ", std::strerror(errno)));
-  }
-  if (pid == 0) {
-    // Only async-signal-safe calls until exec.
-    ::dup2(in[0], 0);
-    ::dup2(out[1], 1);
-    ::syscall(SYS_close_range, 3u, ~0u, 0u);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ::close(in[0]);
-  ::close(out[1]);
+  // The child's stdin is its lifeline (EOF: it tears its UCX state down and exits); its stdout
+  // carries one length-prefixed GetDataPlaneResponse. No other descriptor of the daemon's is
+  // inherited. The child sets its own parent-death signal (RunUcxDataPlaneChild).
+  SpawnOptions so({options_.self_exe, "--internal-ucx-data-plane", options_.shm_path,
+                   absl::StrCat(options_.pool_bytes), options_.tls, options_.net_devices,
+                   absl::StrCat(::getpid())});
+  so.stdin_mode = Stdio::kPipe;
+  so.stdout_mode = Stdio::kPipe;
+  so.close_other_fds = true;
+  so.parent_death_signal = 0;
+  auto spawned = Subprocess::Spawn(so);
+  if (!spawned.ok()) return spawned.status();
+  std::shared_ptr<Subprocess> child = std::move(*spawned);
   uint64_t len = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  absl::Status s = ReadFull(out[0], &len, sizeof(len), deadline);
+  absl::Status s = ReadFull(child->stdout_fd(), &len, sizeof(len), deadline);
   std::string blob;
   if (s.ok() && (len == 0 || len > (1u << 20))) s = absl::InternalError("bad data-plane reply");
   if (s.ok()) {
     blob.resize(len);
-    s = ReadFull(out[0], blob.data(), len, deadline);
+    s = ReadFull(child->stdout_fd(), blob.data(), len, deadline);
   }
-  ::close(out[0]);
+  child->CloseStdout();
   pb::GetDataPlaneResponse info;
   if (s.ok() && !info.ParseFromString(blob)) s = absl::InternalError("bad data-plane reply");
   if (!s.ok()) {
-    ::close(in[1]);
-    ::kill(pid, SIGKILL);
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    if (WIFEXITED(st) && WEXITSTATUS(st) != 0) {
+    child->CloseStdin();
+    const int code = child->Kill();  // a child that had exited keeps its own exit code
+    if (code > 0 && code < 128) {
       return absl::UnavailableError(absl::StrCat(
-          "UCX data-plane process failed to start (exit ", WEXITSTATUS(st), "; its error is in "
+          "UCX data-plane process failed to start (exit ", code, "; its error is in "
           "the daemon's stderr): ", s.message()));
     }
     return s;
   }
   std::lock_guard<std::mutex> l(mu_);
-  child_ = pid;
-  lifeline_ = in[1];
+  child_ = std::move(child);
   info_ = std::move(info);
   up_ = true;
   return absl::OkStatus();
@@ -193,31 +173,25 @@ absl::Status UcxDataPlane::SpawnChild() {
 void UcxDataPlane::Supervise() {
   int backoff_ms = 100;
   while (!stop_.load()) {
-    pid_t pid;
+    std::shared_ptr<Subprocess> child;
     {
       std::lock_guard<std::mutex> l(mu_);
-      pid = child_;
+      child = child_;
     }
     const auto born = std::chrono::steady_clock::now();
-    int st = 0;
-    if (pid > 0) {
-      while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-      }
-    }
+    if (child) (void)child->Wait();  // until it exits; the destructor may signal it meanwhile
     {
       std::lock_guard<std::mutex> l(mu_);
       up_ = false;
-      child_ = -1;
-      if (lifeline_ >= 0) ::close(lifeline_);
-      lifeline_ = -1;
+      if (child_) child_->CloseStdin();
+      child_.reset();
     }
     if (stop_.load()) return;
-    if (pid > 0) {
+    if (child) {
       restarts_.fetch_add(1);
       LogEvent(LogLevel::kWarn, "ucx_data_plane_died",
-               {{"pid", absl::StrCat(pid)},
-                {"status", WIFSIGNALED(st) ? absl::StrCat("signal ", WTERMSIG(st))
-                                           : absl::StrCat("exit ", WEXITSTATUS(st))},
+               {{"pid", absl::StrCat(child->pid())},
+                {"status", child->DescribeExit()},
                 {"action", "restarting; clients reconnect on their next call"}});
       if (std::chrono::steady_clock::now() - born > std::chrono::seconds(10)) backoff_ms = 100;
     }
@@ -229,8 +203,6 @@ void UcxDataPlane::Supervise() {
       LogEvent(LogLevel::kError, "ucx_data_plane_restart_failed",
                {{"error", std::string(s.message())}});
       backoff_ms = std::min(backoff_ms * 2, 5000);
-      std::lock_guard<std::mutex> l(mu_);
-      child_ = -1;
       continue;
     }
     LogEvent(LogLevel::kInfo, "ucx_data_plane_restarted",
@@ -250,13 +222,12 @@ absl::StatusOr<pb::GetDataPlaneResponse> UcxDataPlane::Info() const {
 
 UcxDataPlane::~UcxDataPlane() {
   stop_.store(true);
-  pid_t pid;
+  std::shared_ptr<Subprocess> child;
   {
     std::lock_guard<std::mutex> l(mu_);
-    pid = child_;
+    child = child_;
     // EOF on the child's stdin: it tears its UCX state down and exits.
-    if (lifeline_ >= 0) ::close(lifeline_);
-    lifeline_ = -1;
+    if (child_) child_->CloseStdin();
   }
   if (supervisor_.joinable()) {
     // The supervisor returns once the child is reaped; force it after 3 s.
@@ -265,7 +236,7 @@ UcxDataPlane::~UcxDataPlane() {
       for (int i = 0; i < 150 && !done.load(); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      if (!done.load() && pid > 0) ::kill(pid, SIGKILL);
+      if (!done.load() && child) child->Signal(SIGKILL);
     });
     supervisor_.join();
     done = true;

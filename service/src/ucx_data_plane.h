@@ -15,8 +15,6 @@
 // releases no pin early. Without a shared-memory pool file the data plane runs in-process.
 #pragma once
 
-#include <sys/types.h>
-
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -27,6 +25,10 @@
 #include "oscarkv/service/config.h"
 #include "oscarkv/transport/transport.h"
 #include "oscarkv/v1/oscarkv.pb.h"
+
+namespace oscarkv {
+class Subprocess;
+}  // namespace oscarkv
 
 namespace oscarkv::service {
 
@@ -87,10 +89,9 @@ absl::StatusOr<std::string> DataPlaneNetDevices(const std::string& configured,
   bool isolated_ = false;
   std::unique_ptr<Core> core_;  // in-process mode
 
-  // Isolated mode: the child's pid and the write end of its stdin (its lifeline).
+  // Isolated mode: the child; its stdin pipe is its lifeline.
   mutable std::mutex mu_;
-  pid_t child_ = -1;
-  int lifeline_ = -1;
+  std::shared_ptr<Subprocess> child_;
   bool up_ = false;
   ::oscarkv::v1::GetDataPlaneResponse info_;
   std::atomic<bool> stop_{false};

@@ -4,7 +4,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "oscarkv/util/subprocess.h"
 
 namespace oscarkv::transport {
 namespace {
@@ -102,44 +102,28 @@ absl::StatusOr<PeerProcess> PeerProcess::Spawn(std::vector<std::string> argv,
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return Errno("socketpair");
   UniqueFd parent(sv[0]), child(sv[1]);
   if (append_fd_arg) argv.push_back(absl::StrCat("--control-fd=", child.get()));
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-  // Everything the child needs is prepared before fork: after it only async-signal-safe calls.
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string kv(*e);
-    const std::string key = kv.substr(0, kv.find('='));
-    if (env.count(key) == 0) env_strings.push_back(std::move(kv));
-  }
-  for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
-  std::vector<char*> cenv;
-  for (auto& e : env_strings) cenv.push_back(e.data());
-  cenv.push_back(nullptr);
-
-  const pid_t pid = fork();
-  if (pid < 0) return Errno("fork");
-  if (pid == 0) {
-    // Child: keep its end open across exec (clear CLOEXEC), then exec.
-    const int fd = child.get();
-    const int flags = fcntl(fd, F_GETFD);
-    fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC);
-    execve(cargv[0], cargv.data(), cenv.data());
-    _exit(127);
-  }
+  // The child keeps its end across exec; the parent's end is close-on-exec.
+  SpawnOptions so(std::move(argv));
+  so.env = env;
+  so.inherit_fds = {child.get()};
+  so.parent_death_signal = 0;
+  auto proc = Subprocess::Spawn(so);
+  if (!proc.ok()) return proc.status();
   PeerProcess p;
-  p.pid_ = pid;
+  p.proc_ = std::move(*proc);
   p.control_ = std::move(parent);
   return p;
 }
 
+PeerProcess::PeerProcess() = default;
+
 PeerProcess::PeerProcess(PeerProcess&& o) noexcept
-    : pid_(std::exchange(o.pid_, -1)), control_(std::move(o.control_)) {}
+    : proc_(std::move(o.proc_)), control_(std::move(o.control_)) {}
 
 PeerProcess& PeerProcess::operator=(PeerProcess&& o) noexcept {
   if (this != &o) {
     Kill(SIGKILL);
-    pid_ = std::exchange(o.pid_, -1);
+    proc_ = std::move(o.proc_);
     control_ = std::move(o.control_);
   }
   return *this;
@@ -147,36 +131,28 @@ PeerProcess& PeerProcess::operator=(PeerProcess&& o) noexcept {
 
 PeerProcess::~PeerProcess() { Kill(SIGKILL); }
 
+pid_t PeerProcess::pid() const { return proc_ ? proc_->pid() : -1; }
+
 void PeerProcess::Kill(int sig) {
-  if (pid_ <= 0) return;
-  kill(pid_, sig);
-  if (sig == SIGKILL) {
-    int status = 0;
-    while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-    }
-    pid_ = -1;
+  if (!proc_) return;
+  if (sig != SIGKILL) {
+    proc_->Signal(sig);
+    return;
   }
+  proc_->Kill();
+  proc_.reset();
 }
 
 absl::StatusOr<int> PeerProcess::CloseAndWait(absl::Duration timeout) {
   control_.Reset();
-  if (pid_ <= 0) return absl::FailedPreconditionError("CloseAndWait: no child");
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    int status = 0;
-    const pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      pid_ = -1;
-      if (WIFEXITED(status)) return WEXITSTATUS(status);
-      return 128 + WTERMSIG(status);
-    }
-    if (r < 0 && errno != EINTR) return Errno("waitpid");
-    if (absl::Now() >= deadline) {
-      Kill(SIGKILL);
-      return absl::DeadlineExceededError("CloseAndWait: child did not exit; killed");
-    }
-    usleep(2000);
+  if (!proc_) return absl::FailedPreconditionError("CloseAndWait: no child");
+  absl::StatusOr<int> code = proc_->Wait(timeout);
+  if (!code.ok()) {
+    Kill(SIGKILL);
+    return absl::DeadlineExceededError("CloseAndWait: child did not exit; killed");
   }
+  proc_.reset();
+  return code;
 }
 
 absl::Status ServeUntilClosed(Worker& worker, int control_fd, absl::Duration max_time,

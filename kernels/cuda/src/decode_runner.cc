@@ -106,7 +106,7 @@ absl::StatusOr<PagedDecoder> CreatePagedDecoder(const DecodeShape& shape,
   if (!ws.ok()) return ws.status();
   // fused_merge's arrival counters start at zero (each launch leaves them zero).
   if (ws->bytes() > 0) {
-    if (absl::Status st = CudaOk(cudaMemset(ws->get(), 0, ws->bytes()), "zero decode workspace");
+    if (absl::Status st = CudaStatus(cudaMemset(ws->get(), 0, ws->bytes()), "zero decode workspace");
         !st.ok()) {
       return st;
     }
@@ -250,7 +250,7 @@ absl::StatusOr<PagedDecoder> PagedDecoder::CreateForCapture(const DecodeShape& s
   if (!li.ok()) return li.status();
   auto ws = DeviceBuffer::Create(DecodeWorkspaceBytes(shape, s.num_seqs, s.capacity_items));
   if (!ws.ok()) return ws.status();
-  if (absl::Status st = CudaOk(cudaMemset(ws->get(), 0, ws->bytes()), "zero decode workspace");
+  if (absl::Status st = CudaStatus(cudaMemset(ws->get(), 0, ws->bytes()), "zero decode workspace");
       !st.ok()) {
     return st;
   }
@@ -343,7 +343,7 @@ absl::Status PagedDecoder::Update(const std::vector<int32_t>& indptr,
   for (int32_t i : order) launch.push_back(items[i]);
   // Pageable sources: each copy has read them when it returns.
   auto copy = [&](const DeviceBuffer& dst, const void* src, size_t bytes) {
-    return CudaOk(cudaMemcpyAsync(dst.get(), src, bytes, cudaMemcpyHostToDevice, stream),
+    return CudaStatus(cudaMemcpyAsync(dst.get(), src, bytes, cudaMemcpyHostToDevice, stream),
                   "decode plan upload");
   };
   if (absl::Status st = copy(s.items, items.data(), items.size() * sizeof(DecodeWorkItem)); !st.ok()) return st;

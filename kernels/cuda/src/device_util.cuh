@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "oscarkv/util/cuda_status.h"
 
 namespace oscarkv::cuda::detail {
 
@@ -21,11 +22,7 @@ inline void SetProgrammaticDependent(cudaLaunchConfig_t& cfg, cudaLaunchAttribut
   cfg.numAttrs = dependent ? 1 : 0;
 }
 
-// One adapter from cudaError_t to absl::Status, used at every call site.
-inline absl::Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
+using ::oscarkv::CudaStatus;  // the one cudaError_t -> absl::Status adapter (util/)
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

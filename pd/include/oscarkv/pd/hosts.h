@@ -7,10 +7,9 @@
 //   are unique per process (prefix + pid + counter). The destructor deletes both namespaces
 //   (which deletes the veth pair); every exit path that runs destructors cleans up.
 // * Traffic stays inside the namespaces this object created (or on 127.0.0.0/8).
-// * RunProcess / SpawnProcess: fork+exec with stdout captured; stderr is inherited.
+// * RunProcess: runs a program to completion (util/subprocess.h) with stdout captured; stderr
+//   is inherited.
 #pragma once
-
-#include <sys/types.h>
 
 #include <memory>
 #include <string>
@@ -51,18 +50,5 @@ struct ProcessResult {
 // Runs argv[0] (a path) with argv, waits at most timeout_ms (then SIGKILL).
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
                                          int64_t timeout_ms = 120000);
-
-// A running child whose stdout is captured; Wait() collects it.
-class Process {
- public:
-  static absl::StatusOr<std::unique_ptr<Process>> Spawn(const std::vector<std::string>& argv);
-  ~Process();  // kills (SIGKILL) and reaps a child still running
-  absl::StatusOr<ProcessResult> Wait(int64_t timeout_ms = 120000);
-
- private:
-  Process() = default;
-  pid_t pid_ = -1;
-  int fd_ = -1;
-};
 
 }  // namespace oscarkv::pd

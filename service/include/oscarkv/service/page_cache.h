@@ -38,7 +38,7 @@
 #include "oscarkv/kernels/block_key.h"
 #include "oscarkv/kernels/codec_profile.h"
 #include "oscarkv/kernels/page_format.h"
-#include "oscarkv/service/clock.h"
+#include "oscarkv/util/clock.h"
 #include "oscarkv/v1/oscarkv.pb.h"
 
 namespace oscarkv::service {

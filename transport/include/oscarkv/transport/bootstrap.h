@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "oscarkv/transport/transport.h"
+
+namespace oscarkv {
+class Subprocess;
+}  // namespace oscarkv
 
 namespace oscarkv::transport {
 
@@ -60,19 +65,19 @@ class PeerProcess {
   static absl::StatusOr<PeerProcess> Spawn(std::vector<std::string> argv,
                                            const std::map<std::string, std::string>& env,
                                            bool append_fd_arg = true);
-  PeerProcess() = default;
+  PeerProcess();
   PeerProcess(PeerProcess&& o) noexcept;
   PeerProcess& operator=(PeerProcess&& o) noexcept;
   ~PeerProcess();  // SIGKILLs and reaps a child that is still running
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const;  // -1 once reaped
   int control_fd() const { return control_.get(); }
   void Kill(int sig);
   // Closes the control channel (the child's cue to exit) and reaps; the child's exit status.
   absl::StatusOr<int> CloseAndWait(absl::Duration timeout);
 
  private:
-  pid_t pid_ = -1;
+  std::unique_ptr<Subprocess> proc_;
   UniqueFd control_;
 };
 

@@ -1,5 +1,5 @@
-// RAII device allocation and a cudaError_t -> absl::Status adapter for host code that drives the
-// kernels (tests, benchmarks, engine backends). Not thread-safe per object.
+// RAII device allocation for host code that drives the kernels (tests, benchmarks, engine
+// backends). Not thread-safe per object.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,13 +12,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "oscarkv/util/cuda_status.h"
 
 namespace oscarkv::cuda {
 
-inline absl::Status CudaOk(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
-}
+using ::oscarkv::CudaStatus;  // the one cudaError_t -> absl::Status adapter (util/)
 
 // True when a CUDA device is usable (tests skip otherwise).
 inline bool HaveCudaDevice() {
@@ -32,7 +30,7 @@ class DeviceBuffer {
   static absl::StatusOr<DeviceBuffer> Create(size_t bytes) {
     DeviceBuffer b;
     if (bytes == 0) return b;
-    if (absl::Status s = CudaOk(cudaMalloc(&b.ptr_, bytes), "cudaMalloc"); !s.ok()) return s;
+    if (absl::Status s = CudaStatus(cudaMalloc(&b.ptr_, bytes), "cudaMalloc"); !s.ok()) return s;
     b.bytes_ = bytes;
     return b;
   }
@@ -41,7 +39,7 @@ class DeviceBuffer {
     auto b = Create(v.size() * sizeof(T));
     if (!b.ok()) return b.status();
     if (!v.empty()) {
-      absl::Status s = CudaOk(cudaMemcpy(b->ptr_, v.data(), v.size() * sizeof(T),
+      absl::Status s = CudaStatus(cudaMemcpy(b->ptr_, v.data(), v.size() * sizeof(T),
                                          cudaMemcpyHostToDevice), "cudaMemcpy H2D");
       if (!s.ok()) return s;
     }
@@ -69,7 +67,7 @@ class DeviceBuffer {
   absl::StatusOr<std::vector<T>> ToHost() const {
     std::vector<T> v(bytes_ / sizeof(T));
     if (!v.empty()) {
-      absl::Status s = CudaOk(cudaMemcpy(v.data(), ptr_, v.size() * sizeof(T), cudaMemcpyDeviceToHost),
+      absl::Status s = CudaStatus(cudaMemcpy(v.data(), ptr_, v.size() * sizeof(T), cudaMemcpyDeviceToHost),
                               "cudaMemcpy D2H");
       if (!s.ok()) return s;
     }
