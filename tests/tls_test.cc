@@ -13,60 +13,12 @@
 
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
 #include "test_util.h"
+#include "tls_pki.h"
 
 namespace oscarkv::testing {
 namespace {
 
 namespace pb = ::oscarkv::v1;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// A CA, a server certificate for 127.0.0.1, client certificates (valid, expired, another CA's).
-class Pki {
- public:
-  Pki() : dir_(::testing::TempDir() + "/tls_test_" + std::to_string(::getpid())) {
-    const std::string d = dir_;
-    const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
-    std::filesystem::create_directories(d);
-    // openssl ca (for the expired certificate's fixed dates) needs a database and a config.
-    std::ofstream(d + "/ca.cnf") << "[ca]\ndefault_ca = d\n[d]\ndatabase = " << d
-                                 << "/index.txt\nnew_certs_dir = " << d << "\nserial = " << d
-                                 << "/serial\ndefault_md = sha256\npolicy = p\n"
-                                 << "[p]\ncommonName = supplied\n";
-    std::ofstream(d + "/san.cnf") << "subjectAltName = IP:127.0.0.1, DNS:localhost\n";
-    const std::string script =
-        "set -e; cd " + d + "; : > index.txt; echo 01 > serial;"
-        " for ca in ca other; do openssl req -x509" + ec + "-days 2 -subj /CN=$ca-ca"
-        " -keyout $ca.key -out $ca.pem; done;"
-        " openssl req" + ec + "-subj /CN=127.0.0.1 -keyout server.key -out server.csr;"
-        " openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -set_serial 2 -days 2"
-        " -extfile san.cnf -out server.pem;"
-        " for c in client expired stranger; do openssl req" + ec + "-subj /CN=tenant-$c"
-        " -keyout $c.key -out $c.csr; done;"
-        " openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -set_serial 3 -days 2"
-        " -out client.pem;"
-        " openssl x509 -req -in stranger.csr -CA other.pem -CAkey other.key -set_serial 4"
-        " -days 2 -out stranger.pem;"
-        " openssl ca -batch -config ca.cnf -cert ca.pem -keyfile ca.key -in expired.csr"
-        " -out expired.pem -startdate 20200101000000Z -enddate 20200102000000Z -notext;"
-        // Valid in its day: expiry is the only reason for refusing it.
-        " openssl verify -CAfile ca.pem -no_check_time expired.pem;"
-        " ! openssl verify -CAfile ca.pem expired.pem";
-    ok_ = std::system(("bash -c '" + script + "' > " + d + "/openssl.log 2>&1").c_str()) == 0;
-  }
-  ~Pki() { std::filesystem::remove_all(dir_); }
-  bool ok() const { return ok_; }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-  std::string pem(const std::string& name) const { return ReadFile(path(name)); }
-  std::string log() const { return ReadFile(path("openssl.log")); }
-
- private:
-  std::string dir_;
-  bool ok_ = false;
-};
 
 // Handshake over a TLS channel presenting `client` ("" = no client certificate).
 grpc::Status Handshake(const std::string& addr, const Pki& pki, const std::string& client) {
@@ -87,7 +39,7 @@ grpc::Status Handshake(const std::string& addr, const Pki& pki, const std::strin
 
 class TlsTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { pki_ = new Pki; }
+  static void SetUpTestSuite() { pki_ = new Pki("tls_test"); }
   static void TearDownTestSuite() {
     delete pki_;
     pki_ = nullptr;

@@ -38,6 +38,7 @@ const std::string& DefaultConfigYaml() {
 #   --tier-queue-mb          tier.queue_mb         --version               print the version
 #   --tls-cert               tls.cert              --tls-key               tls.key
 #   --tls-client-ca          tls.client_ca         --allow-plaintext       tls.allow_plaintext
+#   --tls-reload-s           tls.reload_s
 # Keys without a flag: pool.huge_pages, pool.cuda_register, limits.max_message_mb,
 # limits.max_codecs, server.index_shards, tier.sync_writes.
 listen: 127.0.0.1:50051         # gRPC: HOST:PORT (port 0 = any free port) or unix:/path
@@ -80,6 +81,7 @@ tls:
   key: ""                       # its private key (PEM file)
   client_ca: ""                 # CA bundle (PEM) client certificates must chain to: mTLS
   allow_plaintext: false        # without TLS, serve a non-loopback listen address anyway
+  reload_s: 10                  # re-read the files this often (and on SIGHUP); 0 = SIGHUP only
 )");
   return *yaml;
 }
@@ -131,6 +133,7 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "tls.key") return ReadString(v, key, &c->tls_key);
   if (key == "tls.client_ca") return ReadString(v, key, &c->tls_client_ca);
   if (key == "tls.allow_plaintext") return ReadBool(v, key, &c->allow_plaintext);
+  if (key == "tls.reload_s") return ReadUint(v, key, &c->tls_reload_s, 0, 86400);
   if (key == "metrics_listen") return ReadString(v, key, &c->metrics_listen);
   if (key == "node_id") return ReadString(v, key, &c->node_id);
   if (key == "log_level") return ReadString(v, key, &c->log_level);
@@ -402,6 +405,9 @@ Args MakeArgs() {
       .Option("tls-key", "", "private key of --tls-cert, PEM file")
       .Option("tls-client-ca", "", "mTLS: CA bundle (PEM) client certificates must chain to; "
                                    "clients without one are refused")
+      .Option("tls-reload-s", "", "re-read the TLS files every N s and on SIGHUP (new "
+                                  "connections get them; a bad file keeps the old); 0 = SIGHUP "
+                                  "only (default 10)")
       .Flag("allow-plaintext", "serve plaintext gRPC on a non-loopback --listen address (by "
                                "default refused without TLS)")
       .Flag("print-default-config", "print the embedded default YAML config and exit")
@@ -491,7 +497,8 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
                          num("local-threads", &c.local_threads, 1, 64),
                          num("local-slice-us", &c.local_slice_us, 0, 100000),
                          num("tier-mb", &c.tier_mb, 1, uint64_t{1} << 40),
-                         num("tier-queue-mb", &c.tier_queue_mb, 1, 65536)}) {
+                         num("tier-queue-mb", &c.tier_queue_mb, 1, 65536),
+                         num("tls-reload-s", &c.tls_reload_s, 0, 86400)}) {
     if (!s.ok()) return s;
   }
   if (absl::Status s = c.Validate(); !s.ok()) return s;

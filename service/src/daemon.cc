@@ -45,6 +45,7 @@ void BlockTerminationSignals() {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);  // RunDaemon's sigwait: reload the TLS files
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 }
@@ -373,9 +374,13 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  auto tls = MakeServerTls(config);
-  if (!tls.ok()) return tls.status();
-  builder.AddListeningPort(listen->ToGrpc(), tls->credentials,
+  // The checked copies of the TLS files gRPC watches sit beside the pool file (its lock makes
+  // the name this daemon's; a killed daemon's copies are replaced).
+  const std::string pool_file = pool->get()->arena().shm_path();
+  auto tls_or = ServerTls::Create(config, pool_file.empty() ? "" : pool_file + ".tls");
+  if (!tls_or.ok()) return tls_or.status();
+  std::unique_ptr<ServerTls> tls = *std::move(tls_or);
+  builder.AddListeningPort(listen->ToGrpc(), tls->credentials(),
                            listen->unix_path.empty() ? &bound_port : nullptr);
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon share our port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -425,7 +430,8 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   LogEvent(LogLevel::kInfo, "ready",
            {{"listen", listen_str},
             {"metrics", metrics_str},
-            {"tls", tls->mode},
+            {"tls", tls->mode()},
+            {"tls_cert", tls->Describe()},
             {"shm", shm_path},
             {"local_socket", local_str},
             {"local_threads", absl::StrCat(config.local_threads)},
@@ -443,12 +449,14 @@ absl::Status RunDaemon(const DaemonConfig& config) {
                         : std::string("off")},
             {"pid", absl::StrCat(getpid())}});
 
+  if (config.tls_reload_s > 0) tls->WatchFiles(absl::Seconds(config.tls_reload_s));
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   int sig = 0;
-  sigwait(&set, &sig);
+  while (sigwait(&set, &sig) == 0 && sig == SIGHUP) tls->ReloadAndLog("SIGHUP");
   LogEvent(LogLevel::kInfo, "draining",
            {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"},
             {"timeout_ms", absl::StrCat(config.drain_timeout_ms)}});

@@ -62,6 +62,9 @@ struct DaemonConfig {
   std::string tls_key;
   std::string tls_client_ca;
   bool allow_plaintext = false;
+  // The files are re-read on SIGHUP and every tls_reload_s seconds (0 = on SIGHUP only); new
+  // connections get what changed, a bad new file is logged and the old ones keep serving.
+  uint32_t tls_reload_s = 10;
 
   // Range and format checks across fields (listen addresses, log level, lease bounds).
   absl::Status Validate() const;
