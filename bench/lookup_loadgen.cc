@@ -2,22 +2,40 @@
 // daemon (the user-facing benchmark is `oscarkv bench service`). Stores --pages pages of a tiny
 // codec, then --clients threads (one channel each) issue Lookups of --keys keys at a combined
 // --rate per second for --seconds; latency is measured from each call's scheduled start, so a
-// stalled server cannot hide its queueing delay.
+// stalled server cannot hide its queueing delay. `errors` counts failed lookups and lookups that
+// did not match every stored key.
 //   service_loadgen --target 127.0.0.1:50051 --clients 64 --rate 10000 --seconds 5
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "bench_pages.h"
 #include "grpcpp/grpcpp.h"
+#include "oscarkv/proto/codec_convert.h"
 #include "oscarkv/util/args.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
-#include "test_pages.h"
 
 using namespace oscarkv;
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Distinct 16-byte block keys: key i of a run tagged `salt`.
+std::string Key(uint32_t i, uint32_t salt) {
+  std::string k(16, '\0');
+  const uint64_t a = (uint64_t{salt} << 32 | i) * 0x9E3779B97F4A7C15ull;
+  const uint64_t b = a ^ 0xD1B54A32D192ED03ull * (i + 1);
+  std::memcpy(k.data(), &a, 8);
+  std::memcpy(k.data() + 8, &b, 8);
+  return k;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   Args args("service_loadgen", "Open-loop Lookup load against a running oscarkvd.");
@@ -33,14 +51,29 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", args.Help().c_str());
     return s.ok() ? 0 : 2;
   }
+  auto clients_v = args.integer("clients"), keys_v = args.integer("keys");
+  auto pages_v = args.integer("pages"), channels_v = args.integer("channels");
+  auto rate_v = args.real("rate"), seconds_v = args.real("seconds");
+  for (const absl::Status& s : {clients_v.status(), keys_v.status(), pages_v.status(),
+                                channels_v.status(), rate_v.status(), seconds_v.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "service_loadgen: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   const std::string target = args.str("target");
-  const int clients = static_cast<int>(*args.integer("clients"));
-  const double rate = *args.real("rate");
-  const double seconds = *args.real("seconds");
-  const int keys = static_cast<int>(*args.integer("keys"));
-  const int pages = static_cast<int>(*args.integer("pages"));
+  const int clients = static_cast<int>(std::clamp<int64_t>(*clients_v, -1, 1 << 20));
+  const double rate = *rate_v;
+  const double seconds = *seconds_v;
+  const int keys = static_cast<int>(std::clamp<int64_t>(*keys_v, -1, 1 << 20));
+  const int pages = static_cast<int>(std::clamp<int64_t>(*pages_v, -1, 1 << 21));
   const bool pin = args.flag("pin");
-  const int nchannels = static_cast<int>(*args.integer("channels"));
+  const int nchannels = static_cast<int>(std::clamp<int64_t>(*channels_v, -1, 1 << 20));
+  if (clients < 1 || clients > 4096 || !(rate > 0) || !(seconds > 0) || keys < 1 ||
+      pages < keys || pages > 1 << 20 || nchannels < 0 || nchannels > 4096) {
+    std::fprintf(stderr, "service_loadgen: bad option value (see --help)\n");
+    return 2;
+  }
   std::vector<std::shared_ptr<v1::KvCache::Stub>> shared;
   for (int c = 0; c < nchannels; ++c) {
     grpc::ChannelArguments ca;
@@ -50,11 +83,20 @@ int main(int argc, char** argv) {
   }
 
   auto stub = v1::KvCache::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  const CodecProfile profile = bench::TinyBenchProfile("loadgen");
+  const size_t page_bytes = GeometryFor(profile, PageKind::kInt2).page_bytes();
+  std::vector<uint8_t> page_data(page_bytes * size_t(pages));
+  if (absl::Status s = bench::FillWithPages(profile, PageKind::kInt2, page_data, pages,
+                                            pages, 77);
+      !s.ok()) {
+    std::fprintf(stderr, "encoding pages: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   std::string codec;
   {
     grpc::ClientContext ctx;
     v1::RegisterCodecRequest req;
-    *req.mutable_profile() = service::testing::TinyProfile("loadgen");
+    proto::ToProto(profile, req.mutable_profile());
     v1::RegisterCodecResponse resp;
     if (auto s = stub->RegisterCodec(&ctx, req, &resp); !s.ok()) {
       std::fprintf(stderr, "RegisterCodec: %s\n", s.error_message().c_str());
@@ -68,7 +110,7 @@ int main(int argc, char** argv) {
     req.set_codec_id(codec);
     for (int i = 0; i < pages; ++i) {
       auto* it = req.add_items();
-      it->set_key(service::testing::Key(i, 77));
+      it->set_key(Key(i, 77));
       it->set_kind(v1::PAGE_KIND_INT2);
     }
     v1::ReserveResponse resp;
@@ -80,9 +122,8 @@ int main(int argc, char** argv) {
       if (resp.results(i).status().code() != 0) continue;
       v1::WriteChunk c;
       c.set_reservation_id(resp.reservation_id());
-      c.set_key(service::testing::Key(i, 77));
-      c.set_data(service::testing::MakePage(service::testing::TinyProfile("loadgen"),
-                                            PageKind::kInt2, i));
+      c.set_key(Key(i, 77));
+      c.set_data(page_data.data() + size_t(i) * page_bytes, page_bytes);
       w->Write(c);
     }
     w->WritesDone();
@@ -91,7 +132,10 @@ int main(int argc, char** argv) {
     v1::CommitRequest creq;
     creq.set_reservation_id(resp.reservation_id());
     v1::CommitResponse cresp;
-    (void)stub->Commit(&cctx, creq, &cresp);
+    if (auto s = stub->Commit(&cctx, creq, &cresp); !s.ok()) {
+      std::fprintf(stderr, "Commit: %s\n", s.error_message().c_str());
+      return 1;
+    }
   }
 
   std::vector<std::vector<double>> lat(clients);
@@ -119,13 +163,13 @@ int main(int argc, char** argv) {
         v1::LookupRequest req;
         req.set_codec_id(codec);
         const int first = static_cast<int>((i * 7 + t) % std::max(1, pages - keys));
-        for (int k = 0; k < keys; ++k) req.add_keys(service::testing::Key(first + k, 77));
+        for (int k = 0; k < keys; ++k) req.add_keys(Key(first + k, 77));
         req.set_pin(pin);
         v1::LookupResponse resp;
         grpc::ClientContext ctx;
         const grpc::Status st = s->Lookup(&ctx, req, &resp);
         lat[t].push_back(std::chrono::duration<double>(Clock::now() - due).count());
-        if (!st.ok()) ++errors;
+        if (!st.ok() || resp.matched() != static_cast<uint32_t>(keys)) ++errors;
         if (pin && resp.lease_id() != 0) {
           grpc::ClientContext rctx;
           v1::ReleaseRequest rel;

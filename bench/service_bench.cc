@@ -1,0 +1,332 @@
+// `oscarkv bench service`: options, the daemon, the pages, the phases in order (the phases
+// themselves are in service_bench_phases.cc, the report in service_bench_report.cc).
+#include "service_bench.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "oscarkv/client/client.h"
+#include "oscarkv/client/local_daemon.h"
+#include "oscarkv/kernels/page_codec.h"
+#include "oscarkv/util/args.h"
+#include "service_bench_internal.h"
+#include "store_load_vs_memcpy.h"
+
+namespace oscarkv::bench {
+
+using client::Client;
+using service_bench::ClosedLoop;
+using service_bench::ConnectMany;
+using service_bench::Env;
+using service_bench::LoadVsMemcpy;
+using service_bench::OpenLoop;
+using service_bench::PathRun;
+using service_bench::PrintTable;
+using service_bench::Results;
+using service_bench::ToJson;
+using service_bench::WithCpu;
+
+int ServiceBenchMain(int argc, char** argv) {
+  Args a("bench service",
+         "Starts its own oscarkvd on 127.0.0.1 and measures, through the client library, lookups "
+         "(closed and open loop) over the daemon's local socket and over gRPC side by side, and "
+         "batch loads over shared memory and gRPC, each beside memcpy.");
+  a.Flag("json", "print the results as JSON (after the table, on stdout)");
+  a.Option("duration-s", "3", "seconds per measured phase (11 phases with both lookup paths)");
+  a.Option("daemon", "", "oscarkvd binary (default: next to this oscarkv, or $OSCARKVD)");
+  a.Option("pool-mb", "512", "daemon pool size");
+  a.Option("listen", "127.0.0.1:0", "daemon gRPC address: loopback TCP, or unix:/path for a Unix socket");
+  a.Option("batch", "64", "pages per load batch (Qwen3-8B INT2 pages, 1,327,168 bytes each)");
+  a.Option("lookup-keys", "32", "block keys per lookup (32 = a 2048-token prompt), all cached");
+  a.Option("rate", "10000", "open-loop offered load, lookups per second over all clients");
+  a.Option("clients", "1,8,64", "closed-loop client counts; the open loop uses the largest");
+  a.Option("lookup-path", "both",
+           "both: every lookup phase once over the client library's default path (auto: the "
+           "daemon's local control socket when it runs on this host, which it does here) and "
+           "once over gRPC, side by side; local or grpc: only that path");
+  a.Option("open-loop-senders", "async",
+           "async: one thread sends every open-loop lookup at its scheduled time with "
+           "LookupAsync, never waiting for answers (a true open loop); threads: each client "
+           "thread sends its share with the blocking Lookup, so a client with a lookup still "
+           "out sends late (counted) and the offered load sags while the daemon is slow");
+  a.Option("daemon-cpus", "",
+           "CPUs for the daemon (its --cpus, e.g. 1); default: any. With --client-cpus this "
+           "splits the machine, e.g. --client-cpus 0 --daemon-cpus 1");
+  a.Option("client-cpus", "", "CPUs for this process (the clients), e.g. 0; default: any");
+  a.Flag("dedicated-connections",
+         "each client its own connections: a TCP connection for gRPC, a channel for the local "
+         "socket (default: the clients of this process share them, as Clients in one engine "
+         "process do)");
+  a.Epilog(
+      "Acceptance targets: shm load >= 70% of memcpy; open-loop p99 <= 1 ms at 10,000/s; "
+      "store and verified load (client library defaults) >= 85% of memcpy.\n"
+      "--json: lookup_p99_ms_at_10k and lookup_peak_per_s are the client library's default "
+      "lookup path (lookup_path: \"local\", the daemon's same-host socket, as the daemon runs "
+      "on this host); lookup_p99_ms_at_10k_grpc and lookup_peak_per_s_grpc are gRPC's, "
+      "measured side by side.");
+  if (auto rc = a.ParseOrExitCode(argc, argv)) return *rc;
+  auto duration = a.real("duration-s");
+  auto pool_mb = a.integer("pool-mb");
+  auto batch = a.integer("batch");
+  auto nkeys = a.integer("lookup-keys");
+  auto rate = a.real("rate");
+  std::vector<int> client_counts;
+  for (absl::string_view v : absl::StrSplit(a.str("clients"), ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(v, &n) || n < 1 || n > 1024) {
+      std::fprintf(stderr, "oscarkv bench service: --clients must be numbers 1..1024\n");
+      return 2;
+    }
+    client_counts.push_back(n);
+  }
+  if (!duration.ok() || !pool_mb.ok() || !batch.ok() || !nkeys.ok() || !rate.ok() ||
+      *duration <= 0 || *batch < 1 || *nkeys < 1 || *rate <= 0 || client_counts.empty()) {
+    std::fprintf(stderr, "oscarkv bench service: bad option value (see --help)\n");
+    return 2;
+  }
+  const std::string lookup_path_opt = a.str("lookup-path");
+  if (lookup_path_opt != "both" && lookup_path_opt != "local" && lookup_path_opt != "grpc") {
+    std::fprintf(stderr, "oscarkv bench service: --lookup-path is both, local or grpc\n");
+    return 2;
+  }
+  if (a.str("open-loop-senders") != "async" && a.str("open-loop-senders") != "threads") {
+    std::fprintf(stderr, "oscarkv bench service: --open-loop-senders is async or threads\n");
+    return 2;
+  }
+  const bool as_json = a.flag("json");
+  if (!a.str("client-cpus").empty()) {  // before any thread starts: all of them inherit it
+    std::vector<int> cpus;
+    for (absl::string_view part : absl::StrSplit(a.str("client-cpus"), ',')) {
+      std::vector<absl::string_view> r = absl::StrSplit(part, '-');
+      int lo = -1, hi = -1;
+      if (r.size() > 2 || !absl::SimpleAtoi(r[0], &lo) ||
+          !absl::SimpleAtoi(r.back(), &hi) || lo < 0 || hi < lo || hi >= CPU_SETSIZE) {
+        std::fprintf(stderr, "oscarkv bench service: --client-cpus: bad CPU list\n");
+        return 2;
+      }
+      for (int c = lo; c <= hi; ++c) cpus.push_back(c);
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus) CPU_SET(c, &set);
+    if (::sched_setaffinity(0, sizeof(set), &set) != 0) {
+      std::fprintf(stderr, "oscarkv bench service: --client-cpus %s: %s\n",
+                   a.str("client-cpus").c_str(), std::strerror(errno));
+      return 2;
+    }
+  }
+  // Debian's Abseil keeps a deadlock graph on every absl::Mutex acquisition (gRPC's locks
+  // included); oscarkvd turns it off, and an engine process would too. Same for the clients here.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  auto fail = [](const std::string& what, const absl::Status& s) {
+    std::fprintf(stderr, "oscarkv bench service: %s: %s\n", what.c_str(), s.ToString().c_str());
+    return 1;
+  };
+  auto progress = [](const char* msg) {
+    std::fprintf(stderr, "  .. %s\n", msg);
+    std::fflush(stderr);
+  };
+
+  const CodecProfile profile = *BuiltinProfile("qwen3-8b");
+  const uint64_t page_bytes = GeometryFor(profile, PageKind::kInt2).page_bytes();
+  const int n_pages = static_cast<int>(std::max<int64_t>(*batch, *nkeys));
+  if (uint64_t(n_pages) * page_bytes * 2 > uint64_t(*pool_mb) << 20) {
+    std::fprintf(stderr, "oscarkv bench service: --pool-mb %lld is too small for %d pages\n",
+                 (long long)*pool_mb, n_pages);
+    return 2;
+  }
+
+  // 1. Daemon.
+  client::LocalDaemonOptions dopt;
+  dopt.binary = a.str("daemon");
+  const std::string log_path = absl::StrCat("/tmp/oscarkv-bench-", ::getpid(), ".log");
+  dopt.log_path = log_path;
+  dopt.flags = {"--listen", a.str("listen"), "--pool-mb", std::to_string(*pool_mb), "--metrics-listen", "off",
+                "--shm-name", absl::StrCat("oscarkv-bench-", ::getpid())};
+  if (!a.str("daemon-cpus").empty()) {
+    dopt.flags.insert(dopt.flags.end(), {"--cpus", a.str("daemon-cpus")});
+  }
+  progress("starting oscarkvd");
+  auto daemon = client::LocalDaemon::Start(dopt);
+  if (!daemon.ok()) return fail("starting oscarkvd", daemon.status());
+
+  // 2. Pages: real INT2 pages of the Qwen3-8B shape, distinct content per page.
+  Env env;
+  env.addr = (*daemon)->address();
+  client::ConnectOptions o;
+  o.address = env.addr;
+  o.client_name = "bench-setup";
+  auto setup = Client::Connect(o);
+  if (!setup.ok()) return fail("connecting", setup.status());
+  auto codec = (*setup)->RegisterCodec(profile);
+  if (!codec.ok()) return fail("registering the codec", codec.status());
+  env.codec = *codec;
+  progress(absl::StrCat("encoding ", n_pages, " Qwen3-8B INT2 pages").c_str());
+  const uint32_t T = profile.page_tokens;
+  std::vector<float> kv(size_t{profile.num_layers} * 2 * T * profile.num_kv_heads * profile.head_dim);
+  uint64_t x = 88172645463325252ull;
+  for (auto& v : kv) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    v = float(x >> 40) / float(1 << 23) - 1.0f;
+  }
+  std::vector<uint32_t> tokens(size_t(n_pages) * T);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>((i * 2654435761u) % 151936);
+  env.keys = Client::BlockKeys(env.codec, tokens);
+  env.lookup_keys.assign(env.keys.begin(), env.keys.begin() + *nkeys);
+  std::vector<std::vector<uint8_t>> pages;
+  std::vector<client::PageWrite> writes;
+  const KVSequenceView view{kv.data(), profile.num_layers, profile.num_kv_heads, profile.head_dim, T};
+  for (int i = 0; i < n_pages; ++i) {
+    kv[i % kv.size()] += 1.0f;  // each page differs from the previous one
+    auto p = EncodePage(profile, nullptr, PageKind::kInt2, view, 0, T);
+    if (!p.ok()) return fail("encoding", p.status());
+    pages.push_back(*std::move(p));
+  }
+  for (int i = 0; i < n_pages; ++i) writes.push_back({env.keys[i], PageKind::kInt2, pages[i]});
+  auto stored = (*setup)->Store(env.codec, writes);
+  if (!stored.ok()) return fail("storing pages", stored.status());
+  if (stored->stored != uint32_t(n_pages)) {
+    return fail("storing pages", stored->item_status[0].ok() ? absl::InternalError("not all stored")
+                                                             : stored->item_status[0]);
+  }
+
+  // 3-4. Lookups per path: closed loop at each client count, then the open loop; the paths
+  // alternate phase by phase so both see the same machine state.
+  const int max_clients = *std::max_element(client_counts.begin(), client_counts.end());
+  std::vector<PathRun> runs;
+  for (const char* want : {"auto", "grpc"}) {
+    const bool is_auto = std::string(want) == "auto";
+    if (lookup_path_opt == "grpc" && is_auto) continue;
+    if (lookup_path_opt == "local" && !is_auto) continue;
+    const client::LookupPath lp = lookup_path_opt == "local" ? client::LookupPath::kLocal
+                                  : is_auto                  ? client::LookupPath::kAuto
+                                                             : client::LookupPath::kGrpc;
+    auto cs = ConnectMany(env, max_clients, client::DataPath::kGrpc, true,
+                          a.flag("dedicated-connections"), lp);
+    if (!cs.ok()) return fail("connecting lookup clients", cs.status());
+    PathRun run;
+    run.name = client::LookupPathName((*cs)[0]->server().lookup_path);
+    run.is_default = is_auto;
+    run.clients = std::move(*cs);
+    runs.push_back(std::move(run));
+  }
+  for (int n : client_counts) {
+    for (PathRun& run : runs) {
+      progress(absl::StrCat("closed-loop lookups, ", n, " clients, ", run.name).c_str());
+      auto s = WithCpu((*daemon)->pid(), [&] { return ClosedLoop(env, run.clients, n, *duration); });
+      if (!s.ok()) return fail("closed loop", s.status());
+      run.closed.push_back({n, *s});
+      if (s->per_s > run.peak.per_s) run.peak = *s;
+    }
+  }
+  for (PathRun& run : runs) {
+    progress(absl::StrCat("open-loop lookups, ", *rate, "/s over ", max_clients, " clients, ",
+                          run.name).c_str());
+    auto open = WithCpu((*daemon)->pid(), [&] {
+      return OpenLoop(env, run.clients, max_clients, *rate, *duration,
+                      a.str("open-loop-senders") == "async", &run.achieved);
+    });
+    if (!open.ok()) return fail("open loop", open.status());
+    run.open = *open;
+  }
+  for (PathRun& run : runs) run.clients.clear();
+
+  // 5. Batch loads beside memcpy.
+  auto shm_client = ConnectMany(env, 1, client::DataPath::kSharedMemory, /*verify=*/false);
+  if (!shm_client.ok()) return fail("connecting a shared-memory client", shm_client.status());
+  auto grpc_client = ConnectMany(env, 1, client::DataPath::kGrpc, /*verify=*/false);
+  if (!grpc_client.ok()) return fail("connecting a gRPC client", grpc_client.status());
+  const std::span<const BlockKey> batch_keys(env.keys.data(), static_cast<size_t>(*batch));
+  auto pin = (*setup)->Lookup(env.codec, batch_keys, {.pin = true});
+  if (!pin.ok() || pin->matched != batch_keys.size()) return fail("pinning", pin.status());
+  const std::vector<client::PageRef> refs = pin->pages;
+  (void)(*setup)->Release(*pin);
+  const auto& info = (*setup)->server();
+  const int fd = ::open(info.shm_path.c_str(), O_RDONLY);
+  if (fd < 0) return fail("opening the pool", absl::NotFoundError(info.shm_path));
+  auto* pool = static_cast<const uint8_t*>(::mmap(nullptr, info.shm_bytes, PROT_READ, MAP_SHARED, fd, 0));
+  ::close(fd);
+  if (pool == MAP_FAILED) return fail("mapping the pool", absl::InternalError(info.shm_path));
+  std::vector<std::vector<uint8_t>> bufs(batch_keys.size(), std::vector<uint8_t>(page_bytes, 1));
+  std::vector<std::span<uint8_t>> dst(bufs.begin(), bufs.end());
+  // Correctness first (outside any timing): both paths return the stored bytes.
+  for (auto* c : {(*shm_client)[0].get(), (*grpc_client)[0].get()}) {
+    auto n = c->LoadInto(env.codec, batch_keys, dst);
+    if (!n.ok()) return fail("loading", n.status());
+    for (size_t i = 0; i < batch_keys.size(); ++i) {
+      if (!std::equal(bufs[i].begin(), bufs[i].end(), pages[i].begin())) {
+        return fail("loading", absl::DataLossError(absl::StrCat("page ", i, " differs")));
+      }
+    }
+  }
+  progress(absl::StrCat("batch loads over shared memory (", *batch, " pages) vs memcpy").c_str());
+  auto shm = LoadVsMemcpy(env, *(*shm_client)[0], pool, refs, dst, *duration);
+  if (!shm.ok()) return fail("shm loads", shm.status());
+  progress(absl::StrCat("batch loads over gRPC streaming (", *batch, " pages) vs memcpy").c_str());
+  auto grpc = LoadVsMemcpy(env, *(*grpc_client)[0], pool, refs, dst, *duration);
+  if (!grpc.ok()) return fail("gRPC loads", grpc.status());
+  ::munmap(const_cast<uint8_t*>(pool), info.shm_bytes);
+  shm_client->clear();
+  grpc_client->clear();
+
+  // 5b. Stores and verified loads of --batch pages through the client library's defaults, each
+  // beside a memcpy of the same bytes (bench/store_load_vs_memcpy.h says what is timed).
+  progress(absl::StrCat("stores and verified loads (", *batch,
+                        " pages, the client library's defaults) vs memcpy").c_str());
+  client::ConnectOptions defaults;
+  defaults.address = env.addr;
+  auto dflt = Client::Connect(defaults);
+  if (!dflt.ok()) return fail("connecting with the defaults", dflt.status());
+  std::vector<uint32_t> fresh_tokens(size_t(*batch) * T);
+  for (size_t i = 0; i < fresh_tokens.size(); ++i) fresh_tokens[i] = tokens[i] ^ 0x15555u;
+  const std::vector<BlockKey> fresh_keys = Client::BlockKeys(env.codec, fresh_tokens);
+  auto sl = bench::MeasureStoreLoadVsMemcpy(
+      **dflt, env.codec, fresh_keys,
+      std::span<const std::vector<uint8_t>>(pages).first(static_cast<size_t>(*batch)), *duration);
+  if (!sl.ok()) return fail("stores and verified loads", sl.status());
+  dflt->reset();
+  setup->reset();
+  auto stop = (*daemon)->Stop();
+
+  // 6. Report. With --json stdout carries only the JSON document; the table goes to stderr.
+  Results r;
+  r.lookup_keys = *nkeys;
+  r.batch = *batch;
+  r.duration_s = *duration;
+  r.rate = *rate;
+  r.page_bytes = page_bytes;
+  r.client_counts = client_counts;
+  r.max_clients = max_clients;
+  r.runs = std::move(runs);
+  r.shm = *shm;
+  r.grpc = *grpc;
+  r.store_load = *sl;
+  r.daemon_stopped_cleanly = stop.ok() && *stop == 0;
+  PrintTable(a, r, as_json ? stderr : stdout);
+  if (as_json) std::printf("%s\n", ToJson(a, r).dump(2).c_str());
+
+  if (!stop.ok() || *stop != 0) {
+    std::fprintf(stderr, "oscarkv bench service: oscarkvd did not stop cleanly (%s; log: %s)\n",
+                 stop.ok() ? absl::StrCat("exit status ", *stop).c_str()
+                           : std::string(stop.status().message()).c_str(),
+                 log_path.c_str());
+    return 1;
+  }
+  ::unlink(log_path.c_str());
+  return 0;
+}
+
+}  // namespace oscarkv::bench
