@@ -1,8 +1,9 @@
 // Operator subcommands talking to a running oscarkvd through the client library:
 //   oscarkv stats | health | lookup | evict | clear
-// Each takes --addr (default 127.0.0.1:50051) and --json. Exit codes: 0 ok, 1 the operation
-// failed (the daemon is down or answered an error: one readable line on stderr), 2 usage (a bad
-// flag or flag value, refused before anything is sent).
+// Each takes --addr (default 127.0.0.1:50051), --tls-ca/--tls-cert/--tls-key (gRPC over TLS)
+// and --json. Exit codes: 0 ok, 1 the operation failed (the daemon is down or answered an
+// error: one readable line on stderr), 2 usage (a bad flag or flag value, refused before
+// anything is sent).
 #if __has_include("oscarkv/client/client.h")  // built only with the client module
 #include <cstdio>
 #include <fstream>
@@ -28,6 +29,13 @@ constexpr char kDefaultAddr[] = "127.0.0.1:50051";
 void AddCommon(Args& a) {
   a.Option("addr", kDefaultAddr, "oscarkvd address (HOST:PORT or unix:/path)");
   a.Option("timeout-ms", "3000", "deadline of each call to the daemon");
+  a.Option("tls-ca", "", "gRPC over TLS: CA bundle (PEM) the daemon's certificate must chain to "
+                         "(a daemon started with --tls-cert); default plaintext");
+  a.Option("tls-cert", "", "client certificate (PEM) for a daemon with --tls-client-ca (with "
+                           "--tls-key and --tls-ca)");
+  a.Option("tls-key", "", "private key (PEM) of --tls-cert");
+  a.Option("tls-server-name", "", "name checked against the daemon's certificate (default: the "
+                                  "--addr host)");
   a.Flag("json", "print JSON instead of text");
 }
 
@@ -50,6 +58,13 @@ absl::Status CheckUsage(const Args& a, bool takes_keys) {
   auto t = a.integer("timeout-ms");
   if (!t.ok()) return t.status();
   if (*t <= 0) return absl::InvalidArgumentError("--timeout-ms must be > 0");
+  if (a.str("tls-cert").empty() != a.str("tls-key").empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (!a.str("tls-cert").empty() && a.str("tls-ca").empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert needs --tls-ca (the CA the daemon's certificate chains to)");
+  }
   if (a.given("codec")) OSCARKV_RETURN_IF_ERROR(CodecId::FromHex(a.str("codec")).status());
   if (a.given("shape")) OSCARKV_RETURN_IF_ERROR(BuiltinProfile(a.str("shape")).status());
   if (!takes_keys) return absl::OkStatus();
@@ -95,6 +110,10 @@ absl::StatusOr<std::unique_ptr<Client>> Dial(const Args& a) {
   if (!t.ok()) return t.status();
   if (*t <= 0) return absl::InvalidArgumentError("--timeout-ms must be > 0");
   o.rpc_timeout_ms = *t;
+  o.tls_ca_file = a.str("tls-ca");
+  o.tls_cert_file = a.str("tls-cert");
+  o.tls_key_file = a.str("tls-key");
+  o.tls_server_name = a.str("tls-server-name");
   auto c = Client::Connect(o);
   if (!c.ok()) {
     // The client's message already names the address; keep the one line short.

@@ -3,8 +3,10 @@
 // another CA's certificate, an expired certificate and plaintext are refused; without TLS a
 // non-loopback listen address is refused at start unless plaintext is allowed explicitly.
 #include <grpcpp/grpcpp.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -127,6 +129,66 @@ TEST_F(TlsTest, ClientLibraryConnectsOverMutualTls) {
   auto m = client::Client::Connect(missing);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound) << m.status();
 }
+
+// The C ABI (liboscarkv_c.so) against the mTLS daemon: client_c_abi_test ADDR --tls DIR.
+TEST_F(TlsTest, CAbiConnectsOverMutualTls) {
+  auto d = StartDaemon({"--tls-cert", pki_->path("server.pem"), "--tls-key",
+                        pki_->path("server.key"), "--tls-client-ca", pki_->path("ca.pem")});
+  ASSERT_NE(d, nullptr);
+  const std::string dir = pki_->path("");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl(OSCARKV_C_ABI_TEST_PATH, OSCARKV_C_ABI_TEST_PATH, d->address().c_str(), "--tls",
+            dir.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+}
+
+#ifdef OSCARKV_CLI_PATH
+// `<cli> <args>` through the shell: the exit code, stdout and stderr together in *out.
+int RunCli(const std::string& args, std::string* out) {
+  FILE* p = ::popen((std::string(OSCARKV_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  out->clear();
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
+  const int st = ::pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// The operator commands of the `oscarkv` tool with --tls-ca/--tls-cert/--tls-key.
+TEST_F(TlsTest, CliOperatorCommandsOverMutualTls) {
+  auto d = StartDaemon({"--tls-cert", pki_->path("server.pem"), "--tls-key",
+                        pki_->path("server.key"), "--tls-client-ca", pki_->path("ca.pem")});
+  ASSERT_NE(d, nullptr);
+  const std::string addr = " --addr " + d->address() + " --tls-ca " + pki_->path("ca.pem");
+  const std::string mine = " --tls-cert " + pki_->path("client.pem") + " --tls-key " +
+                           pki_->path("client.key");
+  std::string out;
+  EXPECT_EQ(RunCli("health" + addr + mine, &out), 0) << out;
+  EXPECT_EQ(RunCli("stats --json" + addr + mine, &out), 0) << out;
+  EXPECT_NE(out.find("\"pool_bytes\""), std::string::npos) << out;
+  // Refused: no client certificate, another CA's, plaintext.
+  EXPECT_EQ(RunCli("health" + addr, &out), 1) << out;
+  EXPECT_NE(out.find("UNAVAILABLE"), std::string::npos) << out;
+  EXPECT_EQ(RunCli("health" + addr + " --tls-cert " + pki_->path("stranger.pem") + " --tls-key " +
+                       pki_->path("stranger.key"),
+                   &out),
+            1)
+      << out;
+  EXPECT_EQ(RunCli("health --addr " + d->address(), &out), 1) << out;
+  // Usage errors before anything is sent.
+  EXPECT_EQ(RunCli("health" + addr + " --tls-cert " + pki_->path("client.pem"), &out), 2) << out;
+  EXPECT_NE(out.find("--tls-cert and --tls-key go together"), std::string::npos) << out;
+  EXPECT_EQ(RunCli("health --addr " + d->address() + mine, &out), 2) << out;
+  EXPECT_EQ(RunCli("health --help", &out), 0) << out;
+  EXPECT_NE(out.find("--tls-ca"), std::string::npos) << out;
+}
+#endif
 
 // Startup errors: the daemon exits 1 with one line that says why (nothing is bound).
 std::string FailedStart(const std::vector<std::string>& flags) {

@@ -84,10 +84,34 @@ void oscarkv_connect_options_init(oscarkv_connect_options* opts) {
   opts->lookup_path = OSCARKV_LOOKUP_AUTO;
 }
 
+void oscarkv_tls_options_init(oscarkv_tls_options* tls) {
+  if (tls == nullptr) return;
+  *tls = {};
+  tls->struct_size = sizeof(oscarkv_tls_options);
+}
+
 int oscarkv_connect(const oscarkv_connect_options* opts, oscarkv_client** out) {
+  return oscarkv_connect_tls(opts, nullptr, out);
+}
+
+int oscarkv_connect_tls(const oscarkv_connect_options* opts, const oscarkv_tls_options* tls,
+                        oscarkv_client** out) {
   if (out == nullptr) return Fail(OSCARKV_E_INVALID_ARGUMENT, "out is NULL");
   *out = nullptr;
   oscarkv::client::ConnectOptions o;
+  if (tls != nullptr) {
+    if (tls->struct_size != sizeof(oscarkv_tls_options)) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("oscarkv_tls_options.struct_size is ", tls->struct_size,
+                       ", this library (C ABI ", OSCARKV_ABI_VERSION, ") knows ",
+                       sizeof(oscarkv_tls_options), ": call oscarkv_tls_options_init() first")));
+    }
+    auto str = [](const char* p) { return p == nullptr ? std::string() : std::string(p); };
+    o.tls_ca_file = str(tls->ca_file);
+    o.tls_cert_file = str(tls->cert_file);
+    o.tls_key_file = str(tls->key_file);
+    o.tls_server_name = str(tls->server_name);
+  }
   o.client_name = "oscarkv-c";
   if (opts != nullptr) {
     if (opts->address != nullptr) o.address = opts->address;

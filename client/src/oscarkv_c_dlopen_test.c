@@ -33,7 +33,7 @@ static const char* (*p_last_error)(void);
   X(abi_version) X(status_name) X(connect_options_init) X(connect) X(close)              \
   X(uses_shm) X(register_builtin_codec) X(builtin_profile) X(page_size) X(build_page)    \
   X(decode_page) X(block_keys) X(store) X(exists) X(lookup) X(load) X(lookup_pinned)     \
-  X(lease_deadline_ms) X(release) X(delete)
+  X(lease_deadline_ms) X(release) X(delete) X(tls_options_init) X(connect_tls)
 #define DECLARE(name) static __typeof__(&oscarkv_##name) p_##name;
 OSCARKV_FNS(DECLARE)
 

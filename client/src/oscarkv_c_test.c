@@ -1,6 +1,7 @@
 /* The C ABI compiled as C99. Without arguments: the daemon-free parts (block keys against the
  * golden vectors of docs/FORMAT.md §3.1, argument checks, connecting to nothing). With a daemon
- * address as argv[1] (tests/ runs it so): register, lookup, load of a miss, stats. */
+ * address as argv[1] (tests/ runs it so): register, lookup, load of a miss, stats. With
+ * `ADDR --tls DIR` (tests/tls_test): mTLS connects, refusals and calls. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,19 @@ static int daemon_free_checks(void) {
   CHECK(oscarkv_connect(&opts, &c) == OSCARKV_E_INVALID_ARGUMENT);
   CHECK(strstr(oscarkv_last_error(), "lookup_path") != NULL);
   CHECK(oscarkv_uses_local_lookups(NULL) == 0);
+  {
+    oscarkv_tls_options tls;
+    opts.lookup_path = OSCARKV_LOOKUP_AUTO;
+    oscarkv_tls_options_init(&tls);
+    CHECK(tls.struct_size == sizeof tls && tls.ca_file == NULL);
+    tls.struct_size = sizeof tls - 1; /* a header this library does not know */
+    CHECK(oscarkv_connect_tls(&opts, &tls, &c) == OSCARKV_E_INVALID_ARGUMENT);
+    CHECK(strstr(oscarkv_last_error(), "struct_size") != NULL && c == NULL);
+    oscarkv_tls_options_init(&tls);
+    tls.cert_file = "client.pem"; /* a certificate without the CA to check the daemon's */
+    CHECK(oscarkv_connect_tls(&opts, &tls, &c) == OSCARKV_E_INVALID_ARGUMENT);
+    CHECK(strstr(oscarkv_last_error(), "tls_ca_file") != NULL && c == NULL);
+  }
   oscarkv_close(NULL);
   return 0;
 }
@@ -196,9 +210,61 @@ static int with_daemon(const char* addr) {
   return 0;
 }
 
+/* Against a daemon with --tls-client-ca: `dir` holds the PKI of tests/tls_pki.h (ca.pem,
+ * client.{pem,key} of that CA, stranger.{pem,key} of another). */
+static int with_tls_daemon(const char* addr, const char* dir) {
+  char ca[512], cert[512], key[512], scert[512], skey[512];
+  oscarkv_connect_options opts;
+  oscarkv_tls_options tls;
+  oscarkv_client* c = NULL;
+  oscarkv_codec codec;
+  oscarkv_stats st;
+  uint32_t tokens[64];
+  uint8_t keys[16];
+  size_t n = 0;
+  uint32_t matched = 99;
+  unsigned i;
+
+  snprintf(ca, sizeof ca, "%s/ca.pem", dir);
+  snprintf(cert, sizeof cert, "%s/client.pem", dir);
+  snprintf(key, sizeof key, "%s/client.key", dir);
+  snprintf(scert, sizeof scert, "%s/stranger.pem", dir);
+  snprintf(skey, sizeof skey, "%s/stranger.key", dir);
+  oscarkv_connect_options_init(&opts);
+  opts.address = addr;
+  opts.rpc_timeout_ms = 5000;
+  opts.lookup_path = OSCARKV_LOOKUP_GRPC;
+  /* Plaintext, TLS without a client certificate, another CA's certificate: refused. */
+  CHECK(oscarkv_connect(&opts, &c) != OSCARKV_OK && c == NULL);
+  oscarkv_tls_options_init(&tls);
+  tls.ca_file = ca;
+  CHECK(oscarkv_connect_tls(&opts, &tls, &c) == OSCARKV_E_UNAVAILABLE && c == NULL);
+  tls.cert_file = scert;
+  tls.key_file = skey;
+  CHECK(oscarkv_connect_tls(&opts, &tls, &c) == OSCARKV_E_UNAVAILABLE && c == NULL);
+  tls.key_file = "/nonexistent/client.key";
+  tls.cert_file = cert;
+  CHECK(oscarkv_connect_tls(&opts, &tls, &c) == OSCARKV_E_NOT_FOUND && c == NULL);
+  /* The configured CA's client: served. */
+  tls.key_file = key;
+  CHECK(oscarkv_connect_tls(&opts, &tls, &c) == OSCARKV_OK);
+  if (c == NULL) return 1;
+  CHECK(oscarkv_register_builtin_codec(c, "refmodel", &codec) == OSCARKV_OK);
+  for (i = 0; i < 64; ++i) tokens[i] = 7u * i + 1;
+  CHECK(oscarkv_block_keys(&codec, "", 0, tokens, 64, keys, 1, &n) == OSCARKV_OK && n == 1);
+  CHECK(oscarkv_lookup(c, &codec, keys, 1, &matched) == OSCARKV_OK && matched == 0);
+  CHECK(oscarkv_stats_get(c, &st) == OSCARKV_OK && st.lookups >= 1);
+  oscarkv_close(c);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   daemon_free_checks();
-  if (argc > 1) with_daemon(argv[1]);
+  if (argc > 3 && strcmp(argv[2], "--tls") == 0) {
+    with_tls_daemon(argv[1], argv[3]);
+  } else if (argc > 1) {
+    with_daemon(argv[1]);
+  }
   if (failures == 0) printf("oscarkv C ABI: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import List, Optional
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIBRARY_NAME = "liboscarkv_c.so"
 
 c_u8p = ctypes.POINTER(ctypes.c_uint8)
@@ -26,6 +26,12 @@ class ConnectOptionsC(ctypes.Structure):
     _fields_ = [("address", ctypes.c_char_p), ("client_name", ctypes.c_char_p),
                 ("data_path", ctypes.c_int), ("verify_checksums", ctypes.c_int),
                 ("rpc_timeout_ms", ctypes.c_int64), ("lookup_path", ctypes.c_int)]
+
+
+class TlsOptionsC(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("ca_file", ctypes.c_char_p),
+                ("cert_file", ctypes.c_char_p), ("key_file", ctypes.c_char_p),
+                ("server_name", ctypes.c_char_p)]
 
 
 class CodecProfileC(ctypes.Structure):
@@ -88,6 +94,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "oscarkv_abi_version": (i, []),
         "oscarkv_connect_options_init": (None, [P(ConnectOptionsC)]),
         "oscarkv_connect": (i, [P(ConnectOptionsC), P(v)]),
+        "oscarkv_tls_options_init": (None, [P(TlsOptionsC)]),
+        "oscarkv_connect_tls": (i, [P(ConnectOptionsC), P(TlsOptionsC), P(v)]),
         "oscarkv_close": (None, [v]),
         "oscarkv_uses_shm": (i, [v]),
         "oscarkv_uses_local_lookups": (i, [v]),

@@ -43,6 +43,12 @@ class ConnectOptions:
     local control socket when on this host), "local" or "grpc". verify_checksums: verify every
     loaded page's checksum (DataLossError on mismatch). rpc_timeout_ms: deadline of each RPC
     and of connect. threads: workers of the *_async methods.
+
+    gRPC over TLS (a daemon started with --tls-cert): tls_ca is the CA bundle (PEM file) the
+    daemon's certificate must chain to ("" = plaintext); tls_cert and tls_key (PEM files, both or
+    neither) the client certificate a daemon with --tls-client-ca requires; tls_server_name the
+    name checked against the daemon's certificate ("" = the address's host). A refused or
+    unverifiable certificate raises UnavailableError; a missing file NotFoundError.
     """
     address: str = "127.0.0.1:50051"
     client_name: str = "oscarkv-python"
@@ -51,6 +57,10 @@ class ConnectOptions:
     verify_checksums: bool = True
     rpc_timeout_ms: int = 10000
     threads: int = 4
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_server_name: str = ""
 
 
 @dataclass
@@ -157,8 +167,15 @@ class Client:
         o.lookup_path = _LOOKUP_PATHS[options.lookup_path]
         o.verify_checksums = 1 if options.verify_checksums else 0
         o.rpc_timeout_ms = int(options.rpc_timeout_ms)
+        tls = _native.TlsOptionsC()
+        lib.oscarkv_tls_options_init(ctypes.byref(tls))
+        tls_fields = {"ca_file": options.tls_ca, "cert_file": options.tls_cert,
+                      "key_file": options.tls_key, "server_name": options.tls_server_name}
+        for name, value in tls_fields.items():
+            if value:
+                setattr(tls, name, os.fsencode(value))
         h = ctypes.c_void_p()
-        check(lib.oscarkv_connect(ctypes.byref(o), ctypes.byref(h)))
+        check(lib.oscarkv_connect_tls(ctypes.byref(o), ctypes.byref(tls), ctypes.byref(h)))
         self.options = options
         self._lib = lib
         self._h: Optional[int] = h.value

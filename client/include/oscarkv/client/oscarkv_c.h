@@ -55,7 +55,7 @@ enum { OSCARKV_PATH_AUTO = 0, OSCARKV_PATH_SHM = 1, OSCARKV_PATH_GRPC = 2 };
 enum { OSCARKV_LOOKUP_AUTO = 0, OSCARKV_LOOKUP_LOCAL = 1, OSCARKV_LOOKUP_GRPC = 2 };
 
 /* Bumped when a signature or struct of this header changes (oscarkv_abi_version()). */
-#define OSCARKV_ABI_VERSION 2
+#define OSCARKV_ABI_VERSION 3
 
 typedef struct oscarkv_client oscarkv_client;
 
@@ -70,6 +70,22 @@ typedef struct {
 
 /* Fills `opts` with the defaults above (verify_checksums = 1). */
 void oscarkv_connect_options_init(oscarkv_connect_options* opts);
+
+/* gRPC over TLS, for oscarkv_connect_tls() (ABI 3). struct_size must be
+ * sizeof(oscarkv_tls_options) of the header the caller was built with (oscarkv_tls_options_init
+ * sets it); a size this library does not know is INVALID_ARGUMENT, never a guess. Paths are PEM
+ * files, read at connect (a file that goes missing later fails handshakes; never plaintext). */
+typedef struct {
+  size_t struct_size;
+  const char* ca_file;     /* CA bundle the daemon's certificate must chain to; NULL/"" = plaintext */
+  const char* cert_file;   /* client certificate chain (a daemon with --tls-client-ca needs one) */
+  const char* key_file;    /* its private key; with cert_file, both or neither */
+  const char* server_name; /* name checked against the daemon's certificate; NULL/"" = the
+                              address's host */
+} oscarkv_tls_options;
+
+/* Zeroes `tls` and sets struct_size. */
+void oscarkv_tls_options_init(oscarkv_tls_options* tls);
 
 /* Codec profile (docs/FORMAT.md §2). Strings are NUL-terminated UTF-8. */
 typedef struct {
@@ -113,6 +129,11 @@ const char* oscarkv_status_name(int code);
 int oscarkv_abi_version(void);
 
 int oscarkv_connect(const oscarkv_connect_options* opts, oscarkv_client** out);
+/* oscarkv_connect() over TLS (`tls` NULL = plaintext, as oscarkv_connect). A daemon that refuses
+ * the certificate (none, another CA's, expired) or a daemon certificate that does not chain to
+ * ca_file: UNAVAILABLE; an unreadable or non-PEM file: NOT_FOUND / INVALID_ARGUMENT. */
+int oscarkv_connect_tls(const oscarkv_connect_options* opts, const oscarkv_tls_options* tls,
+                        oscarkv_client** out);
 void oscarkv_close(oscarkv_client* client); /* NULL is fine */
 /* 1 when this client uses the shared-memory data path, 0 when gRPC streaming. */
 int oscarkv_uses_shm(const oscarkv_client* client);
