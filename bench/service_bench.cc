@@ -70,13 +70,19 @@ int ServiceBenchMain(int argc, char** argv) {
          "each client its own connections: a TCP connection for gRPC, a channel for the local "
          "socket (default: the clients of this process share them, as Clients in one engine "
          "process do)");
+  a.Flag("tls",
+         "also measure gRPC lookups over mutual TLS: a second oscarkvd with --tls-cert, "
+         "--tls-key and --tls-client-ca (a CA and certificates made by openssl in a temp dir), "
+         "the same pages, its lookup phases alternating with the plaintext ones");
   a.Epilog(
       "Acceptance targets: shm load >= 70% of memcpy; open-loop p99 <= 1 ms at 10,000/s; "
-      "store and verified load (client library defaults) >= 85% of memcpy.\n"
+      "store and verified load (client library defaults) >= 85% of memcpy; with --tls, the "
+      "mutual-TLS open-loop p99 <= 1.5x plaintext gRPC's.\n"
       "--json: lookup_p99_ms_at_10k and lookup_peak_per_s are the client library's default "
       "lookup path (lookup_path: \"local\", the daemon's same-host socket, as the daemon runs "
       "on this host); lookup_p99_ms_at_10k_grpc and lookup_peak_per_s_grpc are gRPC's, "
-      "measured side by side.");
+      "measured side by side; with --tls, lookup_p99_ms_at_10k_tls and lookup_peak_per_s_tls "
+      "are gRPC with mutual TLS and lookup_p99_tls_vs_grpc their ratio (null without --tls).");
   if (auto rc = a.ParseOrExitCode(argc, argv)) return *rc;
   auto duration = a.real("duration-s");
   auto pool_mb = a.integer("pool-mb");
@@ -107,6 +113,12 @@ int ServiceBenchMain(int argc, char** argv) {
     return 2;
   }
   const bool as_json = a.flag("json");
+  const bool with_tls = a.flag("tls");
+  if (with_tls && a.str("listen").rfind("unix:", 0) == 0) {
+    std::fprintf(stderr, "oscarkv bench service: --tls compares gRPC over loopback TCP; drop "
+                         "--listen unix:...\n");
+    return 2;
+  }
   if (!a.str("client-cpus").empty()) {  // before any thread starts: all of them inherit it
     std::vector<int> cpus;
     for (absl::string_view part : absl::StrSplit(a.str("client-cpus"), ',')) {
@@ -203,30 +215,69 @@ int ServiceBenchMain(int argc, char** argv) {
                                                              : stored->item_status[0]);
   }
 
+  // 2b. --tls: a second daemon, the same but for mutual TLS, holding the looked-up pages.
+  std::unique_ptr<service_bench::BenchPki> pki;
+  std::unique_ptr<client::LocalDaemon> tls_daemon;
+  const std::string tls_log_path = absl::StrCat("/tmp/oscarkv-bench-", ::getpid(), "-tls.log");
+  Env tls_env = env;
+  if (with_tls) {
+    progress("making a CA and certificates (openssl), starting a mutual-TLS oscarkvd");
+    auto p = service_bench::MakeBenchPki();
+    if (!p.ok()) return fail("making TLS certificates", p.status());
+    pki = *std::move(p);
+    client::LocalDaemonOptions topt = dopt;
+    topt.log_path = tls_log_path;
+    const uint64_t tls_pool_mb = std::max<uint64_t>(64, ((uint64_t(*nkeys) * page_bytes * 2) >> 20) + 16);
+    topt.flags = {"--listen", "127.0.0.1:0", "--pool-mb", std::to_string(tls_pool_mb),
+                  "--metrics-listen", "off", "--shm-name",
+                  absl::StrCat("oscarkv-bench-tls-", ::getpid()), "--tls-cert", pki->server_cert,
+                  "--tls-key", pki->server_key, "--tls-client-ca", pki->ca};
+    if (!a.str("daemon-cpus").empty()) topt.flags.insert(topt.flags.end(), {"--cpus", a.str("daemon-cpus")});
+    auto td = client::LocalDaemon::Start(topt);
+    if (!td.ok()) return fail("starting the mutual-TLS oscarkvd", td.status());
+    tls_daemon = *std::move(td);
+    tls_env.addr = tls_daemon->address();
+    tls_env.tls_ca = pki->ca;
+    tls_env.tls_cert = pki->client_cert;
+    tls_env.tls_key = pki->client_key;
+    auto tls_setup = ConnectMany(tls_env, 1, client::DataPath::kGrpc, true);
+    if (!tls_setup.ok()) return fail("connecting over mutual TLS", tls_setup.status());
+    const std::vector<client::PageWrite> lookup_writes(writes.begin(), writes.begin() + *nkeys);
+    auto ts = (*tls_setup)[0]->Store(env.codec, lookup_writes);
+    if (!ts.ok() || ts->stored != uint32_t(*nkeys)) {
+      return fail("storing pages over mutual TLS",
+                  ts.ok() ? absl::InternalError("not all stored") : ts.status());
+    }
+  }
+
   // 3-4. Lookups per path: closed loop at each client count, then the open loop; the paths
-  // alternate phase by phase so both see the same machine state.
+  // alternate phase by phase so all see the same machine state.
   const int max_clients = *std::max_element(client_counts.begin(), client_counts.end());
   std::vector<PathRun> runs;
-  for (const char* want : {"auto", "grpc"}) {
+  for (const char* want : {"auto", "grpc", "tls"}) {
     const bool is_auto = std::string(want) == "auto";
+    const bool is_tls = std::string(want) == "tls";
     if (lookup_path_opt == "grpc" && is_auto) continue;
     if (lookup_path_opt == "local" && !is_auto) continue;
+    if (is_tls && !with_tls) continue;
     const client::LookupPath lp = lookup_path_opt == "local" ? client::LookupPath::kLocal
                                   : is_auto                  ? client::LookupPath::kAuto
                                                              : client::LookupPath::kGrpc;
-    auto cs = ConnectMany(env, max_clients, client::DataPath::kGrpc, true,
+    auto cs = ConnectMany(is_tls ? tls_env : env, max_clients, client::DataPath::kGrpc, true,
                           a.flag("dedicated-connections"), lp);
     if (!cs.ok()) return fail("connecting lookup clients", cs.status());
     PathRun run;
-    run.name = client::LookupPathName((*cs)[0]->server().lookup_path);
+    run.name = is_tls ? "tls" : client::LookupPathName((*cs)[0]->server().lookup_path);
     run.is_default = is_auto;
+    run.json_suffix = is_auto ? "" : is_tls ? "_tls" : "_grpc";
+    run.daemon_pid = is_tls ? tls_daemon->pid() : (*daemon)->pid();
     run.clients = std::move(*cs);
     runs.push_back(std::move(run));
   }
   for (int n : client_counts) {
     for (PathRun& run : runs) {
       progress(absl::StrCat("closed-loop lookups, ", n, " clients, ", run.name).c_str());
-      auto s = WithCpu((*daemon)->pid(), [&] { return ClosedLoop(env, run.clients, n, *duration); });
+      auto s = WithCpu(run.daemon_pid, [&] { return ClosedLoop(env, run.clients, n, *duration); });
       if (!s.ok()) return fail("closed loop", s.status());
       run.closed.push_back({n, *s});
       if (s->per_s > run.peak.per_s) run.peak = *s;
@@ -235,7 +286,7 @@ int ServiceBenchMain(int argc, char** argv) {
   for (PathRun& run : runs) {
     progress(absl::StrCat("open-loop lookups, ", *rate, "/s over ", max_clients, " clients, ",
                           run.name).c_str());
-    auto open = WithCpu((*daemon)->pid(), [&] {
+    auto open = WithCpu(run.daemon_pid, [&] {
       return OpenLoop(env, run.clients, max_clients, *rate, *duration,
                       a.str("open-loop-senders") == "async", &run.achieved);
     });
@@ -243,6 +294,8 @@ int ServiceBenchMain(int argc, char** argv) {
     run.open = *open;
   }
   for (PathRun& run : runs) run.clients.clear();
+  absl::StatusOr<int> tls_stop = 0;
+  if (tls_daemon != nullptr) tls_stop = tls_daemon->Stop();
 
   // 5. Batch loads beside memcpy.
   auto shm_client = ConnectMany(env, 1, client::DataPath::kSharedMemory, /*verify=*/false);
@@ -314,7 +367,7 @@ int ServiceBenchMain(int argc, char** argv) {
   r.shm = *shm;
   r.grpc = *grpc;
   r.store_load = *sl;
-  r.daemon_stopped_cleanly = stop.ok() && *stop == 0;
+  r.daemon_stopped_cleanly = stop.ok() && *stop == 0 && tls_stop.ok() && *tls_stop == 0;
   PrintTable(a, r, as_json ? stderr : stdout);
   if (as_json) std::printf("%s\n", ToJson(a, r).dump(2).c_str());
 
@@ -325,7 +378,13 @@ int ServiceBenchMain(int argc, char** argv) {
                  log_path.c_str());
     return 1;
   }
+  if (!tls_stop.ok() || *tls_stop != 0) {
+    std::fprintf(stderr, "oscarkv bench service: the mutual-TLS oscarkvd did not stop cleanly "
+                         "(log: %s)\n", tls_log_path.c_str());
+    return 1;
+  }
   ::unlink(log_path.c_str());
+  if (with_tls) ::unlink(tls_log_path.c_str());
   return 0;
 }
 

@@ -59,7 +59,17 @@ struct Env {
   client::Codec codec;
   std::vector<BlockKey> keys;       // the stored sequence
   std::vector<BlockKey> lookup_keys;  // prefix asked by each lookup
+  // The mutual-TLS daemon of --tls: CA, client certificate and key (PEM files); "" = plaintext.
+  std::string tls_ca, tls_cert, tls_key;
 };
+
+// --tls: a throwaway CA, a server certificate for 127.0.0.1 and a client certificate, made by
+// the openssl tool in a private temp dir (removed with this object).
+struct BenchPki {
+  std::string dir, ca, server_cert, server_key, client_cert, client_key;
+  ~BenchPki();
+};
+absl::StatusOr<std::unique_ptr<BenchPki>> MakeBenchPki();
 
 // `n` clients of `env`'s daemon, each with the codec registered.
 absl::StatusOr<std::vector<std::unique_ptr<client::Client>>> ConnectMany(
@@ -108,8 +118,10 @@ std::string CpuModel();
 
 // One lookup path's phases: closed loop at each client count, then the open loop.
 struct PathRun {
-  std::string name;         // "local" / "grpc": the path the clients actually use
+  std::string name;         // "local" / "grpc" / "tls": the path the clients actually use
   bool is_default = false;  // the client library's default (kAuto)
+  std::string json_suffix;  // of its --json keys: "" (the default path), "_grpc", "_tls"
+  pid_t daemon_pid = 0;     // the daemon it measures (--tls: its own, mutual-TLS daemon)
   std::vector<std::unique_ptr<client::Client>> clients;
   std::vector<std::pair<int, LatencyStats>> closed;
   LatencyStats peak, open;

@@ -64,6 +64,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Client>>> ConnectMany(
     o.async_threads = 1;
     o.dedicated_connection = dedicated;
     o.lookup_path = lookup_path;
+    o.tls_ca_file = env.tls_ca;
+    o.tls_cert_file = env.tls_cert;
+    o.tls_key_file = env.tls_key;
     OSCARKV_ASSIGN_OR_RETURN(auto c, Client::Connect(o));
     OSCARKV_RETURN_IF_ERROR(c->RegisterCodec(env.codec.profile).status());
     out.push_back(std::move(c));

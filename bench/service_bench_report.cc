@@ -50,8 +50,23 @@ void PrintTable(const Args& a, const Results& r, FILE* out) {
                  run.open.send_late_max_ms);
   }
   std::fprintf(out, "(path: local = the daemon's same-host control socket, the client library's "
-               "default here; grpc = gRPC over %s)\n",
-               a.str("listen").rfind("unix:", 0) == 0 ? "a unix socket" : "loopback TCP");
+               "default here; grpc = gRPC over %s%s)\n",
+               a.str("listen").rfind("unix:", 0) == 0 ? "a unix socket" : "loopback TCP",
+               a.flag("tls") ? "; tls = gRPC with mutual TLS over loopback TCP, to a second "
+                               "daemon started with --tls-client-ca"
+                             : "");
+  const PathRun* grpc_run = nullptr;
+  const PathRun* tls_run = nullptr;
+  for (const PathRun& run : r.runs) {
+    if (run.json_suffix == "_grpc") grpc_run = &run;
+    if (run.json_suffix == "_tls") tls_run = &run;
+  }
+  if (grpc_run != nullptr && tls_run != nullptr && grpc_run->open.p99_ms > 0) {
+    const double ratio = tls_run->open.p99_ms / grpc_run->open.p99_ms;
+    std::fprintf(out, "mutual TLS vs plaintext gRPC, open-loop p99: %.3f / %.3f ms = %.2fx   %s "
+                 "(target <= 1.5x)\n", tls_run->open.p99_ms, grpc_run->open.p99_ms, ratio,
+                 ratio <= 1.5 ? "PASS" : "FAIL");
+  }
   std::fprintf(out, "(cpu = CPU time per lookup, user + system, over the phase; open-loop senders: %s)\n",
                a.str("open-loop-senders") == "async"
                    ? "async, one thread sending each lookup at its scheduled time"
@@ -139,7 +154,7 @@ nlohmann::json ToJson(const Args& a, const Results& r) {
   // Per path: "closed_loop"/"open_loop" and the headline fields are the default path's
   // (kAuto), the *_grpc ones gRPC's; a path not measured (--lookup-path) is null.
   for (const PathRun& run : r.runs) {
-    const std::string sfx = run.is_default ? "" : "_grpc";
+    const std::string& sfx = run.json_suffix;
     j["closed_loop" + sfx] = closed_json(run);
     j["open_loop" + sfx] = open_json(run);
     j["lookup_p99_ms_at_10k" + sfx] = run.open.p99_ms;
@@ -147,13 +162,21 @@ nlohmann::json ToJson(const Args& a, const Results& r) {
     j["lookup_p99_ms_at_peak_clients" + sfx] = run.closed.back().second.p99_ms;
     if (run.is_default) j["lookup_path"] = run.name;
   }
+  // --tls: mutual TLS over plaintext gRPC, open-loop p99 of the same run (target <= 1.5).
+  if (j.contains("lookup_p99_ms_at_10k_tls") && j.contains("lookup_p99_ms_at_10k_grpc") &&
+      j["lookup_p99_ms_at_10k_grpc"].get<double>() > 0) {
+    j["lookup_p99_tls_vs_grpc"] = j["lookup_p99_ms_at_10k_tls"].get<double>() /
+                                  j["lookup_p99_ms_at_10k_grpc"].get<double>();
+  }
   for (const char* k : {"lookup_p99_ms_at_10k", "lookup_peak_per_s", "lookup_p99_ms_at_10k_grpc",
-                        "lookup_peak_per_s_grpc", "lookup_path"}) {
+                        "lookup_peak_per_s_grpc", "lookup_path", "lookup_p99_ms_at_10k_tls",
+                        "lookup_peak_per_s_tls", "lookup_p99_tls_vs_grpc"}) {
     if (!j.contains(k)) j[k] = nullptr;
   }
   if (r.rate != 10000) {  // not measured at 10k
     j["lookup_p99_ms_at_10k"] = nullptr;
     j["lookup_p99_ms_at_10k_grpc"] = nullptr;
+    j["lookup_p99_ms_at_10k_tls"] = nullptr;
   }
   return j;
 }
