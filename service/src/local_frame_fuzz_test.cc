@@ -1,0 +1,134 @@
+// Runs the libFuzzer entry point of local_frame_fuzzer.cc over a seed corpus (one input per rule
+// of the local socket's framing) and seeded random mutations of it, so every build (gcc
+// included) fuzzes the framing for a few seconds. For longer runs use the libFuzzer binary
+// (scripts/fuzz.sh local_frame 600).
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "local_frame_fuzzer.h"
+#include "oscarkv/v1/local_control.h"
+#include "oscarkv/v1/oscarkv.pb.h"
+
+namespace oscarkv::service {
+namespace {
+
+namespace local = ::oscarkv::v1::local;
+namespace pb = ::oscarkv::v1;
+
+std::string U16(size_t n) { return {static_cast<char>(n & 0xff), static_cast<char>(n >> 8)}; }
+// A request record: valid header, `method`, `body`.
+std::string Request(uint8_t method, const std::string& body) {
+  return std::string(1, 1) + static_cast<char>(method) + U16(body.size()) + body;
+}
+std::string Raw(const std::string& frame) { return std::string(1, 0) + U16(frame.size()) + frame; }
+const std::string kHandshake(1, 2);
+std::string Oversized(uint8_t extra_kib) { return std::string(1, 3) + static_cast<char>(extra_kib); }
+
+std::string HeaderBytes(uint32_t magic, uint16_t version, uint16_t method, uint64_t id) {
+  local::RequestHeader h;
+  h.magic = magic;
+  h.version = version;
+  h.method = method;
+  h.id = id;
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+std::vector<std::string> Seeds() {
+  pb::LookupRequest look;
+  look.set_codec_id(std::string(16, 'c'));
+  for (int i = 0; i < 4; ++i) look.add_keys(std::string(16, static_cast<char>('a' + i)));
+  look.set_pin(true);
+  pb::ReleaseRequest rel;
+  rel.set_lease_id(1);
+  pb::HandshakeRequest bad_wire;
+  bad_wire.set_wire_version(static_cast<pb::WireVersion>(99));
+  const std::string hs_body = [] {
+    pb::HandshakeRequest r;
+    r.set_wire_version(pb::WIRE_VERSION_1);
+    return r.SerializeAsString();
+  }();
+  std::vector<std::string> seeds = {
+      kHandshake + Request(2, look.SerializeAsString()) + Request(3, rel.SerializeAsString()),
+      kHandshake + kHandshake + kHandshake + Request(2, look.SerializeAsString()),
+      Request(2, look.SerializeAsString()),         // lookup before the handshake
+      Request(3, rel.SerializeAsString()),          // release before the handshake
+      Request(1, bad_wire.SerializeAsString()),     // a wire version this daemon does not speak
+      kHandshake + Request(9, "x"),                 // unknown method
+      kHandshake + Request(2, "\xff\xff\xff"),      // unparsable body
+      kHandshake + Request(0, ""),                  // method 0
+      Raw(HeaderBytes(0x12345678, 1, 1, 5) + hs_body),  // bad magic
+      Raw(HeaderBytes(local::kMagic, 2, 1, 5) + hs_body),  // bad frame version
+      Raw(HeaderBytes(local::kMagic, 1, 1, 5) + hs_body),  // a valid handshake, raw
+      Raw("short"),                                  // shorter than a header
+      Raw(""),                                       // zero-length frame
+      kHandshake + Oversized(0),                     // one byte over the limit
+      kHandshake + Oversized(8),                     // truncated by the receive buffer
+  };
+  return seeds;
+}
+
+std::string Mutate(std::string s, std::mt19937& rng, const std::vector<std::string>& seeds) {
+  const int edits = 1 + rng() % 4;
+  for (int e = 0; e < edits; ++e) {
+    switch (rng() % 6) {
+      case 0:
+        if (!s.empty()) s[rng() % s.size()] ^= static_cast<char>(1 << (rng() % 8));
+        break;
+      case 1:
+        if (!s.empty()) s.resize(rng() % s.size());
+        break;
+      case 2:
+        s.insert(s.begin() + (s.empty() ? 0 : rng() % s.size()), static_cast<char>(rng()));
+        break;
+      case 3:
+        if (!s.empty()) s[rng() % s.size()] = static_cast<char>(rng());
+        break;
+      case 4:
+        s += seeds[rng() % seeds.size()];  // splice: another input's records after these
+        break;
+      default:
+        s += s.substr(0, rng() % (s.size() + 1));
+        break;
+    }
+  }
+  return s;
+}
+
+int Feed(const std::string& in) {
+  return LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(in.data()), in.size());
+}
+
+TEST(LocalFrameFuzz, SeedsAndMutationsNeverBreakTheServer) {
+  const std::vector<std::string> seeds = Seeds();
+  for (const std::string& s : seeds) EXPECT_EQ(Feed(s), 0);
+  std::mt19937 rng(24);
+  // Seeded mutations for ~3 s (at least 500 inputs, at most 20,000), then random bytes.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  int inputs = 0;
+  while (inputs < 20000 && (inputs < 500 || std::chrono::steady_clock::now() < until)) {
+    EXPECT_EQ(Feed(Mutate(seeds[rng() % seeds.size()], rng, seeds)), 0);
+    ++inputs;
+  }
+  for (int i = 0; i < 300; ++i) {
+    std::string in(rng() % 300, '\0');
+    for (char& ch : in) ch = static_cast<char>(rng());
+    EXPECT_EQ(Feed(in), 0);
+  }
+  EXPECT_TRUE(LocalFrameFuzzServerAlive());
+  // The inputs reached every rule, not only the first check.
+  const LocalFrameFuzzStats& st = LocalFrameFuzzStatsForTest();
+  EXPECT_GT(st.answers_by_code[0], 100u);   // OK handshakes
+  EXPECT_GT(st.answers_by_code[3], 100u);   // INVALID_ARGUMENT: malformed frames
+  EXPECT_GT(st.answers_by_code[9], 10u);    // FAILED_PRECONDITION: lookup before handshake, ...
+  EXPECT_GT(st.answers_by_code[5] + st.answers_by_code[3], 0u);  // lookups of an unknown codec
+  EXPECT_GT(st.closed_by_daemon, 10u);
+  std::printf("local frame fuzz: %d mutated inputs, %llu frames, %llu closed by the daemon\n",
+              inputs, static_cast<unsigned long long>(st.frames_sent),
+              static_cast<unsigned long long>(st.closed_by_daemon));
+}
+
+}  // namespace
+}  // namespace oscarkv::service
