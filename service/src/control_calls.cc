@@ -36,10 +36,11 @@ uint64_t RandomInstanceId() {
 ControlCalls::ControlCalls(PageCache* cache, Metrics* metrics)
     : cache_(cache), metrics_(metrics), instance_id_(RandomInstanceId()) {}
 
-absl::Status ControlCalls::Handshake(const pb::HandshakeRequest& req, pb::HandshakeResponse* resp,
-                                     const std::string& peer, const char* front_end) {
+absl::Status ControlCalls::Handshake(const Caller& caller, const pb::HandshakeRequest& req,
+                                     pb::HandshakeResponse* resp, const std::string& peer,
+                                     const char* front_end) {
   RpcTimer t(metrics_, Rpc::kHandshake);
-  absl::Status s = cache_->Handshake(req, resp);
+  absl::Status s = wire::Handshake(*cache_, caller, req, resp);
   if (s.ok()) {
     resp->set_local_socket(local_socket_);
     resp->set_instance_id(instance_id_);

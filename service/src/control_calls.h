@@ -1,8 +1,9 @@
 // ControlCalls: the unary control calls exactly as both of oscarkvd's front ends serve them --
 // gRPC (grpc_service.cc) and the same-host local socket (local_control.cc). Each call runs the
-// PageCache method, records its latency and result code in Metrics under the same method name
-// whichever front end carried it, and logs failures at debug level. The front ends only move
-// bytes; request validation, leases and every other rule live in PageCache.
+// PageCache method through the wire translation (cache_wire.h), records its latency and result
+// code in Metrics under the same method name whichever front end carried it, and logs failures
+// at debug level. The front ends only move bytes and say who the Caller is; request validation,
+// leases and every other rule live in PageCache.
 #pragma once
 
 #include <atomic>
@@ -11,6 +12,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "cache_wire.h"
+#include "oscarkv/service/caller.h"
 #include "oscarkv/service/metrics.h"
 #include "oscarkv/service/page_cache.h"
 
@@ -40,15 +43,18 @@ class ControlCalls {
   uint64_t instance_id() const { return instance_id_; }
 
   // `peer` and `front_end` ("grpc" / "local") only go into the log line.
-  absl::Status Handshake(const pb::HandshakeRequest& req, pb::HandshakeResponse* resp,
-                         const std::string& peer, const char* front_end);
-  absl::Status Lookup(const pb::LookupRequest& req, pb::LookupResponse* resp) {
+  absl::Status Handshake(const Caller& caller, const pb::HandshakeRequest& req,
+                         pb::HandshakeResponse* resp, const std::string& peer,
+                         const char* front_end);
+  absl::Status Lookup(const Caller& caller, const pb::LookupRequest& req,
+                      pb::LookupResponse* resp) {
     RpcTimer t(metrics_, Rpc::kLookup);
-    return t.Done(cache_->Lookup(req, resp));
+    return t.Done(wire::Lookup(*cache_, caller, req, resp));
   }
-  absl::Status Release(const pb::ReleaseRequest& req, pb::ReleaseResponse* resp) {
+  absl::Status Release(const Caller& caller, const pb::ReleaseRequest& req,
+                       pb::ReleaseResponse* resp) {
     RpcTimer t(metrics_, Rpc::kRelease);
-    return t.Done(cache_->Release(req, resp));
+    return t.Done(wire::Release(*cache_, caller, req, resp));
   }
 
   PageCache* cache() const { return cache_; }

@@ -515,16 +515,15 @@ absl::Status RunDaemon(const DaemonConfig& config) {
                             std::chrono::steady_clock::now() - t0)
                             .count();
   if (!listen->unix_path.empty()) unlink(listen->unix_path.c_str());
-  pb::StatsResponse st;
-  (void)cache.Stats({}, &st);
+  const CacheStats st = cache.Stats(Caller{}).value_or(CacheStats{});
   LogEvent(LogLevel::kInfo, "stopped",
            {{"drain_ms", absl::StrCat(drain_ms)},
             {"idle_connections_closed", idle_closed ? "yes" : "no"},
-            {"pages", absl::StrCat(st.pages())},
-            {"lookups", absl::StrCat(st.lookups())},
-            {"hits", absl::StrCat(st.hits())},
-            {"evictions", absl::StrCat(st.evictions())},
-            {"tier_pages", absl::StrCat(st.tier_pages())},
+            {"pages", absl::StrCat(st.pages)},
+            {"lookups", absl::StrCat(st.lookups)},
+            {"hits", absl::StrCat(st.hits)},
+            {"evictions", absl::StrCat(st.evictions)},
+            {"tier_pages", absl::StrCat(st.tier_pages)},
             {"demoted_at_stop", absl::StrCat(demoted)},
             {"tier_flushed", tier_flushed ? "yes" : "no"},
             {"shm_removed", shm_path}});

@@ -90,6 +90,10 @@ class Admission {
 
 namespace {
 
+// Who a gRPC call acts for: today every call gets the default Caller (caller.h); the peer's
+// identity (TLS client certificate) is where a tenant would come from.
+Caller CallerOf(const grpc::ServerContextBase*) { return Caller{}; }
+
 // gRPC's view of a call timed by RpcTimer.
 class CallTimer {
  public:
@@ -112,15 +116,16 @@ class CallTimer {
       return reactor;                                                                  \
     }                                                                                  \
     CallTimer t(metrics_, Rpc::k##Name);                                               \
-    reactor->Finish(t.Done(cache_->Name(*req, resp)));                                 \
+    reactor->Finish(t.Done(wire::Name(*cache_, CallerOf(ctx), *req, resp)));          \
     return reactor;                                                                    \
   }
 #define OSCARKV_UNARY(Name, Req, Resp)                                                       \
-  grpc::Status KvCacheService::Name(grpc::ServerContext*, const pb::Req* req, pb::Resp* resp) { \
+  grpc::Status KvCacheService::Name(grpc::ServerContext* ctx, const pb::Req* req,          \
+                                    pb::Resp* resp) {                                      \
     Admission admitted(this);                                                                \
     if (!admitted) return kDraining;                                                         \
     CallTimer t(metrics_, Rpc::k##Name);                                                     \
-    return t.Done(cache_->Name(*req, resp));                                                 \
+    return t.Done(wire::Name(*cache_, CallerOf(ctx), *req, resp));                          \
   }
 
 grpc::ServerUnaryReactor* KvCacheService::Handshake(grpc::CallbackServerContext* ctx,
@@ -128,7 +133,9 @@ grpc::ServerUnaryReactor* KvCacheService::Handshake(grpc::CallbackServerContext*
                                                     pb::HandshakeResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Admission admitted(this);
-  reactor->Finish(!admitted ? kDraining : ToGrpc(calls_.Handshake(*req, resp, ctx->peer(), "grpc")));
+  reactor->Finish(!admitted ? kDraining
+                            : ToGrpc(calls_.Handshake(CallerOf(ctx), *req, resp, ctx->peer(),
+                                                      "grpc")));
   return reactor;
 }
 // Lookup and Release: the calls the local socket serves too, through the same ControlCalls.
@@ -137,7 +144,7 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ct
                                                  pb::LookupResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Admission admitted(this);
-  reactor->Finish(!admitted ? kDraining : ToGrpc(calls_.Lookup(*req, resp)));
+  reactor->Finish(!admitted ? kDraining : ToGrpc(calls_.Lookup(CallerOf(ctx), *req, resp)));
   return reactor;
 }
 grpc::ServerUnaryReactor* KvCacheService::Release(grpc::CallbackServerContext* ctx,
@@ -145,7 +152,7 @@ grpc::ServerUnaryReactor* KvCacheService::Release(grpc::CallbackServerContext* c
                                                   pb::ReleaseResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Admission admitted(this);
-  reactor->Finish(!admitted ? kDraining : ToGrpc(calls_.Release(*req, resp)));
+  reactor->Finish(!admitted ? kDraining : ToGrpc(calls_.Release(CallerOf(ctx), *req, resp)));
   return reactor;
 }
 OSCARKV_CALLBACK(RegisterCodec, RegisterCodecRequest, RegisterCodecResponse)
@@ -191,13 +198,13 @@ grpc::Status KvCacheService::WritePages(grpc::ServerContext* ctx,
   Admission admitted(this);
   if (!admitted) return kDraining;
   CallTimer t(metrics_, Rpc::kWritePages);
+  const Caller caller = CallerOf(ctx);
   pb::WriteChunk chunk;
   uint64_t total = 0;
   while (reader->Read(&chunk)) {
-    uint64_t n = 0;
-    absl::Status s = cache_->WriteChunk(chunk, &n);
-    total += n;
-    if (!s.ok()) return t.Done(s);
+    absl::StatusOr<uint64_t> n = wire::WriteChunk(*cache_, caller, chunk);
+    if (!n.ok()) return t.Done(n.status());
+    total += *n;
   }
   if (ctx->IsCancelled()) return t.Done(absl::CancelledError("client cancelled the stream"));
   resp->set_bytes_written(total);
@@ -209,7 +216,7 @@ grpc::Status KvCacheService::ReadPages(grpc::ServerContext* ctx, const pb::ReadR
   Admission admitted(this);
   if (!admitted) return kDraining;
   CallTimer t(metrics_, Rpc::kReadPages);
-  auto plan = cache_->PrepareRead(*req);
+  auto plan = wire::PrepareRead(*cache_, CallerOf(ctx), *req);
   if (!plan.ok()) return t.Done(plan.status());
   pb::ReadChunk chunk;
   for (const ReadPlan::Page& page : (*plan)->pages()) {

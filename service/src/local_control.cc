@@ -29,6 +29,7 @@ struct LocalControlServer::Conn {
   bool want_out = false;  // waiting for EPOLLOUT: output queued, input paused
   std::deque<std::string> out;
   std::string peer;  // "pid=N uid=N" for logs
+  Caller caller;     // who the peer is (a default Caller: no tenant yet)
 };
 
 struct LocalControlServer::Worker {
@@ -400,7 +401,8 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
           return malformed(h.id, "unparsable HandshakeRequest");
         }
         m->RecordLocalCall(Rpc::kHandshake);
-        absl::Status s = calls_->Handshake(w->handshake_req, &w->handshake_resp, c->peer, "local");
+        absl::Status s = calls_->Handshake(c->caller, w->handshake_req, &w->handshake_resp, c->peer,
+                                         "local");
         if (!Reply(w, c, h.method, h.id, s, &w->handshake_resp)) return false;
         if (!s.ok()) return false;  // wire version mismatch: nothing else can follow
         c->handshaken = true;
@@ -418,14 +420,12 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
           return malformed(h.id, "unparsable LookupRequest");
         }
         m->RecordLocalCall(Rpc::kLookup);
-        absl::Status s = calls_->Lookup(w->lookup_req, &w->lookup_resp);
+        absl::Status s = calls_->Lookup(c->caller, w->lookup_req, &w->lookup_resp);
         if (s.ok() && sizeof(local::ResponseHeader) + w->lookup_resp.ByteSizeLong() >
                           local::kMaxFrameBytes) {
           // Too big for a frame: undo the pin (the answer never reaches the client).
           if (w->lookup_resp.lease_id() != 0) {
-            w->release_req.Clear();
-            w->release_req.set_lease_id(w->lookup_resp.lease_id());
-            (void)calls_->cache()->Release(w->release_req, &w->release_resp);
+            (void)calls_->cache()->Release(c->caller, w->lookup_resp.lease_id());
           }
         }
         if (!Reply(w, c, h.method, h.id, s, &w->lookup_resp)) return false;
@@ -443,7 +443,7 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
           return malformed(h.id, "unparsable ReleaseRequest");
         }
         m->RecordLocalCall(Rpc::kRelease);
-        absl::Status s = calls_->Release(w->release_req, &w->release_resp);
+        absl::Status s = calls_->Release(c->caller, w->release_req, &w->release_resp);
         if (!Reply(w, c, h.method, h.id, s, &w->release_resp)) return false;
         break;
       }

@@ -9,62 +9,45 @@
 #include "page_cache_internal.h"
 
 namespace oscarkv::service {
-namespace {
-
-std::string KeyHexPrefix(const std::string& bytes) {
-  return HexEncode(reinterpret_cast<const uint8_t*>(bytes.data()),
-                   std::min<size_t>(bytes.size(), 16));
-}
-
-}  // namespace
-
-absl::StatusOr<const PageCache::Codec*> PageCache::FindCodec(const std::string& codec_id) const {
-  if (codec_id.size() != 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("codec_id must be 16 bytes, got ", codec_id.size()));
-  }
+absl::StatusOr<const PageCache::Codec*> PageCache::FindCodec(const CodecId& codec_id) const {
   const size_t n = num_codecs_.load(std::memory_order_acquire);
   for (size_t i = 0; i < n; ++i) {
-    if (std::memcmp(codecs_[i]->id.bytes.data(), codec_id.data(), 16) == 0) return codecs_[i].get();
+    if (codecs_[i]->id == codec_id) return codecs_[i].get();
   }
-  return absl::NotFoundError(absl::StrCat("unknown codec ", KeyHexPrefix(codec_id),
+  return absl::NotFoundError(absl::StrCat("unknown codec ", codec_id.Hex(),
                                           "; register it with RegisterCodec first"));
 }
 
-absl::Status PageCache::Handshake(const pb::HandshakeRequest& req, pb::HandshakeResponse* resp) {
-  if (req.wire_version() != kWireVersion) {
+absl::StatusOr<HandshakeInfo> PageCache::Handshake(const Caller&, const HandshakeArgs& args) {
+  if (args.wire_version != kWireVersion) {
     return absl::FailedPreconditionError(
-        absl::StrCat("wire version mismatch: client speaks ", req.wire_version(),
+        absl::StrCat("wire version mismatch: client speaks ", args.wire_version,
                      ", this daemon speaks ", kWireVersion, "; upgrade the older side"));
   }
-  resp->set_wire_version(kWireVersion);
-  resp->set_server_version(kServerVersion);
-  resp->set_node_id(options_.node_id);
-  resp->set_shm_path(pool_->arena().shm_path());
-  resp->set_shm_bytes(resp->shm_path().empty() ? 0 : pool_->arena().size());
-  resp->set_max_batch(options_.max_batch);
-  return absl::OkStatus();
+  HandshakeInfo info;
+  info.wire_version = kWireVersion;
+  info.server_version = kServerVersion;
+  info.node_id = options_.node_id;
+  info.shm_path = pool_->arena().shm_path();
+  info.shm_bytes = info.shm_path.empty() ? 0 : pool_->arena().size();
+  info.max_batch = options_.max_batch;
+  return info;
 }
 
-absl::Status PageCache::RegisterCodec(const pb::RegisterCodecRequest& req,
-                                      pb::RegisterCodecResponse* resp) {
-  auto converted = proto::FromProto(req.profile());
-  if (!converted.ok()) return converted.status();
-  CodecProfile prof = *std::move(converted);
+absl::StatusOr<CodecRegistration> PageCache::RegisterCodec(const Caller&,
+                                                            const CodecProfile& prof) {
   if (absl::Status s = prof.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("unsupported codec profile: ", s.message()));
   }
   const CodecId id = prof.Id();
   const uint64_t int2 = GeometryFor(prof, PageKind::kInt2).page_bytes();
   const uint64_t bf16 = GeometryFor(prof, PageKind::kBf16).page_bytes();
-  resp->set_codec_id(std::string(reinterpret_cast<const char*>(id.bytes.data()), 16));
-  resp->set_int2_page_bytes(int2);
-  resp->set_bf16_page_bytes(bf16);
+  const CodecRegistration reg{id, int2, bf16};
 
   absl::MutexLock lock(&codec_mu_);
   const size_t n = num_codecs_.load(std::memory_order_acquire);
   for (size_t i = 0; i < n; ++i) {
-    if (codecs_[i]->id == id) return absl::OkStatus();
+    if (codecs_[i]->id == id) return reg;
   }
   if (n >= std::min<size_t>(kMaxCodecs, options_.max_codecs)) {
     return absl::ResourceExhaustedError(
@@ -73,9 +56,10 @@ absl::Status PageCache::RegisterCodec(const pb::RegisterCodecRequest& req,
   auto c = std::make_unique<Codec>();
   c->index = static_cast<uint32_t>(n);
   c->id = id;
-  c->id_bytes = resp->codec_id();
   c->profile = prof;
-  c->profile_proto = req.profile().SerializeAsString();
+  v1::CodecProfile wire;  // the tier persists registrations in their wire form
+  proto::ToProto(prof, &wire);
+  c->profile_proto = wire.SerializeAsString();
   if (tier_ != nullptr) {
     // Persisted before it is usable: no page of a codec reaches the tier unregistered.
     std::vector<std::string> all;
@@ -92,7 +76,7 @@ absl::Status PageCache::RegisterCodec(const pb::RegisterCodecRequest& req,
   c->cls[2] = pool_->SizeClassFor(bf16);
   codecs_[n] = std::move(c);
   num_codecs_.store(n + 1, std::memory_order_release);
-  return absl::OkStatus();
+  return reg;
 }
 
 }  // namespace oscarkv::service

@@ -3,7 +3,6 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "oscarkv/proto/codec_convert.h"
 #include "page_cache_internal.h"
 
 namespace oscarkv::service {
@@ -58,25 +57,18 @@ uint64_t PageCache::InsertLease(Lease lease) {
   return id;
 }
 
-absl::Status PageCache::PublishHandle(const pb::PublishHandleRequest& req,
-                                      pb::PublishHandleResponse* resp) {
-  if (absl::Status s = CheckHandleName(req.handle()); !s.ok()) return s;
-  auto codec = FindCodec(req.codec_id());
+absl::StatusOr<uint64_t> PageCache::PublishHandle(const Caller&,
+                                                  const PublishHandleArgs& args) {
+  if (absl::Status s = CheckHandleName(args.name); !s.ok()) return s;
+  auto codec = FindCodec(args.codec);
   if (!codec.ok()) return codec.status();
-  if (absl::Status s = CheckBatch(req.keys_size(), "keys"); !s.ok()) return s;
-  if (req.metadata().size() > kMaxHandleMetadata) {
-    return absl::InvalidArgumentError(absl::StrCat("handle metadata of ", req.metadata().size(),
+  if (absl::Status s = CheckBatch(args.keys.size(), "keys"); !s.ok()) return s;
+  if (args.metadata.size() > kMaxHandleMetadata) {
+    return absl::InvalidArgumentError(absl::StrCat("handle metadata of ", args.metadata.size(),
                                                    " bytes exceeds ", kMaxHandleMetadata));
   }
-  std::vector<IndexKey> keys(req.keys_size());
-  for (int i = 0; i < req.keys_size(); ++i) {
-    if (req.keys(i).size() != 16) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("keys[", i, "] has ", req.keys(i).size(), " bytes; keys are 16 bytes"));
-    }
-    keys[i].codec = (*codec)->index;
-    std::memcpy(keys[i].key.bytes.data(), req.keys(i).data(), 16);
-  }
+  std::vector<IndexKey> keys(args.keys.size());
+  for (size_t i = 0; i < args.keys.size(); ++i) keys[i] = {(*codec)->index, args.keys[i]};
   auto same_pages = [&](const Handle& h) {
     if (h.codec != (*codec)->index || h.pages.size() != keys.size()) return false;
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -86,14 +78,13 @@ absl::Status PageCache::PublishHandle(const pb::PublishHandleRequest& req,
   };
   {
     absl::MutexLock lock(&handles_mu_);
-    auto it = handles_.find(req.handle());
+    auto it = handles_.find(args.name);
     if (it != handles_.end() && it->second.deadline_ms >= clock_->NowMs()) {
       if (!same_pages(it->second)) {
         return absl::AlreadyExistsError(
-            absl::StrCat("handle '", req.handle(), "' already holds other pages"));
+            absl::StrCat("handle '", args.name, "' already holds other pages"));
       }
-      resp->set_deadline_unix_ms(it->second.deadline_unix_ms);
-      return absl::OkStatus();
+      return it->second.deadline_unix_ms;
     }
     if (handles_.size() >= options_.max_handles) {
       return absl::ResourceExhaustedError(
@@ -102,8 +93,8 @@ absl::Status PageCache::PublishHandle(const pb::PublishHandleRequest& req,
   }
   Handle h;
   h.codec = (*codec)->index;
-  h.codec_id = req.codec_id();
-  h.metadata = req.metadata();
+  h.codec_id = args.codec;
+  h.metadata = args.metadata;
   h.pages.reserve(keys.size());
   h.info.reserve(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -118,15 +109,16 @@ absl::Status PageCache::PublishHandle(const pb::PublishHandleRequest& req,
     h.pages.push_back(p);
     h.info.emplace_back(kind, tokens);
   }
-  uint32_t ttl = req.ttl_ms() == 0 ? options_.default_handle_ttl_ms : req.ttl_ms();
+  uint32_t ttl = args.ttl_ms == 0 ? options_.default_handle_ttl_ms : args.ttl_ms;
   ttl = std::min(ttl, options_.max_handle_ttl_ms);
   h.deadline_ms = clock_->NowMs() + ttl;
   h.deadline_unix_ms = clock_->UnixMs() + ttl;
+  uint64_t deadline_unix_ms = 0;
   Handle replaced;  // an expired handle of the same name not yet reaped
   bool have_replaced = false;
   {
     absl::ReleasableMutexLock lock(&handles_mu_);
-    auto it = handles_.find(req.handle());
+    auto it = handles_.find(args.name);
     if (it != handles_.end()) {
       if (it->second.deadline_ms >= clock_->NowMs()) {
         // A concurrent publish of the same name won.
@@ -136,65 +128,61 @@ absl::Status PageCache::PublishHandle(const pb::PublishHandleRequest& req,
         for (const PinnedPage& q : h.pages) UnpinPage(q);
         if (!same) {
           return absl::AlreadyExistsError(
-              absl::StrCat("handle '", req.handle(), "' already holds other pages"));
+              absl::StrCat("handle '", args.name, "' already holds other pages"));
         }
-        resp->set_deadline_unix_ms(deadline);
-        return absl::OkStatus();
+        return deadline;
       }
       replaced = std::move(it->second);
       have_replaced = true;
       handles_.erase(it);
     }
-    resp->set_deadline_unix_ms(h.deadline_unix_ms);
-    handles_.emplace(req.handle(), std::move(h));
+    deadline_unix_ms = h.deadline_unix_ms;
+    handles_.emplace(args.name, std::move(h));
   }
   if (have_replaced) {
     for (const PinnedPage& q : replaced.pages) UnpinPage(q);
   }
-  return absl::OkStatus();
+  return deadline_unix_ms;
 }
 
-absl::Status PageCache::OpenHandle(const pb::OpenHandleRequest& req,
-                                   pb::OpenHandleResponse* resp) {
-  if (absl::Status s = CheckHandleName(req.handle()); !s.ok()) return s;
+absl::StatusOr<OpenedHandle> PageCache::OpenHandle(const Caller&, const OpenHandleArgs& args) {
+  if (absl::Status s = CheckHandleName(args.name); !s.ok()) return s;
+  OpenedHandle out;
   Lease lease;
   {
     absl::MutexLock lock(&handles_mu_);
-    auto it = handles_.find(req.handle());
+    auto it = handles_.find(args.name);
     if (it == handles_.end() || it->second.deadline_ms < clock_->NowMs()) {
       return absl::NotFoundError(
-          absl::StrCat("handle '", req.handle(), "' is unknown, closed or expired"));
+          absl::StrCat("handle '", args.name, "' is unknown, closed or expired"));
     }
     const Handle& h = it->second;
     // The handle holds its pins, so every page is still allocated: add the lease's own.
     lease.pages = h.pages;
     for (const PinnedPage& p : h.pages) RepinPage(p);
-    resp->set_codec_id(h.codec_id);
-    resp->set_metadata(h.metadata);
-    resp->set_handle_deadline_unix_ms(h.deadline_unix_ms);
+    out.codec = h.codec_id;
+    out.metadata = h.metadata;
+    out.handle_deadline_unix_ms = h.deadline_unix_ms;
+    out.pages.reserve(h.pages.size());
     for (size_t i = 0; i < h.pages.size(); ++i) {
-      pb::PageRef* ref = resp->add_pages();
-      ref->set_key(std::string(reinterpret_cast<const char*>(h.pages[i].key.key.bytes.data()), 16));
-      ref->set_offset(h.pages[i].offset);
-      ref->set_bytes(h.pages[i].page_bytes);
-      ref->set_kind(proto::ToProto(h.info[i].first));
-      ref->set_token_count(h.info[i].second);
+      out.pages.push_back({h.pages[i].key.key, h.pages[i].offset, h.pages[i].page_bytes,
+                           h.info[i].first, h.info[i].second});
     }
   }
-  uint32_t ms = req.lease_ms() == 0 ? options_.default_lease_ms : req.lease_ms();
+  uint32_t ms = args.lease_ms == 0 ? options_.default_lease_ms : args.lease_ms;
   ms = std::min(ms, options_.max_lease_ms);
   lease.deadline_ms = clock_->NowMs() + ms;
-  resp->set_lease_deadline_unix_ms(clock_->UnixMs() + ms);
-  resp->set_lease_id(InsertLease(std::move(lease)));
-  return absl::OkStatus();
+  out.lease_deadline_unix_ms = clock_->UnixMs() + ms;
+  out.lease_id = InsertLease(std::move(lease));
+  return out;
 }
 
-absl::Status PageCache::CloseHandle(const pb::CloseHandleRequest& req, pb::CloseHandleResponse*) {
-  if (absl::Status s = CheckHandleName(req.handle()); !s.ok()) return s;
+absl::Status PageCache::CloseHandle(const Caller&, const std::string& name) {
+  if (absl::Status s = CheckHandleName(name); !s.ok()) return s;
   Handle h;
   {
     absl::MutexLock lock(&handles_mu_);
-    auto it = handles_.find(req.handle());
+    auto it = handles_.find(name);
     if (it == handles_.end()) return absl::OkStatus();
     h = std::move(it->second);
     handles_.erase(it);

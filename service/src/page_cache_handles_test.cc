@@ -7,7 +7,8 @@
 namespace oscarkv::service {
 namespace {
 
-using testing::Key;
+using testing::BKey;
+using testing::Bytes;
 using testing::MakePage;
 using testing::TinyProfile;
 using Code = absl::StatusCode;
@@ -26,109 +27,83 @@ class HandlesTest : public ::testing::Test {
     co.default_handle_ttl_ms = 3000;
     co.max_handle_ttl_ms = 10000;
     cache_ = std::make_unique<PageCache>(pool_.get(), &clock_, co);
-    v1::RegisterCodecRequest req;
-    *req.mutable_profile() = TinyProfile();
-    v1::RegisterCodecResponse resp;
-    ASSERT_TRUE(cache_->RegisterCodec(req, &resp).ok());
-    codec_ = resp.codec_id();
+    auto reg = cache_->RegisterCodec(caller_, testing::ToProfile(TinyProfile()));
+    ASSERT_TRUE(reg.ok());
+    codec_ = reg->id;
     // Store pages 1..3.
-    v1::ReserveRequest rr;
-    rr.set_codec_id(codec_);
+    ReserveArgs rr;
+    rr.codec = codec_;
+    for (uint32_t i = 1; i <= 3; ++i) rr.items.push_back({BKey(i), PageKind::kInt2});
+    auto res = cache_->Reserve(caller_, rr);
+    ASSERT_TRUE(res.ok());
     for (uint32_t i = 1; i <= 3; ++i) {
-      auto* it = rr.add_items();
-      it->set_key(Key(i));
-      it->set_kind(v1::PAGE_KIND_INT2);
+      const std::string page = MakePage(TinyProfile(), PageKind::kInt2, i);
+      ASSERT_TRUE(cache_->WriteChunk(caller_, {res->reservation_id, BKey(i), 0, Bytes(page)}).ok());
     }
-    v1::ReserveResponse res;
-    ASSERT_TRUE(cache_->Reserve(rr, &res).ok());
-    for (uint32_t i = 1; i <= 3; ++i) {
-      v1::WriteChunk c;
-      c.set_reservation_id(res.reservation_id());
-      c.set_key(Key(i));
-      c.set_data(MakePage(TinyProfile(), PageKind::kInt2, i));
-      uint64_t n;
-      ASSERT_TRUE(cache_->WriteChunk(c, &n).ok());
-    }
-    v1::CommitRequest cr;
-    cr.set_reservation_id(res.reservation_id());
-    v1::CommitResponse cresp;
-    ASSERT_TRUE(cache_->Commit(cr, &cresp).ok());
+    CommitArgs cr;
+    cr.reservation_id = res->reservation_id;
+    cr.all_items = true;
+    ASSERT_TRUE(cache_->Commit(caller_, cr).ok());
   }
 
   absl::Status Publish(const std::string& name, std::vector<uint32_t> ids, uint32_t ttl = 0) {
-    v1::PublishHandleRequest req;
-    req.set_codec_id(codec_);
-    req.set_handle(name);
-    for (uint32_t i : ids) req.add_keys(Key(i));
-    req.set_metadata("m-" + name);
-    req.set_ttl_ms(ttl);
-    v1::PublishHandleResponse resp;
-    return cache_->PublishHandle(req, &resp);
+    PublishHandleArgs args;
+    args.codec = codec_;
+    args.name = name;
+    for (uint32_t i : ids) args.keys.push_back(BKey(i));
+    args.metadata = "m-" + name;
+    args.ttl_ms = ttl;
+    return cache_->PublishHandle(caller_, args).status();
   }
-  absl::StatusOr<v1::OpenHandleResponse> Open(const std::string& name) {
-    v1::OpenHandleRequest req;
-    req.set_handle(name);
-    v1::OpenHandleResponse resp;
-    absl::Status s = cache_->OpenHandle(req, &resp);
-    if (!s.ok()) return s;
-    return resp;
+  absl::StatusOr<OpenedHandle> Open(const std::string& name) {
+    return cache_->OpenHandle(caller_, {name, 0});
   }
-  v1::StatsResponse Stats() {
-    v1::StatsResponse st;
-    EXPECT_TRUE(cache_->Stats({}, &st).ok());
-    return st;
+  CacheStats Stats() {
+    auto st = cache_->Stats(caller_);
+    EXPECT_TRUE(st.ok());
+    return st.ok() ? *st : CacheStats{};
   }
 
+  const Caller caller_;
   FakeClock clock_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<PageCache> cache_;
-  std::string codec_;
+  CodecId codec_;
 };
 
 TEST_F(HandlesTest, PublishPinsOpenLeasesCloseUnpins) {
   ASSERT_TRUE(Publish("h", {1, 2, 3}).ok());
-  EXPECT_EQ(Stats().pinned_pages(), 3u);
-  EXPECT_EQ(Stats().handles(), 1u);
+  EXPECT_EQ(Stats().pinned_pages, 3u);
+  EXPECT_EQ(Stats().handles, 1u);
   EXPECT_TRUE(Publish("h", {1, 2, 3}).ok());                            // idempotent
   EXPECT_EQ(Publish("h", {1, 2}).code(), Code::kAlreadyExists);         // other pages
   EXPECT_EQ(Publish("x", {1, 9}).code(), Code::kNotFound);              // 9 not stored
-  EXPECT_EQ(Stats().pinned_pages(), 3u);                                // nothing leaked
+  EXPECT_EQ(Stats().pinned_pages, 3u);                                // nothing leaked
   EXPECT_EQ(Publish("", {1}).code(), Code::kInvalidArgument);
   EXPECT_EQ(Publish(std::string(300, 'a'), {1}).code(), Code::kInvalidArgument);
 
   auto o = Open("h");
   ASSERT_TRUE(o.ok()) << o.status();
-  ASSERT_EQ(o->pages_size(), 3);
-  EXPECT_EQ(o->pages(1).key(), Key(2));
-  EXPECT_EQ(o->metadata(), "m-h");
-  EXPECT_EQ(o->codec_id(), codec_);
-  EXPECT_NE(o->lease_id(), 0u);
+  ASSERT_EQ(o->pages.size(), 3u);
+  EXPECT_EQ(o->pages[1].key, BKey(2));
+  EXPECT_EQ(o->pages[1].token_count, 16u);
+  EXPECT_EQ(o->metadata, "m-h");
+  EXPECT_EQ(o->codec, codec_);
+  EXPECT_NE(o->lease_id, 0u);
   // The lease reads the pages even after the handle is closed and the keys deleted.
-  v1::CloseHandleRequest close;
-  close.set_handle("h");
-  v1::CloseHandleResponse close_resp;
-  ASSERT_TRUE(cache_->CloseHandle(close, &close_resp).ok());
-  ASSERT_TRUE(cache_->CloseHandle(close, &close_resp).ok());
-  v1::DeleteRequest del;
-  del.set_codec_id(codec_);
-  del.add_keys(Key(2));
-  v1::DeleteResponse del_resp;
-  ASSERT_TRUE(cache_->Delete(del, &del_resp).ok());
-  v1::ReadRequest rd;
-  rd.set_lease_id(o->lease_id());
-  auto plan = cache_->PrepareRead(rd);
+  ASSERT_TRUE(cache_->CloseHandle(caller_, "h").ok());
+  ASSERT_TRUE(cache_->CloseHandle(caller_, "h").ok());
+  ASSERT_TRUE(cache_->Delete(caller_, {codec_, {BKey(2)}}).ok());
+  auto plan = cache_->PrepareRead(caller_, {o->lease_id, {}});
   ASSERT_TRUE(plan.ok());
   const std::string want = MakePage(TinyProfile(), PageKind::kInt2, 2);
   ASSERT_EQ((*plan)->pages()[1].bytes, want.size());
   EXPECT_EQ(std::string(reinterpret_cast<const char*>((*plan)->pages()[1].data), want.size()),
             want);
   plan->reset();
-  v1::ReleaseRequest rel;
-  rel.set_lease_id(o->lease_id());
-  v1::ReleaseResponse rel_resp;
-  ASSERT_TRUE(cache_->Release(rel, &rel_resp).ok());
-  EXPECT_EQ(Stats().pinned_pages(), 0u);
-  EXPECT_EQ(Stats().handles(), 0u);
+  ASSERT_TRUE(cache_->Release(caller_, o->lease_id).ok());
+  EXPECT_EQ(Stats().pinned_pages, 0u);
+  EXPECT_EQ(Stats().handles, 0u);
   EXPECT_EQ(Open("h").status().code(), Code::kNotFound);
 }
 
@@ -142,11 +117,11 @@ TEST_F(HandlesTest, ExpiresWithTheClockAndNameIsReusable) {
   ASSERT_TRUE(Publish("h", {3}, 100000).ok());  // ttl capped at 10 s
   clock_.Advance(2000);                        // the opener's 1 s lease is gone too
   cache_->Reap();
-  EXPECT_EQ(Stats().pinned_pages(), 1u);
+  EXPECT_EQ(Stats().pinned_pages, 1u);
   clock_.Advance(9000);
   cache_->Reap();
-  EXPECT_EQ(Stats().pinned_pages(), 0u);
-  EXPECT_EQ(Stats().handles(), 0u);
+  EXPECT_EQ(Stats().pinned_pages, 0u);
+  EXPECT_EQ(Stats().handles, 0u);
 }
 
 }  // namespace

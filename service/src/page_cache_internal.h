@@ -10,12 +10,33 @@ namespace oscarkv::service {
 struct PageCache::Codec {
   uint32_t index = 0;
   CodecId id;
-  std::string id_bytes;
   CodecProfile profile;
   std::string profile_proto;  // the registration, serialized (persisted in the SSD tier)
   uint64_t page_bytes[3] = {0, 0, 0};  // by PageKind value
   absl::StatusOr<SizeClassId> cls[3] = {absl::UnknownError(""), absl::UnknownError(""),
                                         absl::UnknownError("")};
+};
+
+struct PageCache::Reservation {
+  struct Item {
+    IndexKey key;
+    uint64_t gen = 0;
+    uint64_t offset = 0;
+    uint64_t page_bytes = 0;
+    PageKind kind = PageKind::kInt2;
+    bool committed = false;
+    bool released = false;  // aborted, expired or failed
+    bool streamed = false;  // bytes came through WritePages: always verified here at Commit
+  };
+  uint64_t id = 0;
+  const Codec* codec = nullptr;
+  int64_t deadline_ms = 0;
+  // Serializes WritePages copies, Commit verification and Abort/expiry of this reservation, so a
+  // page can never change between its checksum check and its publication.
+  absl::Mutex mu;
+  std::vector<Item> items ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<BlockKey, uint32_t> by_key ABSL_GUARDED_BY(mu);
+  size_t pending ABSL_GUARDED_BY(mu) = 0;
 };
 
 }  // namespace oscarkv::service

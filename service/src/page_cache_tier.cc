@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "oscarkv/proto/codec_convert.h"
 #include "oscarkv/service/page_cache.h"
 #include "oscarkv/service/tier.h"
 #include "page_cache_internal.h"
@@ -25,12 +26,14 @@ absl::Status PageCache::AttachTier(PageTier* tier) {
   if (!saved.ok()) return saved.status();
   // Registered before tier_ is set, so they are not rewritten one by one.
   for (const std::string& bytes : *saved) {
-    pb::RegisterCodecRequest req;
-    if (!req.mutable_profile()->ParseFromString(bytes)) {
+    v1::CodecProfile wire;
+    if (!wire.ParseFromString(bytes)) {
       return absl::DataLossError("the SSD tier's codecs file holds an unreadable profile");
     }
-    pb::RegisterCodecResponse resp;
-    if (absl::Status s = RegisterCodec(req, &resp); !s.ok()) {
+    absl::StatusOr<CodecProfile> profile = proto::FromProto(wire);
+    absl::Status s = profile.status();
+    if (s.ok()) s = RegisterCodec(Caller{}, *profile).status();
+    if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("re-registering a codec the SSD tier holds ",
                                                  "pages of: ", s.message()));
     }
@@ -153,39 +156,40 @@ uint64_t PageCache::DemoteAll(absl::Time deadline) {
   return tier_->counters().demotions.load() - before;
 }
 
-absl::Status PageCache::Stats(const pb::StatsRequest&, pb::StatsResponse* resp) {
-  resp->set_pool_bytes(pool_->capacity_bytes());
-  resp->set_pool_used_bytes(pool_->bytes_used());
-  resp->set_pages(std::max<int64_t>(0, counters_.pages.load()));
-  resp->set_pinned_pages(std::max<int64_t>(0, counters_.pinned_pages.load()));
-  resp->set_leases(std::max<int64_t>(0, counters_.leases.load()));
-  resp->set_reservations(OpenReservations());
-  resp->set_lookups(counters_.lookups.load());
-  resp->set_hits(counters_.hits.load());
-  resp->set_misses(counters_.misses.load());
-  resp->set_evictions(counters_.evictions.load());
-  resp->set_bytes_written(counters_.bytes_written.load());
-  resp->set_bytes_read(counters_.bytes_read.load());
-  resp->set_codecs(static_cast<uint32_t>(codecs()));
-  resp->set_node_id(options_.node_id);
-  resp->set_server_version(kServerVersion);
-  resp->set_handles(OpenHandles());
+absl::StatusOr<CacheStats> PageCache::Stats(const Caller&) {
+  CacheStats st;
+  st.pool_bytes = pool_->capacity_bytes();
+  st.pool_used_bytes = pool_->bytes_used();
+  st.pages = std::max<int64_t>(0, counters_.pages.load());
+  st.pinned_pages = std::max<int64_t>(0, counters_.pinned_pages.load());
+  st.leases = std::max<int64_t>(0, counters_.leases.load());
+  st.reservations = OpenReservations();
+  st.lookups = counters_.lookups.load();
+  st.hits = counters_.hits.load();
+  st.misses = counters_.misses.load();
+  st.evictions = counters_.evictions.load();
+  st.bytes_written = counters_.bytes_written.load();
+  st.bytes_read = counters_.bytes_read.load();
+  st.codecs = static_cast<uint32_t>(codecs());
+  st.node_id = options_.node_id;
+  st.server_version = kServerVersion;
+  st.handles = OpenHandles();
   if (tier_ != nullptr) {
     const tiering::TierStats ts = tier_->store_stats();
     const TierCounters& tc = tier_->counters();
-    resp->set_tier_capacity_bytes(ts.capacity_bytes);
-    resp->set_tier_bytes(ts.used_bytes);
-    resp->set_tier_pages(ts.pages);
-    resp->set_tier_demotions(tc.demotions.load());
-    resp->set_tier_promotions(tc.promotions.load());
-    resp->set_tier_hits(tc.hits.load());
-    resp->set_tier_misses(tc.misses.load());
-    resp->set_tier_demote_drops(tc.demote_drops.load());
-    resp->set_tier_corruptions(tc.corruptions.load());
-    resp->set_tier_evictions(ts.evictions);
-    resp->set_tier_queued_bytes(tier_->queued_bytes());
+    st.tier_capacity_bytes = ts.capacity_bytes;
+    st.tier_bytes = ts.used_bytes;
+    st.tier_pages = ts.pages;
+    st.tier_demotions = tc.demotions.load();
+    st.tier_promotions = tc.promotions.load();
+    st.tier_hits = tc.hits.load();
+    st.tier_misses = tc.misses.load();
+    st.tier_demote_drops = tc.demote_drops.load();
+    st.tier_corruptions = tc.corruptions.load();
+    st.tier_evictions = ts.evictions;
+    st.tier_queued_bytes = tier_->queued_bytes();
   }
-  return absl::OkStatus();
+  return st;
 }
 
 }  // namespace oscarkv::service

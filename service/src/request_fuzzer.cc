@@ -1,5 +1,6 @@
 // libFuzzer target for request validation: every input is one request to one PageCache method
-// (the code behind each RPC), decoded from the bytes a client would send. Byte 0 picks the
+// through the front ends' wire translation (cache_wire.h: the code behind each RPC), decoded
+// from the bytes a client would send. Byte 0 picks the
 // method and a few knobs; the rest is the serialized request message. The cache must never
 // crash, and per-item responses must match their requests one-to-one.
 //
@@ -11,6 +12,7 @@
 #include <memory>
 
 #include "google/protobuf/stubs/logging.h"
+#include "cache_wire.h"
 #include "oscarkv/service/page_cache.h"
 
 namespace {
@@ -53,7 +55,7 @@ struct FuzzState {
     p->set_group_size(32);
     p->set_scale_dtype(1);
     pb::RegisterCodecResponse resp;
-    if (!cache->RegisterCodec(req, &resp).ok()) std::abort();
+    if (!wire::RegisterCodec(*cache, Caller{}, req, &resp).ok()) std::abort();
     codec = resp.codec_id();
   }
 };
@@ -87,17 +89,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const char* body = reinterpret_cast<const char*>(data + 1);
   const int n = static_cast<int>(size - 1);
   PageCache& c = *st->cache;
+  const Caller caller;
   switch (op & 0x0F) {
     case 0: {
       pb::HandshakeRequest r;
       pb::HandshakeResponse out;
-      if (r.ParseFromArray(body, n)) (void)c.Handshake(r, &out);
+      if (r.ParseFromArray(body, n)) (void)wire::Handshake(c, caller, r, &out);
       break;
     }
     case 1: {
       pb::RegisterCodecRequest r;
       pb::RegisterCodecResponse out;
-      if (r.ParseFromArray(body, n)) (void)c.RegisterCodec(r, &out);
+      if (r.ParseFromArray(body, n)) (void)wire::RegisterCodec(c, caller, r, &out);
       break;
     }
     case 2: {
@@ -105,7 +108,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       pb::LookupResponse out;
       if (!r.ParseFromArray(body, n)) break;
       if (use_codec) r.set_codec_id(st->codec);
-      absl::Status s = c.Lookup(r, &out);
+      absl::Status s = wire::Lookup(c, caller, r, &out);
       if (out.lease_id() != 0) st->last_lease = out.lease_id();
       if (s.ok()) {
         Check(out.matched() <= static_cast<uint32_t>(r.keys_size()));
@@ -118,7 +121,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       pb::ReserveResponse out;
       if (!r.ParseFromArray(body, n)) break;
       if (use_codec) r.set_codec_id(st->codec);
-      absl::Status s = c.Reserve(r, &out);
+      absl::Status s = wire::Reserve(c, caller, r, &out);
       CheckItems(s, r.items_size(), out.results_size());
       if (out.reservation_id() != 0) st->last_reservation = out.reservation_id();
       break;
@@ -128,7 +131,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       pb::CommitResponse out;
       if (!r.ParseFromArray(body, n)) break;
       if (r.reservation_id() < 4) r.set_reservation_id(st->last_reservation);
-      absl::Status s = c.Commit(r, &out);
+      absl::Status s = wire::Commit(c, caller, r, &out);
       if (s.ok() && r.keys_size() > 0) Check(out.results_size() == r.keys_size());
       break;
     }
@@ -137,23 +140,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       pb::AbortResponse out;
       if (!r.ParseFromArray(body, n)) break;
       if (r.reservation_id() < 4) r.set_reservation_id(st->last_reservation);
-      Check(c.Abort(r, &out).ok());
+      Check(wire::Abort(c, caller, r, &out).ok());
       break;
     }
     case 6: {
       pb::WriteChunk r;
-      uint64_t written = 0;
       if (!r.ParseFromArray(body, n)) break;
       if (r.reservation_id() < 4) r.set_reservation_id(st->last_reservation);
-      absl::Status s = c.WriteChunk(r, &written);
-      Check(written == (s.ok() ? r.data().size() : 0));
+      absl::StatusOr<uint64_t> written = wire::WriteChunk(c, caller, r);
+      if (written.ok()) Check(*written == r.data().size());
       break;
     }
     case 7: {
       pb::ReadRequest r;
       if (!r.ParseFromArray(body, n)) break;
       if (r.lease_id() < 4) r.set_lease_id(st->last_lease);
-      auto plan = c.PrepareRead(r);
+      auto plan = wire::PrepareRead(c, caller, r);
       if (plan.ok()) {
         uint64_t sum = 0;
         for (const auto& p : (*plan)->pages()) sum += p.data[0] + p.data[p.bytes - 1];
@@ -166,7 +168,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       pb::ReleaseResponse out;
       if (!r.ParseFromArray(body, n)) break;
       if (r.lease_id() < 4) r.set_lease_id(st->last_lease);
-      Check(c.Release(r, &out).ok());
+      Check(wire::Release(c, caller, r, &out).ok());
       break;
     }
     case 9: {
@@ -174,7 +176,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       pb::RenewLeaseResponse out;
       if (!r.ParseFromArray(body, n)) break;
       if (r.lease_id() < 4) r.set_lease_id(st->last_lease);
-      (void)c.RenewLease(r, &out);
+      (void)wire::RenewLease(c, caller, r, &out);
       break;
     }
     case 10: {
@@ -182,7 +184,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       pb::DeleteResponse out;
       if (!r.ParseFromArray(body, n)) break;
       if (use_codec) r.set_codec_id(st->codec);
-      absl::Status s = c.Delete(r, &out);
+      absl::Status s = wire::Delete(c, caller, r, &out);
       CheckItems(s, r.keys_size(), out.results_size());
       break;
     }
@@ -191,13 +193,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       pb::ClearResponse out;
       if (!r.ParseFromArray(body, n)) break;
       if (use_codec) r.set_codec_id(st->codec);
-      (void)c.Clear(r, &out);
+      (void)wire::Clear(c, caller, r, &out);
       break;
     }
     case 12: {
       pb::StatsRequest r;
       pb::StatsResponse out;
-      if (r.ParseFromArray(body, n)) Check(c.Stats(r, &out).ok());
+      if (r.ParseFromArray(body, n)) Check(wire::Stats(c, caller, r, &out).ok());
       Check(out.pool_used_bytes() <= out.pool_bytes());
       break;
     }

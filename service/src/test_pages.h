@@ -3,9 +3,11 @@
 
 #include <cstring>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "oscarkv/kernels/block_key.h"
 #include "oscarkv/kernels/codec_profile.h"
 #include "oscarkv/kernels/page_format.h"
 #include "oscarkv/v1/oscarkv.pb.h"
@@ -82,6 +84,18 @@ inline std::string Key(uint32_t i, uint32_t salt = 0) {
   std::memcpy(k.data(), &a, 8);
   std::memcpy(k.data() + 8, &b, 8);
   return k;
+}
+
+// Key(i, salt) as a BlockKey (the struct API's key type).
+inline BlockKey BKey(uint32_t i, uint32_t salt = 0) {
+  BlockKey b;
+  const std::string k = Key(i, salt);
+  std::memcpy(b.bytes.data(), k.data(), 16);
+  return b;
+}
+
+inline std::span<const uint8_t> Bytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 
 }  // namespace oscarkv::service::testing

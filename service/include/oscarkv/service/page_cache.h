@@ -17,9 +17,11 @@
 // * Pages stay readable while referenced: Delete/Clear/eviction drop the index entry's pool
 //   reference; a lease or an in-flight ReadPages keeps its own until it ends.
 //
-// Methods fill the response and return a Status whose code is the gRPC code of the call; per-
-// item results carry their own codes. Every method is thread-safe and never crashes on any
-// input. Lookup takes one shard lock per key and allocates nothing beyond the response.
+// Methods take plain structs (cache_types.h) and return absl::StatusOr<result> (or a Status
+// where there is no result); the code is the gRPC code of the call, one to one, and per-item
+// results carry their own codes. The front ends translate their wire messages (cache_wire.h).
+// Every method is thread-safe and never crashes on any input. LookupInto takes one shard lock
+// per key and allocates nothing once its result's vector has grown.
 #pragma once
 
 #include <atomic>
@@ -38,15 +40,11 @@
 #include "oscarkv/kernels/block_key.h"
 #include "oscarkv/kernels/codec_profile.h"
 #include "oscarkv/kernels/page_format.h"
+#include "oscarkv/service/cache_types.h"
+#include "oscarkv/service/caller.h"
 #include "oscarkv/util/clock.h"
-#include "oscarkv/v1/oscarkv.pb.h"
 
 namespace oscarkv::service {
-
-namespace pb = ::oscarkv::v1;
-
-inline constexpr uint32_t kWireVersion = pb::WIRE_VERSION_1;
-inline constexpr const char* kServerVersion = "oscarkvd 0.1.0";
 
 struct CacheOptions {
   uint32_t max_batch = 4096;
@@ -105,25 +103,41 @@ class PageCache {
   PageCache(const PageCache&) = delete;
   PageCache& operator=(const PageCache&) = delete;
 
-  absl::Status Handshake(const pb::HandshakeRequest& req, pb::HandshakeResponse* resp);
-  absl::Status RegisterCodec(const pb::RegisterCodecRequest& req, pb::RegisterCodecResponse* resp);
-  absl::Status Lookup(const pb::LookupRequest& req, pb::LookupResponse* resp);
-  absl::Status Reserve(const pb::ReserveRequest& req, pb::ReserveResponse* resp);
-  absl::Status Commit(const pb::CommitRequest& req, pb::CommitResponse* resp);
-  absl::Status Abort(const pb::AbortRequest& req, pb::AbortResponse* resp);
-  // One chunk of WritePages; *written = bytes copied.
-  absl::Status WriteChunk(const pb::WriteChunk& chunk, uint64_t* written);
-  absl::StatusOr<std::unique_ptr<ReadPlan>> PrepareRead(const pb::ReadRequest& req);
-  absl::Status Release(const pb::ReleaseRequest& req, pb::ReleaseResponse* resp);
-  absl::Status RenewLease(const pb::RenewLeaseRequest& req, pb::RenewLeaseResponse* resp);
-  absl::Status Delete(const pb::DeleteRequest& req, pb::DeleteResponse* resp);
-  absl::Status Clear(const pb::ClearRequest& req, pb::ClearResponse* resp);
-  absl::Status Stats(const pb::StatsRequest& req, pb::StatsResponse* resp);
+  // Every call takes the Caller first (caller.h). Arguments and results: cache_types.h.
+  absl::StatusOr<HandshakeInfo> Handshake(const Caller& caller, const HandshakeArgs& args);
+  // Idempotent: registering a profile again returns the same id.
+  absl::StatusOr<CodecRegistration> RegisterCodec(const Caller& caller,
+                                                  const CodecProfile& profile);
+  absl::StatusOr<LookupResult> Lookup(const Caller& caller, const LookupQuery& query);
+  // The same as Lookup, into `out` (cleared first; its vector's capacity is reused, so a caller
+  // that keeps one LookupResult per thread allocates nothing per call).
+  absl::Status LookupInto(const Caller& caller, const LookupQuery& query, LookupResult* out);
+  absl::StatusOr<ReserveResult> Reserve(const Caller& caller, const ReserveArgs& args);
+  // One result per committed item (every item of the reservation, or `keys` in order).
+  absl::StatusOr<std::vector<absl::Status>> Commit(const Caller& caller, const CommitArgs& args);
+  // Idempotent: OK for an unknown reservation.
+  absl::Status Abort(const Caller& caller, uint64_t reservation_id);
+  // One chunk of WritePages into a reserved slot; returns the bytes copied.
+  absl::StatusOr<uint64_t> WriteChunk(const Caller& caller, const WriteChunkArgs& args);
+  absl::StatusOr<std::unique_ptr<ReadPlan>> PrepareRead(const Caller& caller,
+                                                        const ReadArgs& args);
+  // Idempotent: OK for an unknown lease.
+  absl::Status Release(const Caller& caller, uint64_t lease_id);
+  // Returns the lease's new deadline (unix ms).
+  absl::StatusOr<uint64_t> RenewLease(const Caller& caller, const RenewLeaseArgs& args);
+  // One result per key: OK, NOT_FOUND, or FAILED_PRECONDITION (pinned: removed from the index,
+  // its memory freed when the lease ends).
+  absl::StatusOr<std::vector<absl::Status>> Delete(const Caller& caller, const DeleteArgs& args);
+  // Returns the pages removed (an unknown codec removes none).
+  absl::StatusOr<uint64_t> Clear(const Caller& caller, const ClearArgs& args);
+  absl::StatusOr<CacheStats> Stats(const Caller& caller);
   // Transfer handles: see the proto for the contract. A handle pins its pages (entry pins and
   // pool references) until CloseHandle or its deadline (Reap); OpenHandle adds a lease.
-  absl::Status PublishHandle(const pb::PublishHandleRequest& req, pb::PublishHandleResponse* resp);
-  absl::Status OpenHandle(const pb::OpenHandleRequest& req, pb::OpenHandleResponse* resp);
-  absl::Status CloseHandle(const pb::CloseHandleRequest& req, pb::CloseHandleResponse* resp);
+  // Publish returns the handle's deadline (unix ms); publishing the same pages again is OK.
+  absl::StatusOr<uint64_t> PublishHandle(const Caller& caller, const PublishHandleArgs& args);
+  absl::StatusOr<OpenedHandle> OpenHandle(const Caller& caller, const OpenHandleArgs& args);
+  // Idempotent: OK for an unknown handle.
+  absl::Status CloseHandle(const Caller& caller, const std::string& name);
   size_t OpenHandles() const;
 
   // Expires leases and reservations whose deadline has passed (the reaper thread calls this).
@@ -145,6 +159,8 @@ class PageCache {
   CacheCounters& mutable_counters() { return counters_; }
   const PagePool& pool() const { return *pool_; }
   const CacheOptions& options() const { return options_; }
+  // INVALID_ARGUMENT when a batch of `n` `what`s exceeds max_batch.
+  absl::Status CheckBatch(size_t n, const char* what) const;
   size_t codecs() const { return num_codecs_.load(std::memory_order_acquire); }
   // Reservations that still have uncommitted slots.
   size_t OpenReservations() const;
@@ -198,7 +214,7 @@ class PageCache {
   };
   struct Handle {
     uint32_t codec = 0;
-    std::string codec_id;
+    CodecId codec_id;
     int64_t deadline_ms = 0;
     uint64_t deadline_unix_ms = 0;
     std::string metadata;
@@ -211,8 +227,7 @@ class PageCache {
     absl::flat_hash_map<uint64_t, std::shared_ptr<Reservation>> map ABSL_GUARDED_BY(mu);
   };
 
-  absl::StatusOr<const Codec*> FindCodec(const std::string& codec_id) const;
-  absl::Status CheckBatch(size_t n, const char* what) const;
+  absl::StatusOr<const Codec*> FindCodec(const CodecId& codec_id) const;
   Shard& ShardFor(const IndexKey& k);
   LeaseShard& LeaseShardFor(uint64_t id) { return lease_shards_[id % kLeaseShards]; }
   ReservationShard& ResShardFor(uint64_t id) { return res_shards_[id % kLeaseShards]; }
