@@ -21,7 +21,7 @@ case "$target" in
 esac
 command -v clang++ >/dev/null || { echo "clang++ not found (apt-get install clang libclang-rt-14-dev)" >&2; exit 2; }
 dir=${FUZZ_BUILD_DIR:-build-fuzz}
-san="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer"
+san="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DOSCARKV_ENABLE_CUDA=OFF \
   -DOSCARKV_BUILD_BENCHMARKS=OFF -DCMAKE_C_FLAGS="$san" -DCMAKE_CXX_FLAGS="$san" >/dev/null

@@ -351,7 +351,7 @@ bool LocalControlServer::Reply(Worker* w, Conn* c, uint16_t method, uint64_t id,
   w->out.resize(total);
   char* p = w->out.data();
   std::memcpy(p, &h, sizeof(h));
-  std::memcpy(p + sizeof(h), text.data(), h.message_bytes);
+  if (h.message_bytes > 0) std::memcpy(p + sizeof(h), text.data(), h.message_bytes);
   if (body > 0) {
     msg->SerializeWithCachedSizesToArray(
         reinterpret_cast<uint8_t*>(p + sizeof(h) + h.message_bytes));
