@@ -195,5 +195,88 @@ TEST(StoreTruthTest, StreamedPagesAreVerifiedWhateverTheWriterClaims) {
   EXPECT_EQ(c->Lookup(codec, keys)->matched, 0u);
 }
 
+// The daemon hashes WritePages chunks in its copy into the slot (one pass): a byte corrupted in
+// flight -- in the third of several chunks, after the header went through intact -- is still
+// DATA_LOSS at Commit, and the correct page sent again (in order, or out of order, which the
+// daemon verifies with a second pass) stores and loads byte-identical.
+TEST(StoreTruthTest, OnePassWritePagesCatchesAByteCorruptedInFlight) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  auto c = Connect(daemon->address());
+  ASSERT_NE(c, nullptr);
+  const client::Codec codec = RegisterRefmodel(*c);
+  const auto keys = client::Client::BlockKeys(codec, Tokens(27, 2 * codec.profile.page_tokens));
+  ASSERT_EQ(keys.size(), 2u);
+  const std::vector<uint8_t> pages[2] = {MakePage(codec.profile, PageKind::kInt2, 11),
+                                         MakePage(codec.profile, PageKind::kInt2, 12)};
+  auto stub = pb::KvCache::NewStub(
+      grpc::CreateChannel(daemon->address(), grpc::InsecureChannelCredentials()));
+  auto reserve = [&](int k) {
+    pb::ReserveRequest rq;
+    rq.set_codec_id(Bytes(codec.id.bytes));
+    auto* item = rq.add_items();
+    item->set_key(Bytes(keys[k].bytes));
+    item->set_kind(pb::PAGE_KIND_INT2);
+    pb::ReserveResponse rr;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub->Reserve(&ctx, rq, &rr).ok());
+    EXPECT_EQ(rr.results(0).status().code(), 0) << rr.results(0).status().message();
+    return rr.reservation_id();
+  };
+  // Sends page k in 8 chunks (in `order`), flipping one byte of chunk `corrupt_chunk` in flight.
+  auto write = [&](uint64_t res, int k, std::vector<int> order, int corrupt_chunk) {
+    const std::vector<uint8_t>& page = pages[k];
+    const size_t piece = (page.size() + 7) / 8;
+    grpc::ClientContext ctx;
+    pb::WriteResponse wr;
+    auto w = stub->WritePages(&ctx, &wr);
+    for (int i : order) {
+      const size_t off = i * piece;
+      const size_t n = std::min(piece, page.size() - off);
+      pb::WriteChunk chunk;
+      chunk.set_reservation_id(res);
+      chunk.set_key(Bytes(keys[k].bytes));
+      chunk.set_offset(off);
+      chunk.set_data(page.data() + off, n);
+      if (i == corrupt_chunk) (*chunk.mutable_data())[n / 2] ^= 0x10;
+      EXPECT_TRUE(w->Write(chunk));
+    }
+    w->WritesDone();
+    EXPECT_TRUE(w->Finish().ok());
+    EXPECT_EQ(wr.bytes_written(), page.size());
+  };
+  auto commit = [&](uint64_t res) {
+    pb::CommitRequest cq;
+    cq.set_reservation_id(res);
+    pb::CommitResponse cr;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub->Commit(&ctx, cq, &cr).ok());
+    EXPECT_EQ(cr.results_size(), 1);
+    return cr.results_size() == 1 ? absl::StatusCode(cr.results(0).code())
+                                  : absl::StatusCode::kUnknown;
+  };
+  const std::vector<int> in_order = {0, 1, 2, 3, 4, 5, 6, 7};
+  const std::vector<int> shuffled = {4, 5, 6, 7, 0, 1, 2, 3};
+  uint64_t res = reserve(0);
+  write(res, 0, in_order, /*corrupt_chunk=*/2);
+  EXPECT_EQ(commit(res), absl::StatusCode::kDataLoss);
+  res = reserve(1);
+  write(res, 1, shuffled, /*corrupt_chunk=*/6);
+  EXPECT_EQ(commit(res), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(c->Lookup(codec, keys)->matched, 0u);
+
+  res = reserve(0);
+  write(res, 0, in_order, -1);
+  EXPECT_EQ(commit(res), absl::StatusCode::kOk);
+  res = reserve(1);
+  write(res, 1, shuffled, -1);
+  EXPECT_EQ(commit(res), absl::StatusCode::kOk);
+  auto loaded = c->Load(codec, keys);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->matched, 2u);
+  EXPECT_TRUE(loaded->pages[0] == pages[0]);
+  EXPECT_TRUE(loaded->pages[1] == pages[1]);
+}
+
 }  // namespace
 }  // namespace oscarkv::testing

@@ -1,8 +1,10 @@
 // Definitions shared by the PageCache source files (not part of the public header).
 #pragma once
 
+#include <memory>
 #include <string>
 
+#include "oscarkv/kernels/page_checksum.h"
 #include "oscarkv/service/page_cache.h"
 
 namespace oscarkv::service {
@@ -27,6 +29,12 @@ struct PageCache::Reservation {
     bool committed = false;
     bool released = false;  // aborted, expired or failed
     bool streamed = false;  // bytes came through WritePages: always verified here at Commit
+    // WritePages hashes each chunk in its copy (page_checksum.h) while the page arrives in
+    // order from offset 0: once `hash` has seen every byte, Commit compares its digest instead
+    // of reading the page again. A chunk out of order (a gap, a rewrite) drops it, and Commit
+    // hashes the whole slot as before.
+    std::unique_ptr<PageChecksummer> hash;
+    bool hash_broken = false;
   };
   uint64_t id = 0;
   const Codec* codec = nullptr;

@@ -101,7 +101,7 @@ absl::StatusOr<ReserveResult> PageCache::Reserve(const Caller&, const ReserveArg
     ri.page_bytes = codec->page_bytes[kind_index];
     ri.kind = kind;
     res->by_key.emplace(k.key, static_cast<uint32_t>(res->items.size()));
-    res->items.push_back(ri);
+    res->items.push_back(std::move(ri));
     ++res->pending;
     counters_.reserved.fetch_add(1, std::memory_order_relaxed);
     counters_.reserved_pages.fetch_add(1, std::memory_order_relaxed);
@@ -141,14 +141,22 @@ absl::StatusOr<std::vector<absl::Status>> PageCache::Commit(const Caller&,
     if (item.committed) return absl::OkStatus();
     if (item.released) return absl::NotFoundError("slot was released (aborted or expired)");
     const std::span<const uint8_t> page(pool_->Data(item.offset), item.page_bytes);
-    // The client library hashes shared-memory pages in its copy and commits only those that
-    // matched (checksums_verified): no second pass over the bytes here. The header is checked
-    // either way, and every load verifies the checksum again on the reader's side.
-    const bool verify = !args.checksums_verified || item.streamed;
+    // One pass over the bytes per side: the client library hashes shared-memory pages in its
+    // copy and commits only those that matched (checksums_verified), and WritePages hashed
+    // streamed pages in its copy into the slot (item.hash) -- neither is read again here. A page
+    // with neither (a stream out of order, a client that did not verify) is hashed now. The
+    // header is checked either way, and every load verifies the checksum again on the reader's
+    // side.
+    const bool hashed_in_copy = item.streamed && !item.hash_broken && item.hash != nullptr &&
+                                item.hash->offset() == item.page_bytes;
+    const bool verify = !hashed_in_copy && (!args.checksums_verified || item.streamed);
+    if (verify) counters_.commit_rehashes.fetch_add(1, std::memory_order_relaxed);
     auto hdr = ParsePageHeader(page, res->codec->profile, verify);
     absl::Status bad;
     if (!hdr.ok()) {
       bad = hdr.status();
+    } else if (hashed_in_copy && item.hash->Digest() != hdr->checksum) {
+      bad = absl::DataLossError("page checksum mismatch: the page is corrupt");
     } else if (hdr->kind != static_cast<uint8_t>(item.kind)) {
       bad = absl::InvalidArgumentError(absl::StrCat(
           "page is ", PageKindName(static_cast<PageKind>(hdr->kind)),
@@ -156,6 +164,7 @@ absl::StatusOr<std::vector<absl::Status>> PageCache::Commit(const Caller&,
     } else {
       bad = CheckUnusedSlotsZero(page, *hdr);
     }
+    item.hash.reset();  // verified or not, the page is done with it
     if (!bad.ok()) {
       // A page that fails verification frees its slot and key at once: nothing of it stays
       // behind for a later Reserve of the key to mistake for a stored page.
@@ -215,6 +224,7 @@ void PageCache::ReleaseItemLocked(Reservation& res, uint32_t i) {
   Reservation::Item& item = res.items[i];
   if (item.committed || item.released) return;
   item.released = true;
+  item.hash.reset();
   --res.pending;
   bool erased = false;
   {
@@ -286,8 +296,25 @@ absl::StatusOr<uint64_t> PageCache::WriteChunk(const Caller&, const WriteChunkAr
                                               chunk.offset, " runs past the ", item.page_bytes,
                                               "-byte page"));
   }
-  if (size > 0) std::memcpy(pool_->Data(item.offset) + chunk.offset, chunk.data.data(), size);
   item.streamed = true;
+  if (size == 0) return size;
+  uint8_t* dst = pool_->Data(item.offset) + chunk.offset;
+  const uint64_t hashed = item.hash == nullptr ? 0 : item.hash->offset();
+  if (!item.hash_broken && chunk.offset == hashed) {
+    // In order: copy and hash in cache-sized pieces, each hashed right after it was written
+    // (the destination bytes, still in L2), so the page is read from memory once.
+    if (item.hash == nullptr) item.hash = std::make_unique<PageChecksummer>();
+    for (uint64_t done = 0; done < size;) {
+      const uint64_t n = std::min<uint64_t>(kChecksumChunkBytes, size - done);
+      std::memcpy(dst + done, chunk.data.data() + done, n);
+      item.hash->Update(std::span<const uint8_t>(dst + done, n));
+      done += n;
+    }
+  } else {
+    item.hash_broken = true;  // Commit hashes the whole slot
+    item.hash.reset();
+    std::memcpy(dst, chunk.data.data(), size);
+  }
   counters_.bytes_written.fetch_add(size, std::memory_order_relaxed);
   return size;
 }

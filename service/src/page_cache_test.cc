@@ -1,9 +1,11 @@
 #include "oscarkv/service/page_cache.h"
 
+#include <cstddef>
 #include <set>
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "oscarkv/kernels/page_checksum.h"
 #include "test_pages.h"
 
 namespace oscarkv::service {
@@ -602,6 +604,62 @@ TEST_F(PageCacheTest, CommitRefusesNonZeroReservedFieldsAndUnusedSlots) {
   EXPECT_TRUE(c[2].ok()) << c[2];
   EXPECT_EQ(Lookup({BKey(3)}, false).matched, 1u);
   EXPECT_EQ(Lookup({BKey(2)}, false).matched, 0u);
+}
+
+// WritePages hashes each chunk in its copy into the slot while the page arrives in order, and
+// Commit compares that digest; out of order or rewritten, Commit hashes the slot itself. Either
+// way a byte corrupted in any chunk is DATA_LOSS and the correct page then stores.
+TEST_F(PageCacheTest, StreamedPagesAreHashedInTheirCopy) {
+  Init(16 << 20, 4);
+  v1::CodecProfile big = TinyProfile("big");
+  big.set_num_layers(36);
+  big.set_num_kv_heads(8);
+  codec_ = Register(big);
+  const std::string good = MakePage(big, PageKind::kInt2, 3);
+  ASSERT_GT(good.size(), kChecksumChunkBytes);  // a one-chunk write is hashed in pieces
+  // Writes `page` to key k in `parts` chunks taken in `order`, through a fresh reservation.
+  auto store = [&](uint32_t k, std::string page, std::vector<int> order, int parts) {
+    auto r = Reserve({BKey(k)});
+    EXPECT_TRUE(r.items[0].status.ok()) << r.items[0].status;
+    const size_t piece = (page.size() + parts - 1) / parts;
+    for (int i : order) {
+      const size_t off = i * piece;
+      EXPECT_TRUE(Write(r.reservation_id, BKey(k), page.substr(off, piece), off).ok());
+    }
+    return Commit(r.reservation_id)[0];
+  };
+  std::string corrupt = good;
+  corrupt[good.size() / 2 + 5] ^= 0x04;
+  std::string bad_sum = good;
+  bad_sum[offsetof(PageHeader, checksum)] ^= 0x01;
+  auto rehashes = [&] { return cache_->counters().commit_rehashes.load(); };
+  EXPECT_EQ(store(1, corrupt, {0, 1, 2}, 3).code(), Code::kDataLoss);  // in order
+  EXPECT_EQ(store(1, bad_sum, {0, 1}, 2).code(), Code::kDataLoss);     // the stored sum
+  EXPECT_EQ(rehashes(), 0u);  // both caught by the digest of the copy
+  EXPECT_EQ(store(1, corrupt, {2, 0, 1}, 3).code(), Code::kDataLoss);  // out of order
+  EXPECT_EQ(rehashes(), 1u);
+  EXPECT_EQ(Lookup({BKey(1)}, false).matched, 0u);
+  ASSERT_TRUE(store(1, good, {0, 1, 2}, 3).ok());
+  ASSERT_TRUE(store(3, good, {0}, 1).ok());
+  EXPECT_EQ(rehashes(), 1u);  // one pass each
+  ASSERT_TRUE(store(2, good, {1, 0}, 2).ok());
+  EXPECT_EQ(rehashes(), 2u);
+  // In order, then a chunk rewritten with a flipped byte: the copy's digest no longer covers
+  // the slot, so Commit hashes it, and refuses it.
+  auto r = Reserve({BKey(4)});
+  ASSERT_TRUE(Write(r.reservation_id, BKey(4), good).ok());
+  ASSERT_TRUE(Write(r.reservation_id, BKey(4), corrupt.substr(1000), 1000).ok());
+  EXPECT_EQ(Commit(r.reservation_id)[0].code(), Code::kDataLoss);
+  // Corrupt first, then the whole page again from offset 0: the rewrite is what commits.
+  r = Reserve({BKey(5)});
+  ASSERT_TRUE(Write(r.reservation_id, BKey(5), corrupt).ok());
+  ASSERT_TRUE(Write(r.reservation_id, BKey(5), good).ok());
+  EXPECT_TRUE(Commit(r.reservation_id)[0].ok());
+  auto hit = Lookup({BKey(1), BKey(2), BKey(3), BKey(4), BKey(5)}, true);
+  ASSERT_EQ(hit.matched, 3u);
+  for (const PageRef& p : hit.pages) EXPECT_EQ(PageAt(p.offset, p.bytes), good);
+  EXPECT_EQ(Lookup({BKey(5)}, false).matched, 1u);
+  ReleaseLease(hit.lease_id);
 }
 
 }  // namespace

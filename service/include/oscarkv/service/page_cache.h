@@ -66,6 +66,9 @@ struct CacheCounters {
   std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
   std::atomic<uint64_t> reserved{0}, dedup_rejects{0}, in_progress_rejects{0}, reserve_failures{0};
   std::atomic<uint64_t> commits{0}, commit_failures{0}, aborted_pages{0};
+  // Pages whose checksum Commit computed by reading the slot again (a second pass): streamed
+  // out of order, or shared-memory pages the client did not verify in its copy.
+  std::atomic<uint64_t> commit_rehashes{0};
   std::atomic<uint64_t> leases_expired{0}, reservations_expired{0}, deletes{0};
   // gauges
   std::atomic<int64_t> pages{0}, reserved_pages{0}, pinned_pages{0}, leases{0};
