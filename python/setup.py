@@ -13,6 +13,10 @@ from setuptools.command.build_py import build_py
 class BuildPyWithLibrary(build_py):
     def run(self):
         super().run()
+        self.bundle_client()
+        self.bundle_kernels()
+
+    def bundle_client(self):
         src = os.environ.get("OSCARKV_LIBRARY")
         if not src and os.environ.get("OSCARKV_BUILD_DIR"):
             src = str(Path(os.environ["OSCARKV_BUILD_DIR"]) / "client" / "liboscarkv_c.so")
@@ -27,6 +31,18 @@ class BuildPyWithLibrary(build_py):
         dst.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dst / "liboscarkv_c.so")
         print("oscarkv: bundled %s" % src)
+
+    def bundle_kernels(self):
+        # liboscarkv_cuda_c.so (the kernels' C ABI for oscarkv.torch), when the build has CUDA.
+        src = os.environ.get("OSCARKV_CUDA_LIBRARY")
+        if not src and os.environ.get("OSCARKV_BUILD_DIR"):
+            src = str(Path(os.environ["OSCARKV_BUILD_DIR"]) / "kernels" / "cuda" / "capi" /
+                      "liboscarkv_cuda_c.so")
+        if src and Path(src).is_file():
+            dst = Path(self.build_lib) / "oscarkv" / "_lib"
+            dst.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / "liboscarkv_cuda_c.so")
+            print("oscarkv: bundled %s" % src)
 
 
 setup(cmdclass={"build_py": BuildPyWithLibrary})

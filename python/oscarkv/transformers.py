@@ -15,7 +15,7 @@ loads them into the cache's slots instead of recomputing them (prefix hit), and 
 prompt its full pages are stored. Batches must be unpadded (every row the same length).
 """
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 from transformers import AttentionInterface

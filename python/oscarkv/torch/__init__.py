@@ -6,13 +6,23 @@
     cache.reset(batch); cache.begin_step([1] * batch)
     for layer in ...: cache.write(layer, k, v); out = cache.decode(layer, q)
 
-The ops (torch.ops.oscarkv.quantize_write / paged_decode / paged_extend) are registered on
-import; see ops.py. They call liboscarkv_cuda_c.so (the kernels' C ABI) through ctypes on the
-current CUDA stream, so CUDA graphs capture them and torch.compile traces them (fake impls).
+The ops (torch.ops.oscarkv.quantize_write / paged_decode / paged_extend) are registered when
+this package's names are first used; see ops.py. They call liboscarkv_cuda_c.so (the kernels'
+C ABI, _capi.py, which alone needs no PyTorch) through ctypes on the current CUDA stream, so CUDA
+graphs capture them and torch.compile traces them (fake impls).
 """
-from .cache import KVCodec, PagedKVCache
-from .ops import (BF16, INT2, ExtendPlan, PagedDecoder, page_bytes, paged_decode, paged_extend,
-                  prepare_rotations, quantize_write)
+import importlib
+from typing import Any
 
-__all__ = ["BF16", "INT2", "ExtendPlan", "KVCodec", "PagedDecoder", "PagedKVCache", "page_bytes",
-           "paged_decode", "paged_extend", "prepare_rotations", "quantize_write"]
+_NAMES = {"KVCodec": "cache", "PagedKVCache": "cache", "BF16": "ops", "INT2": "ops",
+          "ExtendPlan": "ops", "PagedDecoder": "ops", "page_bytes": "ops", "paged_decode": "ops",
+          "paged_extend": "ops", "prepare_rotations": "ops", "quantize_write": "ops"}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: import torch only when a torch name is used
+    mod = _NAMES.get(name)
+    if mod is None:
+        raise AttributeError("module 'oscarkv.torch' has no attribute %r" % name)
+    return getattr(importlib.import_module("." + mod, __name__), name)

@@ -13,7 +13,6 @@ Slots: the pool holds `bf16_slots` BF16 pages then `int2_slots` INT2 pages (each
 fixed, so the page table's kinds never change); page-table entry i is slot i. Loaded pages
 (load_pages) are copied into slots as they are -- INT2 pages stay INT2.
 """
-import math
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
@@ -145,7 +144,7 @@ class PagedKVCache:
         self.page_ptrs = torch.tensor(addrs, dtype=torch.int64, device=dev)
         self.kinds_host = bytes([BF16] * bf16_slots + [INT2] * int2_slots)
         self.page_kinds = torch.tensor(list(self.kinds_host), dtype=torch.uint8, device=dev)
-        self.counts_host = torch.zeros(self.num_slots, dtype=torch.int16)
+        self.counts = [0] * self.num_slots  # valid tokens of each slot (host copy)
         self.page_token_counts = torch.zeros(self.num_slots, dtype=torch.int16, device=dev)
         self.prefix_token_counts = torch.zeros(self.num_slots, dtype=torch.int16, device=dev)
         self.seq_page_indptr = torch.zeros(max_seqs + 1, dtype=torch.int32, device=dev)
@@ -155,7 +154,6 @@ class PagedKVCache:
         self.q_indptr = torch.zeros(max_seqs + 1, dtype=torch.int32, device=dev)
         self.dst_page = torch.zeros(max_step_tokens, dtype=torch.int32, device=dev)
         self.dst_slot = torch.zeros(max_step_tokens, dtype=torch.int32, device=dev)
-        L, H, d = codec.num_layers, codec.num_kv_heads, codec.head_dim
         self.rotations = codec.matrices.to(dev).contiguous()
         self.clips = codec.clips.to(dev).contiguous()
         self.range_modes = None if codec.range_modes is None else codec.range_modes.to(dev).contiguous()
@@ -168,9 +166,11 @@ class PagedKVCache:
         self._free_int2 = list(range(self.num_slots - 1, bf16_slots - 1, -1))
         self.pages: List[List[int]] = [[] for _ in range(max_seqs)]
         self.lengths = [0] * max_seqs
+        self._settled = [0] * max_seqs  # leading pages known to be sink or INT2 history
         self.active = 0  # sequences of the current batch: 0..active-1
         self._decoder = None
         self._extend = None
+        self._qbuf: Optional[torch.Tensor] = None
         self._step_new: List[int] = []
         self._step_total = 0
         self._step_max_new = 0
@@ -186,6 +186,7 @@ class PagedKVCache:
                 self._free(s)
             self.pages[b] = []
             self.lengths[b] = 0
+            self._settled[b] = 0
         self.active = num_seqs
 
     def _alloc(self, kind: int) -> int:
@@ -196,7 +197,7 @@ class PagedKVCache:
         return free.pop()
 
     def _free(self, slot: int) -> None:
-        self.counts_host[slot] = 0
+        self.counts[slot] = 0
         (self._free_bf16 if slot < self.n_bf16 else self._free_int2).append(slot)
 
     def _kind(self, slot: int) -> int:
@@ -216,58 +217,59 @@ class PagedKVCache:
         total = sum(new_tokens)
         if total > self.max_step_tokens:
             raise ValueError("step of %d tokens (max_step_tokens %d)" % (total, self.max_step_tokens))
+        counts = self.counts
         flushes: List[Tuple[int, int]] = []
-        dst_page, dst_slot = [], []
-        prefix_counts = {}
-        pids, pindptr = [], [0]
+        dst_page: List[int] = []
+        dst_slot: List[int] = []
+        pcounts = list(counts)
+        pids: List[int] = []
+        pindptr, ids, indptr, q_indptr = [0], [], [0], [0]
         for b, m in enumerate(new_tokens):
             n0, n1 = self.lengths[b], self.lengths[b] + m
             if n1 > self.max_seq_tokens:
                 raise ValueError("sequence %d would reach %d tokens (max_seq_tokens %d)"
                                  % (b, n1, self.max_seq_tokens))
             pages = self.pages[b]
-            for i, s in enumerate(pages):  # flush complete BF16 pages that became history
-                if s < self.n_bf16 and c.is_int2_page(i, n1) and (i + 1) * T <= n0:
+            # Flush the complete BF16 pages that the plan for n1 makes history (in order).
+            i = max(self._settled[b], c.sink_pages)
+            while i < len(pages) and c.is_int2_page(i, n1):
+                if pages[i] < self.n_bf16:
+                    if (i + 1) * T > n0:
+                        break  # holds rows of this step: flushed by a later step
                     d = self._alloc(INT2)
-                    flushes.append((s, d))
+                    flushes.append((pages[i], d))
                     pages[i] = d
-                    self.counts_host[d] = T
-            for i, s in enumerate(pages):
-                prefix_counts[s] = min(T, max(0, n0 - i * T))
-                if prefix_counts[s] > 0:
-                    pids.append(s)
+                    counts[d] = pcounts[d] = T
+                i += 1
+            self._settled[b] = i
+            first = n0 // T  # pages before it are full and untouched by this step
+            for i in range(first, len(pages)):
+                pcounts[pages[i]] = max(0, n0 - i * T)
+            pids += pages[:-(-n0 // T)]
             pindptr.append(len(pids))
             for p in range(n0, n1):
                 i = p // T
                 if i == len(pages):
                     direct = c.is_int2_page(i, n1) and i * T >= n0
                     pages.append(self._alloc(INT2 if direct else BF16))
-                    prefix_counts[pages[i]] = 0
+                    pcounts[pages[i]] = 0
                 dst_page.append(pages[i])
                 dst_slot.append(p % T)
-            for i in range(n0 // T, len(pages)):
-                self.counts_host[pages[i]] = min(T, n1 - i * T)
+            for i in range(first, len(pages)):
+                counts[pages[i]] = min(T, n1 - i * T)
             self.lengths[b] = n1
-        dev = self.device
-        nb = non_blocking = dev.type == "cuda"
+            ids += pages
+            indptr.append(len(ids))
+            q_indptr.append(q_indptr[-1] + m)
         # Flushes read rows written in earlier steps (stream order), before this step's writes.
         for src, dst in flushes:
             self._flush(src, dst)
             self._free(src)
-        ids, indptr = [], [0]
-        for b in range(self.active):
-            ids += self.pages[b]
-            indptr.append(len(ids))
-        q_indptr = [0]
-        for m in new_tokens:
-            q_indptr.append(q_indptr[-1] + m)
-        pcounts = self.counts_host.clone()
-        for s, v in prefix_counts.items():
-            pcounts[s] = v
-        pin = dev.type == "cuda"
-        self.page_token_counts.copy_(self.counts_host.pin_memory() if pin else self.counts_host,
-                                     non_blocking=nb)
-        self.prefix_token_counts.copy_(pcounts.pin_memory() if pin else pcounts, non_blocking=nb)
+        for src, _ in flushes:
+            pcounts[src] = 0
+        pin = self.device.type == "cuda"
+        self._upload(self.page_token_counts, counts, pin)
+        self._upload(self.prefix_token_counts, pcounts, pin)
         self._upload(self.seq_page_indptr, indptr, pin)
         self._upload(self.seq_page_ids, ids, pin)
         self._upload(self.q_indptr, q_indptr, pin)
@@ -278,7 +280,7 @@ class PagedKVCache:
         self._indptr_host, self._ids_host = indptr, ids
         self._step_new, self._step_total = list(new_tokens), total
         self._step_max_new = max(new_tokens) if new_tokens else 0
-        if dev.type == "cuda" and self._step_max_new == 1 and total == self.active:
+        if pin and self._step_max_new == 1 and total == self.active:
             self._plan_decode()
 
     @staticmethod
@@ -291,8 +293,10 @@ class PagedKVCache:
     def _plan_decode(self) -> None:
         c = self.codec
         if self._decoder is None:
+            # Twice the sequences: the capture decoder sizes its work-item grid from uniform
+            # (all-INT2 / all-BF16) batches, and a batch of mixed pages splits into more items.
             self._decoder = ops.PagedDecoder(c.num_layers, c.num_kv_heads, self.num_q_heads,
-                                             self.max_seqs, self.max_pages, c.head_dim,
+                                             2 * self.max_seqs, self.max_pages, c.head_dim,
                                              c.group_size, c.page_tokens)
         self._decoder.update(self._indptr_host, self._ids_host, self.kinds_host)
 
@@ -340,13 +344,15 @@ class PagedKVCache:
         """Attention of one new token per sequence (after write): q [active, Hq, d] ->
         out f32 [active, Hq, d] in the model's value space."""
         c = self.codec
-        q = q.to(torch.float32)
         if self.device.type == "cuda":
-            qp = q.new_zeros(self.max_seqs, *q.shape[1:])
-            qp[:q.shape[0]] = q
-            dec = self._decoder.handle
+            rows = self._decoder.max_seqs
+            if self._qbuf is None or self._qbuf.shape[1:] != q.shape[1:]:
+                self._qbuf = torch.zeros(rows, *q.shape[1:], dtype=torch.float32, device=self.device)
+            # rows past the batch are not read as queries (their outputs are zero)
+            self._qbuf[:q.shape[0]].copy_(q)
+            qp, dec = self._qbuf, self._decoder.handle
         else:
-            qp, dec = q.contiguous(), 0
+            qp, dec = q.to(torch.float32).contiguous(), 0
         out, _ = ops.paged_decode(qp, self.pool, self.page_ptrs, self.page_kinds,
                                   self.page_token_counts, self.seq_page_indptr[:self.active + 1],
                                   self.seq_page_ids, self.rotations, layer, dec, c.num_layers,
@@ -377,7 +383,7 @@ class PagedKVCache:
 
     def sequence_pages(self, b: int) -> List[Tuple[int, int, int]]:
         """(kind, slot, token_count) of sequence b's pages in token order."""
-        return [(self._kind(s), s, int(self.counts_host[s])) for s in self.pages[b]]
+        return [(self._kind(s), s, self.counts[s]) for s in self.pages[b]]
 
     def export_page(self, slot: int) -> bytes:
         """The bytes of one page (header and checksum filled in), for storing in the daemon."""
@@ -387,7 +393,7 @@ class PagedKVCache:
         buf = bytearray(self.pool[off:off + size].cpu().numpy().tobytes())
         arr = (_capi.ctypes.c_uint8 * size).from_buffer(buf)
         _capi.check(_capi.load().oscarkv_cuda_finish_page(_capi.ctypes.byref(self.codec.c_profile()),
-                                                          kind, int(self.counts_host[slot]), arr, size))
+                                                          kind, self.counts[slot], arr, size))
         return bytes(buf)
 
     def load_pages(self, b: int, pages: Sequence[Tuple[int, object]], tokens: int) -> None:
@@ -407,5 +413,5 @@ class PagedKVCache:
             pin = self.device.type == "cuda"
             self.pool[off:off + size].copy_(src.pin_memory() if pin else src, non_blocking=pin)
             self.pages[b].append(s)
-            self.counts_host[s] = min(T, tokens - i * T)
+            self.counts[s] = min(T, tokens - i * T)
         self.lengths[b] = tokens

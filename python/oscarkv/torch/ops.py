@@ -273,10 +273,7 @@ class PagedDecoder:
         _capi.check(_capi.load().oscarkv_cuda_decoder_create(ctypes.byref(s), max_seqs,
                                                              max_pages_per_seq, ctypes.byref(h)))
         self._h = h
-
-    @property
-    def handle(self) -> int:
-        return self._h.value or 0
+        self.handle: int = h.value or 0  # the int the ops take
 
     def update(self, indptr: Sequence[int], ids: Sequence[int], kinds: Sequence[int],
                stream: Optional[int] = None) -> None:
@@ -308,10 +305,7 @@ class ExtendPlan:
         _capi.check(_capi.load().oscarkv_cuda_extend_plan_create(ctypes.byref(s), max_seqs,
                                                                  max_new_tokens, ctypes.byref(h)))
         self._h = h
-
-    @property
-    def handle(self) -> int:
-        return self._h.value or 0
+        self.handle: int = h.value or 0  # the int the ops take
 
     def __del__(self) -> None:
         h = getattr(self, "_h", None)

@@ -1,0 +1,488 @@
+"""`python -m oscarkv.bench model`: a Qwen3-8B-shaped model (random bf16 weights, no download) on
+oscarkv's INT2 pages against the same model on a BF16 KV cache, every decode step a CUDA-graph
+replay, in one run on one GPU.
+
+Sides: int2 -- PagedKVCache (INT2 history, BF16 sink/tail; quantize-on-write + paged decode);
+bf16-sdpa -- a dense BF16 cache read by SDPA (enable_gqa) over exactly the cached length;
+bf16-pages -- BF16 pages read by oscarkv's paged decode kernel. The BF16 baseline of each figure
+is the faster BF16 side. The model (embeddings, RMSNorm, fused QKV, q/k norm, RoPE, SwiGLU,
+lm_head) is this file's own few lines of torch, the same for every side.
+
+Bounds: (weight bytes read per step + KV bytes read per step) / the copy bandwidth measured in
+the same run (a device-to-device copy, read + write bytes over time).
+"""
+import argparse
+import json
+import time
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+
+from ..torch import BF16, INT2, KVCodec, PagedKVCache
+
+QWEN3_8B = dict(layers=36, hidden=4096, q_heads=32, kv_heads=8, head_dim=128, inter=12288,
+                vocab=151936, rope_theta=1e6, eps=1e-6)
+
+
+class Model:
+    def __init__(self, cfg: Dict, device: str = "cuda", seed: int = 0) -> None:
+        self.cfg = c = cfg
+        g = torch.Generator(device=device).manual_seed(seed)
+        d, hq, h = c["head_dim"], c["q_heads"], c["kv_heads"]
+
+        def w(*shape, scale=0.02):
+            return (torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=g) * scale)
+        self.embed = w(c["vocab"], c["hidden"])
+        self.layers = []
+        for _ in range(c["layers"]):
+            self.layers.append(dict(
+                ln1=torch.ones(c["hidden"], device=device, dtype=torch.bfloat16),
+                ln2=torch.ones(c["hidden"], device=device, dtype=torch.bfloat16),
+                qkv=w((hq + 2 * h) * d, c["hidden"]),
+                # q_norm for the hq query heads and k_norm for the h KV heads, stacked
+                qkn=torch.ones(hq + h, d, device=device, dtype=torch.bfloat16),
+                o=w(c["hidden"], hq * d),
+                gu=w(2 * c["inter"], c["hidden"]), down=w(c["hidden"], c["inter"])))
+        self.norm = torch.ones(c["hidden"], device=device, dtype=torch.bfloat16)
+        self.lm_head = w(c["vocab"], c["hidden"])
+        inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, device=device).float() / d))
+        self.inv_freq = inv
+
+    def weight_bytes_per_step(self) -> int:
+        """Bytes of the weights a decode step reads (all but the embedding table)."""
+        n = self.lm_head.numel() + self.norm.numel()
+        for l in self.layers:
+            n += sum(t.numel() for t in l.values())
+        return 2 * n
+
+    def rope_tables(self, pos: torch.Tensor):
+        """cos and signed sin [T, 1, d] of positions pos (rotate-half convention, HF Qwen3):
+        rope(x) = x * cos + roll(x, d/2) * sin_signed."""
+        f = pos.float()[:, None] * self.inv_freq[None, :]
+        cos = torch.cat([f.cos(), f.cos()], -1)[:, None, :].to(torch.bfloat16)
+        sin = torch.cat([-f.sin(), f.sin()], -1)[:, None, :].to(torch.bfloat16)
+        return cos, sin
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
+        """ids, pos [T] (T tokens of the step, sequence-major); attend(layer, q, k, v) -> [T, Hq, d].
+        Returns the logits of the last token of every row of `last` (see callers)."""
+        c = self.cfg
+        d, hq, h, eps = c["head_dim"], c["q_heads"], c["kv_heads"], c["eps"]
+        x = self.embed[ids]
+        cos, sin = self.rope_tables(pos)
+        T = x.shape[0]
+        for i, l in enumerate(self.layers):
+            y = F.rms_norm(x, (c["hidden"],), l["ln1"], eps)
+            qkv = y @ l["qkv"].t()
+            # q and k heads are adjacent in qkv: one norm and one RoPE for both
+            qk = F.rms_norm(qkv[:, :(hq + h) * d].view(T, hq + h, d), (d,), None, eps) * l["qkn"]
+            qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)
+            q, k = qk[:, :hq], qk[:, hq:]
+            a = attend(i, q, k, qkv[:, (hq + h) * d:].view(T, h, d))
+            x = torch.addmm(x, a.reshape(T, -1).to(x.dtype), l["o"].t())
+            y = F.rms_norm(x, (c["hidden"],), l["ln2"], eps)
+            gu = y @ l["gu"].t()
+            g_, u = gu.chunk(2, -1)
+            x = torch.addmm(x, F.silu(g_) * u, l["down"].t())
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (self.cfg["hidden"],), self.norm, self.cfg["eps"]) @ self.lm_head.t()
+
+
+def copy_bandwidth(device: str = "cuda") -> float:
+    """Bytes/s of a device-to-device copy (read + write), median of 20."""
+    a = torch.empty(1 << 31, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    return 2 * a.numel() / median_time(lambda: b.copy_(a), 20)
+
+
+def median_time(fn, n: int = 20) -> float:
+    """Median seconds of fn() by CUDA events."""
+    ts = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) / 1e3)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def capture(fn):
+    """fn() captured in a CUDA graph (after two eager warm-ups on a side stream)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
+# ---- sides ----
+
+def plan_kinds(codec: KVCodec, n: int) -> List[int]:
+    T = codec.page_tokens
+    return [INT2 if codec.is_int2_page(i, n) else BF16 for i in range(-(-n // T))]
+
+
+def paged_cache(model: Model, codec: KVCodec, batch: int, ctx: int, extra: int = 64,
+                max_step_tokens: Optional[int] = None) -> PagedKVCache:
+    """A cache of `batch` sequences of `ctx` tokens of real K/V pages (one page of each kind
+    written by quantize-on-write from random rows, copied into every slot of its kind)."""
+    kinds = plan_kinds(codec, ctx + extra)
+    n2 = sum(1 for k in kinds if k == INT2)
+    nb = len(kinds) - n2
+    c = model.cfg
+    cache = PagedKVCache(codec, c["q_heads"], batch, ctx + extra, int2_slots=batch * (n2 + 1) + 1,
+                         bf16_slots=batch * (nb + 2) + 2,
+                         max_step_tokens=max_step_tokens or max(batch, 64))
+    T = codec.page_tokens
+    # Template pages: slot 0 (BF16) and the first INT2 slot from 64 random rows.
+    cache.reset(1)
+    cache.begin_step([T])
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for l in range(codec.num_layers):
+        r = torch.randn(T, codec.num_kv_heads, codec.head_dim, device="cuda", generator=g)
+        cache.write(l, r, r * 0.5)
+    tb = cache.pool[:cache.pb].clone()
+    i2 = cache.n_bf16 * cache.pb
+    cache._flush(cache.pages[0][0], cache.n_bf16)  # an INT2 copy of the template
+    ti = cache.pool[i2:i2 + cache.pi].clone()
+    cache.reset(batch)
+    cache._free_int2 = list(range(cache.num_slots - 1, cache.n_bf16 - 1, -1))
+    cache._free_bf16 = list(range(cache.n_bf16 - 1, -1, -1))
+    for b in range(batch):
+        for i in range(-(-ctx // T)):
+            kind = INT2 if codec.is_int2_page(i, ctx) else BF16
+            s = cache._alloc(kind)
+            cache.pages[b].append(s)
+            cache.counts[s] = min(T, ctx - i * T)
+        cache.lengths[b] = ctx
+    cache.pool[:cache.n_bf16 * cache.pb].view(cache.n_bf16, cache.pb).copy_(tb.expand(cache.n_bf16, -1))
+    cache.pool[i2:].view(cache.n_int2, cache.pi).copy_(ti.expand(cache.n_int2, -1))
+    return cache
+
+
+def paged_kv_bytes(cache: PagedKVCache) -> int:
+    """K/V bytes one decode step reads from the pages (all layers, all sequences)."""
+    c = cache.codec
+    seg = {INT2: c.page_tokens * (c.head_dim // 4 + 4 * c.head_dim // c.group_size),
+           BF16: c.page_tokens * c.head_dim * 2}
+    n = 0
+    for b in range(cache.active):
+        for kind, _, _ in cache.sequence_pages(b):
+            n += seg[kind] * 2 * c.num_kv_heads * c.num_layers
+    return n
+
+
+class PagedSide:
+    def __init__(self, model: Model, codec: KVCodec, batch: int, ctx: int) -> None:
+        self.model, self.batch = model, batch
+        self.cache = paged_cache(model, codec, batch, ctx)
+        self.cache.begin_step([1] * batch)
+        self.ids = torch.zeros(batch, dtype=torch.long, device="cuda")
+        self.pos = torch.full((batch,), ctx, dtype=torch.long, device="cuda")
+        self.kv_bytes = paged_kv_bytes(self.cache)
+
+    def attend(self, layer, q, k, v):
+        self.cache.write(layer, k, v)
+        return self.cache.decode(layer, q)
+
+    def step(self):
+        return self.model.logits(self.model.forward(self.ids, self.pos, self.attend))
+
+
+class SdpaSide:
+    def __init__(self, model: Model, batch: int, ctx: int) -> None:
+        c = model.cfg
+        self.model, self.batch, self.n = model, batch, ctx + 1
+        self.k = [torch.zeros(batch, c["kv_heads"], ctx + 1, c["head_dim"], device="cuda",
+                              dtype=torch.bfloat16) for _ in range(c["layers"])]
+        self.v = [torch.zeros_like(t) for t in self.k]
+        for t in self.k + self.v:
+            t.normal_()
+        self.ids = torch.zeros(batch, dtype=torch.long, device="cuda")
+        self.pos = torch.full((batch,), ctx, dtype=torch.long, device="cuda")
+        self.slot = torch.tensor([ctx], device="cuda")
+        self.kv_bytes = 2 * 2 * batch * (ctx + 1) * c["kv_heads"] * c["head_dim"] * c["layers"]
+
+    def attend(self, layer, q, k, v):
+        self.k[layer].index_copy_(2, self.slot, k.unsqueeze(2))
+        self.v[layer].index_copy_(2, self.slot, v.unsqueeze(2))
+        o = F.scaled_dot_product_attention(q.unsqueeze(2), self.k[layer][:, :, :self.n],
+                                           self.v[layer][:, :, :self.n], enable_gqa=True)
+        return o.squeeze(2)
+
+    def step(self):
+        return self.model.logits(self.model.forward(self.ids, self.pos, self.attend))
+
+
+def int2_codec(cfg: Dict, all_bf16: bool = False, max_tokens: int = 0) -> KVCodec:
+    c = KVCodec.builtin("hadamard", cfg["layers"], cfg["kv_heads"],
+                        sink_tokens=max_tokens if all_bf16 else 64)
+    if all_bf16:
+        c.name = "bf16-pages"
+    return c
+
+
+def time_side(side, n: int = 20) -> float:
+    g, _ = capture(side.step)
+    for _ in range(3):
+        g.replay()
+    return median_time(g.replay, n)
+
+
+def per_seq_bytes(cfg: Dict, side: str, ctx: int) -> int:
+    if side == "int2":
+        codec = int2_codec(cfg)
+        kinds = plan_kinds(codec, ctx + 64)
+        n2 = sum(1 for k in kinds if k == INT2)
+        return (n2 + 1) * codec.page_bytes(INT2) + (len(kinds) - n2 + 2) * codec.page_bytes(BF16)
+    return 2 * 2 * (ctx + 65) * cfg["kv_heads"] * cfg["head_dim"] * cfg["layers"]
+
+
+def run_side(model: Model, name: str, batch: int, ctx: int) -> Dict:
+    cfg = model.cfg
+    if name == "bf16-sdpa":
+        side = SdpaSide(model, batch, ctx)
+    else:
+        side = PagedSide(model, int2_codec(cfg, name == "bf16-pages", ctx + 128), batch, ctx)
+    t = time_side(side)
+    r = dict(side=name, batch=batch, ctx=ctx, step_s=t, kv_bytes=side.kv_bytes,
+             tokens_per_s=batch / t)
+    if isinstance(side, PagedSide):
+        t0 = time.perf_counter()
+        for _ in range(5):
+            side.cache.begin_step([1] * batch)
+        r["host_plan_s"] = (time.perf_counter() - t0) / 5
+    del side
+    torch.cuda.empty_cache()
+    return r
+
+
+def max_batch(model: Model, name: str, ctx: int, margin: float) -> int:
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    per = per_seq_bytes(model.cfg, "int2" if name == "int2" else "bf16", ctx)
+    return max(1, int((free - margin) // per))
+
+
+def ttft(model: Model, prefix: int, new: int) -> Dict:
+    """TTFT of a request whose first `prefix` tokens are cached (their pages in pinned host
+    memory, as a daemon load delivers them) plus `new` tokens, against a full BF16 prefill of
+    prefix + new tokens (SDPA; cuDNN or flash, the faster)."""
+    cfg = model.cfg
+    codec = int2_codec(cfg)
+    cache = paged_cache(model, codec, 1, prefix, extra=new + 64, max_step_tokens=new)
+    T = codec.page_tokens
+    host = [cache.pool[s * cache.pb:(s + 1) * cache.pb] if s < cache.n_bf16 else
+            cache.pool[cache.n_bf16 * cache.pb + (s - cache.n_bf16) * cache.pi:
+                       cache.n_bf16 * cache.pb + (s - cache.n_bf16 + 1) * cache.pi]
+            for s in cache.pages[0]]
+    staged = [h.cpu().pin_memory() for h in host]
+    kinds = [k for k, _, _ in cache.sequence_pages(0)]
+    page_bytes = sum(t.numel() for t in staged)
+    ids = torch.randint(0, cfg["vocab"], (new,), device="cuda")
+    pos = torch.arange(prefix, prefix + new, device="cuda")
+
+    def attend(layer, q, k, v):
+        cache.write(layer, k, v)
+        return cache.extend(layer, q, k, v)
+
+    def prefill():
+        x = model.forward(ids, pos, attend)
+        return model.logits(x[-1:])
+
+    def load_pages_pinned():  # one H2D copy per page from pinned staging, as a daemon load lands
+        cache.reset(1)
+        for kind, t in zip(kinds, staged):
+            s = cache._alloc(kind)
+            off = cache._slot_ptr(s) - cache.pool.data_ptr()
+            cache.pool[off:off + t.numel()].copy_(t, non_blocking=True)
+            cache.pages[0].append(s)
+            cache.counts[s] = min(T, prefix - (len(cache.pages[0]) - 1) * T)
+        cache.lengths[0] = prefix
+        cache.begin_step([new])
+
+    load_pages_pinned()
+    g, _ = capture(prefill)
+
+    def hit_pinned():
+        load_pages_pinned()
+        g.replay()
+
+    ts = []
+    for i in range(8):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        hit_pinned()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    hit_s = sorted(ts[2:])[len(ts[2:]) // 2]
+    cache = g = staged = None  # free the INT2 side before the BF16 prefill
+    torch.cuda.empty_cache()
+    # Full BF16 prefill of prefix + new tokens (causal), K/V kept in a dense BF16 cache.
+    n = prefix + new
+    ids2 = torch.randint(0, cfg["vocab"], (n,), device="cuda")
+    pos2 = torch.arange(n, device="cuda")
+    kc = [torch.empty(cfg["kv_heads"], n, cfg["head_dim"], device="cuda", dtype=torch.bfloat16)
+          for _ in range(cfg["layers"])]
+    vc = [torch.empty_like(t) for t in kc]
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gqa = cfg["q_heads"] // cfg["kv_heads"]
+
+    def full(backend, expand=False):
+        def attend2(layer, q, k, v):
+            kc[layer].copy_(k.transpose(0, 1))
+            vc[layer].copy_(v.transpose(0, 1))
+            kk, vv = kc[layer][None], vc[layer][None]
+            if expand:  # a backend without GQA support: K/V expanded to the query heads
+                kk, vv = kk.repeat_interleave(gqa, 1), vv.repeat_interleave(gqa, 1)
+            with sdpa_kernel([backend]):
+                o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kk, vv,
+                                                   is_causal=True, enable_gqa=not expand)
+            return o[0].transpose(0, 1)
+        x = model.forward(ids2, pos2, attend2)
+        return model.logits(x[-1:])
+
+    best = None
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                    SDPBackend.EFFICIENT_ATTENTION):
+        for expand in (False, True):
+            try:
+                full(backend, expand)
+                torch.cuda.synchronize()
+                ts = []
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    full(backend, expand)
+                    torch.cuda.synchronize()
+                    ts.append(time.perf_counter() - t0)
+                t = sorted(ts)[1]
+                print("  full prefill %d tokens, %s%s: %.1f ms" % (n, backend, " (K/V expanded)"
+                                                                   if expand else "", t * 1e3))
+                if best is None or t < best[0]:
+                    best = (t, str(backend) + (" expanded" if expand else ""))
+                break
+            except RuntimeError as e:
+                print("  prefill backend %s%s failed: %s" % (backend, " expanded" if expand else "",
+                                                           str(e).splitlines()[0][:200]))
+    return dict(prefix=prefix, new=new, hit_s=hit_s, hit_page_bytes=page_bytes,
+                prefill_s=best[0], prefill_backend=best[1], ratio=best[0] / hit_s)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m oscarkv.bench model", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--contexts", default="32768,100000", help="batch-1 decode contexts")
+    ap.add_argument("--batch-ctx", type=int, default=32768, help="context of the max-batch runs")
+    ap.add_argument("--max-batch", default="auto",
+                    help="'auto' (largest that fits, per side), 'off', or INT2,BF16 batches")
+    ap.add_argument("--margin-gb", type=float, default=8.0, help="memory left for activations")
+    ap.add_argument("--ttft", default="32768,512", help="PREFIX,NEW for TTFT ('off' to skip)")
+    ap.add_argument("--layers", type=int, default=0, help="override the layer count (smoke runs)")
+    ap.add_argument("--json", default="", help="write the figures as JSON to this file ('-': stdout)")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("oscarkv bench model: needs a CUDA GPU")
+        return 1
+    cfg = dict(QWEN3_8B)
+    if a.layers:
+        cfg["layers"] = a.layers
+    model = Model(cfg)
+    bw = copy_bandwidth()
+    wbytes = model.weight_bytes_per_step()
+    out: Dict = dict(device=torch.cuda.get_device_name(), copy_bandwidth_Bps=bw,
+                     weight_bytes=wbytes, config=cfg, runs=[])
+    print("device %s, copy bandwidth %.2f TB/s, weights read per step %.2f GB"
+          % (out["device"], bw / 1e12, wbytes / 1e9))
+
+    def report(r):
+        r["bound_s"] = (wbytes + r["kv_bytes"]) / bw
+        r["vs_bound"] = r["step_s"] / r["bound_s"]
+        out["runs"].append(r)
+        print("  %-10s B=%-4d ctx=%-6d step %8.3f ms  bound %8.3f ms (x%.2f)  %9.1f tok/s%s"
+              % (r["side"], r["batch"], r["ctx"], r["step_s"] * 1e3, r["bound_s"] * 1e3,
+                 r["vs_bound"], r["tokens_per_s"],
+                 "  host plan %.2f ms" % (r["host_plan_s"] * 1e3) if "host_plan_s" in r else ""))
+        return r
+
+    import traceback
+
+    def save():
+        if a.json:
+            text = json.dumps(out, indent=1, default=str)
+            if a.json == "-":
+                print(text)
+            else:
+                open(a.json, "w").write(text)
+
+    for ctx in [int(x) for x in a.contexts.split(",") if x]:
+        res = {}
+        for s in ("int2", "bf16-sdpa", "bf16-pages"):
+            try:
+                res[s] = report(run_side(model, s, 1, ctx))
+            except Exception:  # report the others
+                traceback.print_exc()
+                torch.cuda.empty_cache()
+        if "int2" not in res or len(res) < 2:
+            continue
+        res.setdefault("bf16-pages", res.get("bf16-sdpa"))
+        res.setdefault("bf16-sdpa", res.get("bf16-pages"))
+        best = min(res["bf16-sdpa"]["step_s"], res["bf16-pages"]["step_s"])
+        key = "decode_speedup_b1_%dk" % round(ctx / 1000)
+        out[key] = best / res["int2"]["step_s"]
+        out["int2_vs_bound_b1_%dk" % round(ctx / 1000)] = res["int2"]["vs_bound"]
+        print("%s = %.3f" % (key, out[key]))
+        save()
+    if a.max_batch != "off":
+        ctx = a.batch_ctx
+        margin = a.margin_gb * 2**30
+        if a.max_batch == "auto":
+            bi, bb = max_batch(model, "int2", ctx, margin), max_batch(model, "bf16", ctx, margin)
+        else:
+            bi, bb = (int(x) for x in a.max_batch.split(","))
+        print("max batch at %d: INT2 %d, BF16 %d (memory left %.0f GB)" % (ctx, bi, bb, a.margin_gb))
+        try:
+            ri = report(run_side(model, "int2", bi, ctx))
+        except Exception:
+            traceback.print_exc()
+            torch.cuda.empty_cache()
+            ri = None
+        rb = []
+        for s in ("bf16-sdpa", "bf16-pages"):
+            try:
+                rb.append(report(run_side(model, s, bb, ctx)))
+            except Exception:
+                traceback.print_exc()
+                torch.cuda.empty_cache()
+        out["max_batch_int2_32k"], out["max_batch_bf16_32k"] = bi, bb
+        if ri and rb:
+            best = max(r["tokens_per_s"] for r in rb)
+            out["throughput_ratio_max_batch_32k"] = ri["tokens_per_s"] / best
+            out["int2_vs_bound_max_batch_32k"] = ri["vs_bound"]
+            print("throughput_ratio_max_batch_32k = %.3f (INT2 B=%d vs BF16 B=%d)"
+                  % (out["throughput_ratio_max_batch_32k"], bi, bb))
+        save()
+    if a.ttft != "off":
+        p, n = (int(x) for x in a.ttft.split(","))
+        r = ttft(model, p, n)
+        out["ttft"] = r
+        out["ttft_prefix_hit_vs_prefill_32k"] = r["ratio"]
+        print("TTFT prefix hit (%d cached + %d new): %.2f ms (%.0f MB of pages H2D); full BF16 "
+              "prefill of %d: %.2f ms (%s); ttft_prefix_hit_vs_prefill_32k = %.2f"
+              % (p, n, r["hit_s"] * 1e3, r["hit_page_bytes"] / 1e6, p + n, r["prefill_s"] * 1e3,
+                 r["prefill_backend"], r["ratio"]))
+    save()
+    return 0
