@@ -10,6 +10,7 @@
 #include "oscarkv/kernels/block_key.h"
 #include "oscarkv/kernels/codec_profile.h"
 #include "oscarkv/kernels/page_format.h"
+#include "oscarkv/proto/codec_convert.h"
 #include "oscarkv/v1/oscarkv.pb.h"
 
 namespace oscarkv::service::testing {
@@ -32,21 +33,8 @@ inline v1::CodecProfile TinyProfile(const std::string& model = "tiny") {
   return p;
 }
 
-inline CodecProfile ToProfile(const v1::CodecProfile& p) {
-  CodecProfile c;
-  c.model_id = p.model_id();
-  c.model_revision = p.model_revision();
-  c.num_layers = p.num_layers();
-  c.num_kv_heads = p.num_kv_heads();
-  c.tp_rank = p.tp_rank();
-  c.tp_size = p.tp_size();
-  c.head_dim = p.head_dim();
-  c.page_tokens = p.page_tokens();
-  c.group_size = p.group_size();
-  c.sink_tokens = p.sink_tokens();
-  c.recent_tokens = p.recent_tokens();
-  return c;
-}
+// The one conversion (proto/codec_convert.h); the test profiles always convert.
+inline CodecProfile ToProfile(const v1::CodecProfile& p) { return *proto::FromProto(p); }
 
 // A valid page of `kind` for `profile` with payload derived from `seed`.
 inline std::string MakePage(const v1::CodecProfile& proto_profile, PageKind kind, uint32_t seed,
