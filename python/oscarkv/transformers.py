@@ -15,7 +15,7 @@ loads them into the cache's slots instead of recomputing them (prefix hit), and 
 prompt its full pages are stored. Batches must be unpadded (every row the same length).
 """
 import threading
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 from transformers import AttentionInterface
@@ -96,6 +96,47 @@ class OscarkvCache(Cache):
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self._past
 
+    # ---- the daemon's prefix cache ----
+
+    def load_prefix(self, tokens: Sequence[int]) -> int:
+        """Before a request: loads the longest cached run of the prompt's full pages from the
+        daemon into the cache's slots (as stored: INT2 pages stay INT2) and returns how many
+        tokens it covers (at least one prompt token is always left to compute)."""
+        if self.client is None:
+            return 0
+        p = self.paged
+        T = p.codec.page_tokens
+        keys = self.client_codec.block_keys(list(tokens))[:max(0, (len(tokens) - 1) // T)]
+        if not keys:
+            return 0
+        cap = max(p.pb, p.pi)
+        bufs = [bytearray(cap) for _ in keys]
+        sizes: List[int] = []
+        m = self.client.load_into(self.client_codec, keys, bufs, sizes)
+        p.reset(1)
+        # the page kind is header byte 6 (docs/FORMAT.md §1.1)
+        p.load_pages(0, [(bufs[i][6], memoryview(bufs[i])[:sizes[i]]) for i in range(m)], m * T)
+        self._started = m > 0
+        self._past = m * T
+        self.prefix_hit_tokens = m * T
+        return m * T
+
+    def store_prefix(self, tokens: Sequence[int]) -> int:
+        """After a request: stores the pages of the prompt's full blocks (`tokens`) that the
+        daemon does not hold yet; returns how many were stored."""
+        if self.client is None:
+            return 0
+        p = self.paged
+        T = p.codec.page_tokens
+        keys = self.client_codec.block_keys(list(tokens))
+        pages = p.sequence_pages(0)[:len(keys)]
+        have = self.client.exists(self.client_codec, keys[:len(pages)])
+        todo = [(keys[i], kind, p.export_page(slot)) for i, (kind, slot, count) in enumerate(pages)
+                if count == T and not have[i]]
+        if todo:
+            self.client.store(self.client_codec, todo)
+        return len(todo)
+
     def reset(self) -> None:
         self._past = 0
         self._started = False
@@ -128,6 +169,20 @@ def oscarkv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         v = value.transpose(1, 2).reshape(B * q_len, H, d)
         out = p.extend(layer, q, k, v)
     return out.view(B, q_len, Hq, d).to(query.dtype), None
+
+
+def generate(model: Any, input_ids: torch.Tensor, cache: OscarkvCache, **kw) -> torch.Tensor:
+    """model.generate for one sequence through `cache`, with its daemon (if set) as a prefix
+    cache: the prompt's cached pages are loaded instead of recomputed, and its full pages are
+    stored afterwards."""
+    if input_ids.shape[0] != 1:
+        raise ValueError("generate: one sequence at a time")
+    tokens = input_ids[0].tolist()
+    cache.reset()
+    cache.load_prefix(tokens)
+    out = model.generate(input_ids, past_key_values=cache, **kw)
+    cache.store_prefix(tokens)
+    return out
 
 
 def install() -> None:

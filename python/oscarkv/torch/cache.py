@@ -29,8 +29,9 @@ class KVCodec:
     def __init__(self, num_layers: int, num_kv_heads: int, matrices: torch.Tensor,
                  clips: Optional[torch.Tensor] = None, range_modes: Optional[torch.Tensor] = None,
                  head_dim: int = 128, page_tokens: int = 64, group_size: int = 128,
-                 sink_tokens: int = 64, recent_tokens: int = 256, model_id: str = "",
-                 model_revision: str = "", name: str = "custom") -> None:
+                 sink_tokens: int = 64, recent_tokens: int = 256,
+                 model_id: str = "oscarkv.torch", model_revision: str = "main",
+                 name: str = "custom") -> None:
         n = (num_layers, 2, num_kv_heads)
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.page_tokens, self.group_size = page_tokens, group_size
@@ -95,6 +96,16 @@ class KVCodec:
             self.clips.data_ptr(), None if self.range_modes is None else self.range_modes.data_ptr(),
             out))
         return bytes(out)
+
+    def client_profile(self):
+        """The oscarkv.CodecProfile of these pages (register it with a daemon to store them)."""
+        from ..codec import CodecProfile
+        return CodecProfile(model_id=self.model_id, model_revision=self.model_revision,
+                            num_layers=self.num_layers, num_kv_heads=self.num_kv_heads,
+                            head_dim=self.head_dim, page_tokens=self.page_tokens,
+                            group_size=self.group_size, sink_tokens=self.sink_tokens,
+                            recent_tokens=self.recent_tokens,
+                            rotation_digest=self.rotation_digest())
 
     def c_profile(self) -> _capi.Profile:
         p = _capi.Profile()
