@@ -441,9 +441,10 @@ def main(argv=None) -> int:
         res.setdefault("bf16-pages", res.get("bf16-sdpa"))
         res.setdefault("bf16-sdpa", res.get("bf16-pages"))
         best = min(res["bf16-sdpa"]["step_s"], res["bf16-pages"]["step_s"])
-        key = "decode_speedup_b1_%dk" % round(ctx / 1000)
+        tag = "%dk" % (ctx // 1024 if ctx % 1024 == 0 else round(ctx / 1000))  # 32768: 32k
+        key = "decode_speedup_b1_" + tag
         out[key] = best / res["int2"]["step_s"]
-        out["int2_vs_bound_b1_%dk" % round(ctx / 1000)] = res["int2"]["vs_bound"]
+        out["int2_vs_bound_b1_" + tag] = res["int2"]["vs_bound"]
         print("%s = %.3f" % (key, out[key]))
         save()
     if a.max_batch != "off":
