@@ -71,6 +71,7 @@ ucx:
   enabled: true                 # UCX data plane (GetDataPlane); false = off
   tls: tcp                      # UCX_TLS: tcp, shm (posix/sysv/cma), rc,ud, ...
   net_devices: ""               # UCX_NET_DEVICES; "" = the listen address's interface, all = every one
+  share_pool_key: false         # hand the whole-pool RMA key to tenants too (default: admins only)
 tier:
   path: ""                      # SSD tier directory; "" = no tier (evicted pages are dropped)
   capacity_mb: 0                # page bytes the tier may hold, MiB (LRU beyond); required with a path
@@ -129,6 +130,7 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "ucx.enabled") return ReadBool(v, key, &c->ucx);
   if (key == "ucx.tls") return ReadString(v, key, &c->ucx_tls);
   if (key == "ucx.net_devices") return ReadString(v, key, &c->ucx_net_devices);
+  if (key == "ucx.share_pool_key") return ReadBool(v, key, &c->ucx_share_pool_key);
   if (key == "tls.cert") return ReadString(v, key, &c->tls_cert);
   if (key == "tls.key") return ReadString(v, key, &c->tls_key);
   if (key == "tls.client_ca") return ReadString(v, key, &c->tls_client_ca);

@@ -313,6 +313,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   }
   Metrics metrics;
   KvCacheService service(&cache, &metrics);
+  service.SharePoolKeyWithTenants(config.ucx_share_pool_key);
 #ifdef OSCARKV_HAVE_UCX
   std::unique_ptr<UcxDataPlane> data_plane;
   if (config.ucx) {

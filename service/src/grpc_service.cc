@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "absl/strings/str_cat.h"
 
 namespace oscarkv::service {
 
@@ -182,6 +183,13 @@ grpc::ServerUnaryReactor* KvCacheService::GetDataPlane(grpc::CallbackServerConte
   absl::Status s;
   if (!data_plane_) {
     s = absl::FailedPreconditionError(no_data_plane_);
+  } else if (const Caller caller = CallerOf(ctx); !caller.admin && !share_pool_key_) {
+    // A remote key is a capability over everything it covers: this one covers every tenant's
+    // pages, so a tenant (who may read only its own) does not get it.
+    s = absl::PermissionDeniedError(absl::StrCat(
+        "tenant '", caller.tenant, "': the UCX pool key reads every tenant's pages, so only an "
+        "admin gets it (ucx.share_pool_key: true hands it to every tenant); load over gRPC or "
+        "shared memory instead"));
   } else if (auto info = data_plane_(); info.ok()) {
     *resp = *std::move(info);
   } else {

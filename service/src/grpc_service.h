@@ -77,6 +77,10 @@ class KvCacheService final : public KvCacheAsyncBase {
     data_plane_ = std::move(info);
     no_data_plane_ = std::move(why_not);
   }
+  // GetDataPlane's pool_rkey reads every page in the pool, whoever stored it: it goes to admin
+  // callers (without tenants every caller is one), and to tenants only when `share` is set
+  // (ucx.share_pool_key); a tenant asking otherwise is refused with PERMISSION_DENIED.
+  void SharePoolKeyWithTenants(bool share) { share_pool_key_ = share; }
   grpc::ServerUnaryReactor* GetDataPlane(grpc::CallbackServerContext*,
                                          const pb::GetDataPlaneRequest*,
                                          pb::GetDataPlaneResponse*) override;
@@ -124,6 +128,7 @@ class KvCacheService final : public KvCacheAsyncBase {
   ControlCalls calls_;
   DataPlaneInfoFn data_plane_;
   std::string no_data_plane_ = "the daemon runs without a UCX data plane";
+  bool share_pool_key_ = false;
   LookupMessagePool lookup_messages_;
   // Own cache lines: in_flight_ is written by every call on every handler thread.
   alignas(64) std::atomic<int64_t> in_flight_{0};

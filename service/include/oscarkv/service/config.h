@@ -49,6 +49,9 @@ struct DaemonConfig {
   bool ucx = true;
   std::string ucx_tls = "tcp";
   std::string ucx_net_devices;
+  // GetDataPlane's pool key reads the whole pool: false = only admin callers get it (without
+  // tenants every caller is one); true = every tenant too (each can then read all pages).
+  bool ucx_share_pool_key = false;
   // SSD tier (service/README.md "SSD tier"): off when tier_path is "".
   std::string tier_path;          // directory (RocksDB pages + the codecs file)
   uint64_t tier_mb = 0;           // page capacity in MiB (required with a path)
