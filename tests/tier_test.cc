@@ -1,10 +1,12 @@
-// The SSD tier in a real oscarkvd with a real RocksDB in a temp dir: evicted pages come back
-// byte-identical, a restart (SIGTERM or kill -9) serves what reached the tier and nothing
-// corrupt, a damaged tier file is a miss, and the tier never exceeds its capacity.
+// The SSD tier in a real oscarkvd (segment files, RocksDB index) in a temp dir: evicted pages
+// come back byte-identical, a restart (SIGTERM or kill -9) serves what reached the tier and
+// nothing corrupt, a damaged (overwritten, truncated) tier file is a miss, and the tier never
+// exceeds its capacity.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -154,24 +156,31 @@ TEST(TierTest, TierFullEvictsLeastRecentAndNeverExceedsCapacity) {
   EXPECT_EQ(got.back(), 1);
 }
 
-// Overwrites stretches of every file that holds page bytes (RocksDB's blob files, and its
-// write-ahead log) with garbage.
-int DamageBlobFiles(const std::string& dir) {
-  int damaged = 0;
-  std::mt19937 rng(5);
+// Damages the files that hold page bytes (the segment files, docs/FORMAT.md §5): stretches of
+// every one but the newest are overwritten with garbage, and the newest is cut to half its size
+// (a torn tail). Returns how many files it damaged.
+int DamageSegmentFiles(const std::string& dir) {
+  std::vector<fs::path> files;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.path().extension() != ".blob" && e.path().extension() != ".log") continue;
-    const auto size = fs::file_size(e.path());
-    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    if (e.path().extension() == ".seg") files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());  // by segment id: the newest last
+  std::mt19937 rng(5);
+  for (size_t i = 0; i < files.size(); ++i) {
+    const auto size = fs::file_size(files[i]);
+    if (i + 1 == files.size() && files.size() > 1) {
+      fs::resize_file(files[i], size / 2);
+      continue;
+    }
+    std::fstream f(files[i], std::ios::in | std::ios::out | std::ios::binary);
     for (uint64_t off = 4096; off + 4096 < size; off += 300000) {
       std::string junk(512, '\0');
       for (char& ch : junk) ch = static_cast<char>(rng());
       f.seekp(static_cast<std::streamoff>(off));
       f.write(junk.data(), junk.size());
     }
-    ++damaged;
   }
-  return damaged;
+  return static_cast<int>(files.size());
 }
 
 TEST(TierTest, DamagedTierFileIsAMissAndRemovedNeverServed) {
@@ -187,7 +196,7 @@ TEST(TierTest, DamagedTierFileIsAMissAndRemovedNeverServed) {
   }
   c.reset();
   ASSERT_EQ(*d->Stop(), 0);  // everything into the tier, files closed
-  ASSERT_GT(DamageBlobFiles(dir.path), 0);
+  ASSERT_GE(DamageSegmentFiles(dir.path), 2);
   d = StartTiered(dir.path, 8, 256);
   ASSERT_NE(d, nullptr);
   c = Connect(d->address());

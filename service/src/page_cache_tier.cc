@@ -1,6 +1,5 @@
 // PageCache and the SSD tier (tier.h): demotion of evicted pages, promotion on a pinning
 // Lookup, the tier's part of Delete/Clear, the SIGTERM demotion, and Stats.
-#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -10,15 +9,6 @@
 #include "page_cache_internal.h"
 
 namespace oscarkv::service {
-namespace {
-
-int64_t NowNanos() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 absl::Status PageCache::AttachTier(PageTier* tier) {
   if (tier_ != nullptr) return absl::FailedPreconditionError("a tier is already attached");
@@ -60,7 +50,7 @@ void PageCache::DemoteEvicted(const IndexKey& key, uint64_t offset, uint64_t pag
                               bool in_tier) {
   if (tier_ == nullptr) return;
   const tiering::TierKey tk{codecs_[key.codec]->id, key.key};
-  if (in_tier && tier_->Contains(tk)) return;  // its copy is still there
+  if (in_tier && tier_->KeepsCopy(tk)) return;  // its copy is there and not about to go
   // Copies the bytes (or waits for queue room: back-pressure on this eviction) before the
   // caller frees the slot.
   tier_->Demote(tk, std::span<const uint8_t>(pool_->Data(offset), page_bytes));
@@ -69,17 +59,18 @@ void PageCache::DemoteEvicted(const IndexKey& key, uint64_t offset, uint64_t pag
 absl::Status PageCache::Promote(const IndexKey& key) {
   const Codec* codec = codecs_[key.codec].get();
   const tiering::TierKey tk{codec->id, key.key};
-  const int64_t t0 = NowNanos();
-  std::vector<uint8_t> page;
-  if (absl::Status s = tier_->Read(tk, &page); !s.ok()) return s;  // verified (checksum)
-  auto hdr = ParsePageHeader(page, codec->profile, /*verify_checksum=*/false);
-  const int kind = hdr.ok() ? hdr->kind : 0;
-  if (!hdr.ok() || (kind != 1 && kind != 2) || page.size() != codec->page_bytes[kind]) {
+  auto size = tier_->SizeOf(tk);
+  if (!size.ok()) return size.status();
+  // The size names the kind (an INT2 and a BF16 page of one codec differ in size); the header
+  // read with the page must agree.
+  const int kind = *size == codec->page_bytes[1] ? 1 : *size == codec->page_bytes[2] ? 2 : 0;
+  auto unfit = [&] {
     (void)tier_->Delete(tk);
     tier_->mutable_counters().corruptions.fetch_add(1, std::memory_order_relaxed);
     return absl::DataLossError(absl::StrCat("SSD tier page ", key.key.Hex(),
                                             " does not fit its codec; removed"));
-  }
+  };
+  if (kind == 0) return unfit();
   if (!codec->cls[kind].ok()) return codec->cls[kind].status();
   // Claim the key with a slotless placeholder (as Reserve does): a concurrent store of the key
   // is told it is in progress, and no shard lock is held while allocating (which may evict).
@@ -91,17 +82,28 @@ absl::Status PageCache::Promote(const IndexKey& key) {
     if (!inserted) return absl::OkStatus();  // in the pool already (or being stored)
     it->second.gen = gen;
     it->second.kind = static_cast<PageKind>(kind);
-    it->second.page_bytes = page.size();
+    it->second.page_bytes = *size;
   }
   auto off = AllocateSlot(*codec->cls[kind]);
-  if (off.ok()) std::memcpy(pool_->Data(*off), page.data(), page.size());
+  absl::Status read = off.status();
+  absl::StatusOr<PageHeader> hdr = absl::UnknownError("not read");
+  if (off.ok()) {
+    // Straight from the SSD into the slot, verified (checksum) on the way.
+    const std::span<uint8_t> slot(pool_->Data(*off), *size);
+    read = tier_->ReadInto(tk, slot);
+    if (read.ok()) {
+      hdr = ParsePageHeader(slot, codec->profile, /*verify_checksum=*/false);
+      if (!hdr.ok() || hdr->kind != kind) read = unfit();
+    }
+  }
   {
     absl::MutexLock lock(&shard.mu);
     auto it = shard.map.find(key);
     const bool ours = it != shard.map.end() && it->second.gen == gen;
-    if (!off.ok()) {
+    if (!read.ok()) {
       if (ours) shard.map.erase(it);
-      return off.status();
+      if (off.ok()) pool_->Unref(*off);
+      return read;
     }
     if (!ours) {
       pool_->Unref(*off);
@@ -123,8 +125,7 @@ absl::Status PageCache::Promote(const IndexKey& key) {
   counters_.pages.fetch_add(1, std::memory_order_relaxed);
   TierCounters& tc = tier_->mutable_counters();
   tc.promotions.fetch_add(1, std::memory_order_relaxed);
-  tc.promoted_bytes.fetch_add(page.size(), std::memory_order_relaxed);
-  (void)t0;
+  tc.promoted_bytes.fetch_add(*size, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 

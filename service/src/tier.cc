@@ -40,17 +40,18 @@ absl::Status WriteAll(int fd, const std::string& data, const std::string& path) 
 
 absl::StatusOr<std::unique_ptr<PageTier>> PageTier::Open(const TierOptions& options) {
   if (options.path.empty()) return absl::InvalidArgumentError("tier.path is empty");
-  tiering::RocksDbTierOptions ro;
-  ro.path = (std::filesystem::path(options.path) / "pages").string();
-  ro.capacity_bytes = options.capacity_bytes;
-  ro.sync_writes = options.sync_writes;
   std::error_code ec;
-  std::filesystem::create_directories(options.path, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create tier directory ", options.path, ": ", ec.message()));
+  if (std::filesystem::exists(std::filesystem::path(options.path) / "pages", ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tier.path ", options.path, " holds a tier of an older format (pages/: RocksDB blob "
+        "files) that this oscarkvd cannot read; remove ", options.path, "/pages to start the "
+        "tier empty"));
   }
-  auto store = tiering::OpenRocksDbTierStore(ro);
+  tiering::SegmentTierOptions so;
+  so.path = options.path;
+  so.capacity_bytes = options.capacity_bytes;
+  so.sync_writes = options.sync_writes;
+  auto store = tiering::OpenSegmentTierStore(so);
   if (!store.ok()) {
     return absl::Status(store.status().code(),
                         absl::StrCat("SSD tier at ", options.path, ": ", store.status().message(),
@@ -87,7 +88,7 @@ bool PageTier::Demote(const tiering::TierKey& key, std::span<const uint8_t> page
     return false;
   }
   // Copy before taking the lock: the caller's slot is freed right after this returns.
-  auto bytes = std::make_shared<const std::vector<uint8_t>>(page.begin(), page.end());
+  std::shared_ptr<const PageBytes> bytes = CopyToBuffer(page);
   absl::MutexLock l(&mu_);
   if (queued_bytes_ + page.size() > options_.queue_bytes) {
     counters_.demote_waits.fetch_add(1, std::memory_order_relaxed);
@@ -110,11 +111,32 @@ bool PageTier::Demote(const tiering::TierKey& key, std::span<const uint8_t> page
   return true;
 }
 
+std::shared_ptr<const PageBytes> PageTier::CopyToBuffer(std::span<const uint8_t> page) {
+  std::unique_ptr<PageBytes> b;
+  {
+    absl::MutexLock l(&free_mu_);
+    if (!free_.empty()) {
+      b = std::move(free_.back());
+      free_.pop_back();
+      free_bytes_ -= b->capacity();
+    }
+  }
+  if (b == nullptr) b = std::make_unique<PageBytes>();
+  b->assign(page.begin(), page.end());  // into memory used before: no page faults
+  return std::shared_ptr<const PageBytes>(b.release(), [this](const PageBytes* v) {
+    std::unique_ptr<PageBytes> owned(const_cast<PageBytes*>(v));
+    absl::MutexLock l(&free_mu_);
+    if (free_bytes_ + owned->capacity() > options_.queue_bytes / 4) return;  // freed
+    free_bytes_ += owned->capacity();
+    free_.push_back(std::move(owned));
+  });
+}
+
 void PageTier::WriterLoop() {
   for (;;) {
     tiering::TierKey key;
     uint64_t seq = 0;
-    std::shared_ptr<const std::vector<uint8_t>> bytes;
+    std::shared_ptr<const PageBytes> bytes;
     {
       absl::MutexLock l(&mu_);
       while (!stop_ && queue_.empty()) {
@@ -162,7 +184,7 @@ void PageTier::WriterLoop() {
       }
       if (still_wanted) {
         const int64_t t0 = NowNanos();
-        s = store_->Put(key, *bytes);
+        s = store_->Put(key, std::span<const uint8_t>(bytes->data(), bytes->size()));
         counters_.demote_latency.Observe(NowNanos() - t0);
       }
     }
@@ -176,10 +198,10 @@ void PageTier::WriterLoop() {
     {
       absl::MutexLock l(&mu_);
       if (s.ok()) unsynced_ += bytes->size();
-      // In a long burst, sync every sync_interval or sync_bytes anyway: that bounds what a
-      // kill -9 loses. The page stays visible in pending_ until its sync is done.
+      // In a long burst, sync every burst_sync_interval or sync_bytes anyway: that bounds what
+      // a power loss loses.
       sync_now = unsynced_ >= options_.sync_bytes ||
-                 (unsynced_ > 0 && absl::Now() - last_sync_ >= options_.sync_interval);
+                 (unsynced_ > 0 && absl::Now() - last_sync_ >= options_.burst_sync_interval);
       if (sync_now) unsynced_ = 0;
     }
     if (sync_now) {
@@ -211,26 +233,64 @@ bool PageTier::Contains(const tiering::TierKey& key) {
 }
 
 absl::Status PageTier::Read(const tiering::TierKey& key, std::vector<uint8_t>* out) {
+  for (int attempt = 0; attempt < 2; ++attempt) {  // again if it was replaced meanwhile
+    auto size = SizeOf(key);
+    if (!size.ok()) {
+      counters_.misses.fetch_add(1, std::memory_order_relaxed);
+      return size.status();
+    }
+    out->resize(*size);
+    absl::Status s = ReadInto(key, *out);
+    if (absl::IsFailedPrecondition(s)) continue;
+    if (!s.ok()) out->clear();
+    return s;
+  }
+  out->clear();
+  return absl::AbortedError("SSD tier page replaced while it was read");
+}
+
+absl::StatusOr<uint64_t> PageTier::SizeOf(const tiering::TierKey& key) {
+  {
+    absl::MutexLock l(&mu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end()) return it->second.bytes->size();
+  }
+  return store_->SizeOf(key);
+}
+
+absl::Status PageTier::ReadInto(const tiering::TierKey& key, std::span<uint8_t> out) {
   const int64_t t0 = NowNanos();
   {
     absl::MutexLock l(&mu_);
     auto it = pending_.find(key);
     if (it != pending_.end()) {
-      out->assign(it->second.bytes->begin(), it->second.bytes->end());  // verified at Commit
+      const PageBytes& bytes = *it->second.bytes;
+      if (bytes.size() != out.size()) {
+        return absl::FailedPreconditionError("SSD tier page changed size while it was read");
+      }
+      std::memcpy(out.data(), bytes.data(), bytes.size());  // verified at Commit
       counters_.hits.fetch_add(1, std::memory_order_relaxed);
       return absl::OkStatus();
     }
   }
-  absl::Status s = store_->Get(key, out);
+  absl::Status s = store_->GetInto(key, out);  // one pread into `out`, checksum fused
   counters_.promote_latency.Observe(NowNanos() - t0);
   if (s.ok()) {
     counters_.hits.fetch_add(1, std::memory_order_relaxed);
   } else if (absl::IsDataLoss(s)) {
     counters_.corruptions.fetch_add(1, std::memory_order_relaxed);  // the store removed it
-  } else {
+  } else if (!absl::IsFailedPrecondition(s)) {
     counters_.misses.fetch_add(1, std::memory_order_relaxed);
   }
   return s;
+}
+
+bool PageTier::KeepsCopy(const tiering::TierKey& key) {
+  {
+    absl::MutexLock l(&mu_);
+    if (pending_.contains(key)) return true;
+  }
+  return store_->KeepsCopy(key);
 }
 
 absl::Status PageTier::Delete(const tiering::TierKey& key) {

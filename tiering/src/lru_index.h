@@ -61,5 +61,8 @@ class LruIndex {
 
 // Verifies a page read back from a tier: complete, intact, and of the key's codec.
 absl::Status VerifyTierPage(const TierKey& key, std::span<const uint8_t> page);
+// The same with the page checksum already computed (e.g. while the page was read).
+absl::Status VerifyTierPageHeader(const TierKey& key, std::span<const uint8_t> page,
+                                  uint64_t checksum);
 
 }  // namespace oscarkv::tiering

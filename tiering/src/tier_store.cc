@@ -28,7 +28,16 @@ absl::StatusOr<TierKey> TierKey::FromBytes(std::string_view bytes) {
 }
 
 absl::Status VerifyTierPage(const TierKey& key, std::span<const uint8_t> page) {
-  auto h = ParsePageHeaderStandalone(page, /*verify_checksum=*/true);
+  return VerifyTierPageHeader(key, page, ComputePageChecksum(page));
+}
+
+absl::Status VerifyTierPageHeader(const TierKey& key, std::span<const uint8_t> page,
+                                  uint64_t checksum) {
+  auto h = ParsePageHeaderStandalone(page, /*verify_checksum=*/false);
+  if (h.ok() && h->checksum != checksum) {
+    return absl::DataLossError(absl::StrCat("SSD tier page ", key.block.Hex(),
+                                            " is corrupt: checksum mismatch"));
+  }
   if (!h.ok()) {
     return absl::DataLossError(absl::StrCat("SSD tier page ", key.block.Hex(), " is corrupt: ",
                                             std::string(h.status().message())));
@@ -37,6 +46,17 @@ absl::Status VerifyTierPage(const TierKey& key, std::span<const uint8_t> page) {
     return absl::DataLossError(absl::StrCat("SSD tier page ", key.block.Hex(),
                                             " carries another codec id"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status TierStore::GetInto(const TierKey& key, std::span<uint8_t> out) {
+  std::vector<uint8_t> page;
+  if (absl::Status s = Get(key, &page); !s.ok()) return s;
+  if (page.size() != out.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "SSD tier page ", key.block.Hex(), " has ", page.size(), " bytes, not ", out.size()));
+  }
+  std::memcpy(out.data(), page.data(), page.size());
   return absl::OkStatus();
 }
 
@@ -81,6 +101,13 @@ class MemoryTierStore final : public TierStore {
     *out = it->second;
     ++stats_.hits;
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<uint64_t> SizeOf(const TierKey& key) override {
+    absl::MutexLock l(&mu_);
+    auto it = pages_.find(key);
+    if (it == pages_.end()) return absl::NotFoundError("not in the SSD tier");
+    return it->second.size();
   }
 
   bool Contains(const TierKey& key) override {
@@ -142,7 +169,9 @@ class FaultInjectingTierStore final : public TierStore {
     }
     return s;
   }
+  absl::StatusOr<uint64_t> SizeOf(const TierKey& key) override { return base_->SizeOf(key); }
   bool Contains(const TierKey& key) override { return base_->Contains(key); }
+  bool KeepsCopy(const TierKey& key) override { return base_->KeepsCopy(key); }
   absl::Status Delete(const TierKey& key) override { return base_->Delete(key); }
   TierStats Stats() override { return base_->Stats(); }
   void ForEachKey(const std::function<void(const TierKey&, uint64_t)>& fn) override {

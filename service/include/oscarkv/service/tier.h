@@ -1,26 +1,29 @@
-// PageTier: the daemon's SSD tier -- a tiering::TierStore (RocksDB in the daemon) behind a
-// bounded demotion queue, plus the persisted codec registrations the tier's pages need.
+// PageTier: the daemon's SSD tier -- a tiering::TierStore (the segment store in the daemon)
+// behind a bounded demotion queue, plus the persisted codec registrations the tier's pages need.
 //
 // * Demote copies a page evicted from the DRAM pool into the queue and returns; one writer thread
 //   puts queued pages into the store. The queue holds at most `queue_bytes`: when it is full,
 //   Demote waits for room (back-pressure on the evicting caller) up to `max_wait`, then drops the
-//   page (counted in demote_drops) -- memory is never unbounded.
-// * A queued page is already visible: Contains and Read find it before it reaches the store.
-// * Read returns a verified page (header, codec id and XXH3 checksum: tiering::VerifyTierPage);
-//   NOT_FOUND when absent; DATA_LOSS when what is on disk does not verify (the entry is removed,
-//   so it is a miss from then on and never served).
+//   page (counted in demote_drops) -- memory is never unbounded (the queue, plus at most a
+//   quarter of it in buffers kept for reuse).
+// * A queued page is already visible: Contains, SizeOf and Read find it before it reaches the
+//   store.
+// * Read/ReadInto return a verified page (header, codec id and XXH3 checksum, computed while
+//   the bytes are read); NOT_FOUND when absent; DATA_LOSS when what is on disk does not verify
+//   (the entry is removed, so it is a miss from then on and never served). ReadInto reads
+//   straight into the caller's buffer (a pool slot), which must be SizeOf bytes.
 // * Codec registrations live in <path>/codecs (rewritten atomically -- temp file, fsync,
-//   rename -- on every new registration), the pages in <path>/pages (RocksDB). A restarted
-//   daemon re-registers the codecs, then serves every page the store recovered; recovery reads
-//   only RocksDB's small metadata records, never page bytes.
-// * What survives: a page has reached the tier once the writer has put it and synced (a memtable
-//   flush into RocksDB blob files, fsynced: page bytes are written once, there is no
-//   write-ahead log copy). The writer syncs after `sync_interval` without new demotions, and
-//   within a burst every `sync_interval` or `sync_bytes`; a page stays in the queue's map (so
-//   visible) until its sync. Pages still queued or not yet synced (at most about the last
-//   `sync_interval` or `sync_bytes` of demotions), and pages only in the DRAM pool, are lost
-//   on kill -9 -- never served corrupt. `sync_writes` logs and fsyncs every put instead.
-//   Flush() drains the queue and syncs (the daemon's SIGTERM path).
+//   rename -- on every new registration), the pages in <path>/segments with their index in
+//   <path>/index (RocksDB; docs/FORMAT.md §5). A restarted daemon re-registers the codecs, then
+//   serves every page the store recovered; recovery reads the index records and the segment
+//   files' sizes, never page bytes.
+// * What survives: once the writer has put a page (its bytes and then its index record are
+//   written to the OS) it survives kill -9. It is on the device after the next sync: the
+//   writer syncs (fdatasync of segments and index log) after `sync_interval` without new
+//   demotions, and within a burst every `burst_sync_interval` or `sync_bytes`. Pages still
+//   queued, and pages only in the DRAM pool, are lost on kill -9; a power loss also loses what
+//   was put since the last sync -- never served corrupt (checksums). `sync_writes` syncs every
+//   put instead. Flush() drains the queue and syncs (the daemon's SIGTERM path).
 //
 // Thread-safe. Latency histograms are in nanoseconds of one Put / one Read.
 #pragma once
@@ -29,6 +32,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <thread>
@@ -44,15 +48,36 @@
 
 namespace oscarkv::service {
 
+// Queued page bytes: 4096-aligned, so the tier's store can write them to the device directly
+// (O_DIRECT) without copying them again.
+template <typename T>
+struct PageAlignedAllocator {
+  using value_type = T;
+  PageAlignedAllocator() = default;
+  template <typename U>
+  PageAlignedAllocator(const PageAlignedAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{4096}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{4096}); }
+  template <typename U>
+  bool operator==(const PageAlignedAllocator<U>&) const { return true; }
+};
+using PageBytes = std::vector<uint8_t, PageAlignedAllocator<uint8_t>>;
+
 struct TierOptions {
   std::string path;                   // directory (created if missing)
   uint64_t capacity_bytes = 0;        // page bytes the tier may hold (LRU beyond that)
   uint64_t queue_bytes = 64ull << 20;  // demotion queue bound
   absl::Duration max_wait = absl::Seconds(1);  // longest back-pressure wait of one Demote
-  // Puts are made durable (RocksDB memtable flush into blob files, fsynced) once the writer has
-  // been idle this long, and by Flush(); pages put since the last one are lost on kill -9.
+  // Puts are synced to the device (fdatasync of segments and index log) once the writer has
+  // been idle this long, and by Flush(); a power loss loses what was put since the last sync
+  // (a kill -9 does not: a put page is already in the OS).
   absl::Duration sync_interval = absl::Milliseconds(200);
-  uint64_t sync_bytes = 16ull << 20;  // ... and after this many bytes within a burst
+  // ... and within a burst after this many bytes or this long. A sync costs a journal commit
+  // (tens of ms on a VM disk), so syncing a burst often costs demotion throughput.
+  uint64_t sync_bytes = 256ull << 20;
+  absl::Duration burst_sync_interval = absl::Seconds(1);
   bool sync_writes = false;           // log and fsync every put instead (survives anything)
 };
 
@@ -83,6 +108,13 @@ class PageTier {
   bool Demote(const tiering::TierKey& key, std::span<const uint8_t> page);
   bool Contains(const tiering::TierKey& key);
   absl::Status Read(const tiering::TierKey& key, std::vector<uint8_t>* out);
+  // The page's size (NOT_FOUND if absent), then the page straight into `out` of that size
+  // (FAILED_PRECONDITION if the size no longer matches: the key was replaced meanwhile).
+  absl::StatusOr<uint64_t> SizeOf(const tiering::TierKey& key);
+  absl::Status ReadInto(const tiering::TierKey& key, std::span<uint8_t> out);
+  // True when the tier holds the key and will not drop it soon: evicting the page from the pool
+  // again need not demote it again (tiering::TierStore::KeepsCopy).
+  bool KeepsCopy(const tiering::TierKey& key);
   // OK when something was removed, NOT_FOUND when the key was in neither queue nor store.
   absl::Status Delete(const tiering::TierKey& key);
   // Removes every page (of one codec when `codec` is set); returns how many.
@@ -103,14 +135,21 @@ class PageTier {
  private:
   PageTier(TierOptions options, std::unique_ptr<tiering::TierStore> store);
   void WriterLoop();
+  // A copy of `page` in a recycled buffer, returned to free_ when the last holder lets go.
+  std::shared_ptr<const PageBytes> CopyToBuffer(std::span<const uint8_t> page);
   struct Pending {
     uint64_t seq = 0;
-    std::shared_ptr<const std::vector<uint8_t>> bytes;
+    std::shared_ptr<const PageBytes> bytes;
   };
 
   const TierOptions options_;
   std::unique_ptr<tiering::TierStore> store_;
   TierCounters counters_;
+  // Buffers of pages that left the queue, reused by the next demotions (at most queue_bytes/4).
+  // Declared before pending_, whose buffers return here as it is destroyed.
+  absl::Mutex free_mu_;
+  std::vector<std::unique_ptr<PageBytes>> free_ ABSL_GUARDED_BY(free_mu_);
+  uint64_t free_bytes_ ABSL_GUARDED_BY(free_mu_) = 0;
 
   mutable absl::Mutex mu_;
   absl::CondVar room_, work_, drained_;

@@ -2,17 +2,19 @@
 // survives restarts. The daemon demotes pages evicted from its DRAM pool here instead of dropping
 // them, and promotes them back on a lookup hit.
 //
-// TierStore is the seam: RocksDbTierStore is the real one (RocksDB with blob files for the large
-// page values, a separate column family of small metadata records so restart recovery never
-// reads page bytes), MemoryTierStore a fake for unit tests of other modules, and
-// FaultInjectingTierStore wraps either to inject I/O errors and corruption.
+// TierStore is the seam: the segment store is the real one (page bytes appended to segment
+// files in demotion order, RocksDB as the index only, so restart recovery never reads page
+// bytes; layout in docs/TIER_FORMAT.md), MemoryTierStore a fake for unit tests of other
+// modules, and FaultInjectingTierStore wraps either to inject I/O errors and corruption.
 //
 // Contract for every implementation:
-// * Put stores a copy of a complete page (docs/FORMAT.md) and may evict the least recently used
-//   pages of the tier to stay under capacity; a page larger than the capacity is rejected
-//   (RESOURCE_EXHAUSTED). Put of an existing key replaces it.
-// * Get returns NOT_FOUND for absent keys and DATA_LOSS for a page whose header or checksum does
-//   not verify (that entry is then removed): a corrupt page is never returned as good data.
+// * Put stores a copy of a complete page (docs/FORMAT.md) and may drop other pages of the tier
+//   to stay under capacity (the memory fake: least recently used; the segment store: whole
+//   oldest segments, i.e. the least recently demoted pages); a page larger than the capacity
+//   is rejected (RESOURCE_EXHAUSTED). Put of an existing key replaces it.
+// * Get/GetInto return NOT_FOUND for absent keys and DATA_LOSS for a page whose header or
+//   checksum does not verify (that entry is then removed): a corrupt page is never returned as
+//   good data.
 // * All methods are thread-safe.
 #pragma once
 
@@ -44,7 +46,7 @@ struct TierKey {
 
 struct TierStats {
   uint64_t capacity_bytes = 0;
-  uint64_t used_bytes = 0;
+  uint64_t used_bytes = 0;   // what counts against the capacity (segment store: file bytes)
   uint64_t pages = 0;
   uint64_t puts = 0;
   uint64_t hits = 0;
@@ -59,7 +61,16 @@ class TierStore {
   virtual absl::Status Put(const TierKey& key, std::span<const uint8_t> page) = 0;
   // Appends the page to *out (cleared first).
   virtual absl::Status Get(const TierKey& key, std::vector<uint8_t>* out) = 0;
+  // Reads the page straight into `out`, which must be exactly SizeOf(key) bytes (else
+  // FAILED_PRECONDITION, nothing read); verified like Get. On an error `out` holds garbage.
+  virtual absl::Status GetInto(const TierKey& key, std::span<uint8_t> out);
+  // The stored page's size; NOT_FOUND if absent. Reads no page bytes.
+  virtual absl::StatusOr<uint64_t> SizeOf(const TierKey& key) = 0;
   virtual bool Contains(const TierKey& key) = 0;
+  // True when the key is stored and its copy is not about to be dropped for capacity: a page
+  // evicted again from the pool need not be written again. False means Put it again (the
+  // segment store re-appends it, which is what keeps a reused page away from the drop end).
+  virtual bool KeepsCopy(const TierKey& key) { return Contains(key); }
   // NOT_FOUND if absent.
   virtual absl::Status Delete(const TierKey& key) = 0;
   virtual TierStats Stats() = 0;
@@ -69,18 +80,24 @@ class TierStore {
   virtual absl::Status Sync() { return absl::OkStatus(); }
 };
 
-struct RocksDbTierOptions {
-  std::string path;                // directory; created if missing
+struct SegmentTierOptions {
+  std::string path;  // directory; holds segments/ and index/ (created if missing)
+  // Bytes of segment files on disk (headers and the dead space of deleted or replaced pages
+  // included): the tier never holds more.
   uint64_t capacity_bytes = 64ull << 30;
-  // false: Puts go to memtables only (no write-ahead log, so page bytes are written to disk
-  // once, into blob files) and are durable after Sync() or an automatic memtable flush; a crash
-  // loses what was put since. true: each Put is logged and fsynced before it returns.
+  // Target size of one segment file; 0 = capacity/32 clamped to [64 KiB, 64 MiB]. The tier
+  // drops whole segments, so this is the granularity of its approximation of LRU.
+  uint64_t segment_bytes = 0;
+  // false: a Put is written to the OS (page bytes, then its index record into RocksDB's
+  // write-ahead log) before it returns -- it survives kill -9 -- and is on the device after
+  // Sync() (fdatasync of the segments, then of the log). true: every Put is synced too.
   bool sync_writes = false;
-  bool verify_on_get = true;       // verify header + checksum of every page read
 };
 
-// Opens (or recovers) the tier at options.path. Recovery reads only the metadata column family.
-absl::StatusOr<std::unique_ptr<TierStore>> OpenRocksDbTierStore(const RocksDbTierOptions& options);
+// Opens (or recovers) the tier at options.path. Recovery reads the index and the segment
+// files' sizes, never page bytes; index records that point past a segment's end (a torn tail)
+// or into a missing segment are removed.
+absl::StatusOr<std::unique_ptr<TierStore>> OpenSegmentTierStore(const SegmentTierOptions& options);
 
 // In-memory fake with the same contract (capacity, LRU, verification).
 std::unique_ptr<TierStore> NewMemoryTierStore(uint64_t capacity_bytes);
