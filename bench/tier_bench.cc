@@ -180,7 +180,7 @@ absl::Status RunLeg(const fs::path& dir, const CodecProfile& profile,
   const fs::path file = dir / "plain.bin";
   service::TierOptions to;
   to.path = (dir / "tier").string();
-  // A production-sized cap, so the tier uses the segment size a real tier does (64 MiB).
+  // A production-sized cap (the daemon's segment size follows it: capacity/32).
   to.capacity_bytes = 64ull << 30;
   to.max_wait = absl::InfiniteDuration();  // back-pressure waits count; nothing is dropped
   auto tier = service::PageTier::Open(to);

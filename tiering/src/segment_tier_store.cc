@@ -190,7 +190,8 @@ class SegmentTierStore final : public TierStore {
                                absl::StrCat("open SSD tier index at ", o.path));
     if (!s.ok()) return s;
     uint64_t seg = o.segment_bytes;
-    if (seg == 0) seg = std::clamp<uint64_t>(o.capacity_bytes / 32, 64 << 10, 64 << 20);
+    // About 32 segments: few open files however large the tier, and a drop frees ~3% of it.
+    if (seg == 0) seg = std::clamp<uint64_t>(o.capacity_bytes / 32, 64 << 10, 4ull << 30);
     auto store = std::unique_ptr<SegmentTierStore>(new SegmentTierStore(o, seg, raw));
     if (absl::Status f = store->CheckFormat(); !f.ok()) return f;
     if (absl::Status r = store->Recover(); !r.ok()) return r;
@@ -478,6 +479,11 @@ class SegmentTierStore final : public TierStore {
     }
     f->dfd = ::open(f->path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);  // -1: none (tmpfs)
     absl::MutexLock l(&mu_);
+    if (cur_ != 0) {  // no longer appended to: only the writer uses dfd, under append_mu_
+      SegmentFile& prev = *segments_.at(cur_).file;
+      if (prev.dfd >= 0) ::close(prev.dfd);
+      prev.dfd = -1;
+    }
     DropOldest(kSegmentHeaderBytes, 0, dead, dropped);
     segments_[next_id_] = Segment{std::move(f), kSegmentHeaderBytes, {}, true};
     used_ += kSegmentHeaderBytes;

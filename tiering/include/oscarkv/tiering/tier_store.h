@@ -85,7 +85,7 @@ struct SegmentTierOptions {
   // Bytes of segment files on disk (headers and the dead space of deleted or replaced pages
   // included): the tier never holds more.
   uint64_t capacity_bytes = 64ull << 30;
-  // Target size of one segment file; 0 = capacity/32 clamped to [64 KiB, 64 MiB]. The tier
+  // Target size of one segment file; 0 = capacity/32 clamped to [64 KiB, 4 GiB]. The tier
   // drops whole segments, so this is the granularity of its approximation of LRU.
   uint64_t segment_bytes = 0;
   // false: a Put is written to the OS (page bytes, then its index record into RocksDB's
