@@ -4,7 +4,7 @@
 //
 // TierStore is the seam: the segment store is the real one (page bytes appended to segment
 // files in demotion order, RocksDB as the index only, so restart recovery never reads page
-// bytes; layout in docs/TIER_FORMAT.md), MemoryTierStore a fake for unit tests of other
+// bytes; layout in docs/FORMAT.md §5), MemoryTierStore a fake for unit tests of other
 // modules, and FaultInjectingTierStore wraps either to inject I/O errors and corruption.
 //
 // Contract for every implementation:
