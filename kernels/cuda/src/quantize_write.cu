@@ -280,32 +280,6 @@ absl::Status LaunchQuantizeWrite(const QuantizeWriteArgs& p, cudaStream_t stream
   return CudaStatus(cudaGetLastError(), "quantize-on-write launch");
 }
 
-QuantizeWriteArgs::QuantizeWriteArgs(const QuantizeWriteParams& p, LoadPath path, bool precise) {
-  num_layers = p.num_layers;
-  num_kv_heads = p.num_kv_heads;
-  head_dim = p.head_dim;
-  group_size = p.group_size;
-  page_tokens = p.page_tokens;
-  first_layer = p.first_layer;
-  layer_count = p.layer_count;
-  k_src = p.k_src;
-  v_src = p.v_src;
-  src_layer_stride = p.src_layer_stride;
-  src_token_stride = p.src_token_stride;
-  src_head_stride = p.src_head_stride;
-  num_tokens = p.num_tokens;
-  page_ptrs = p.page_ptrs;
-  page_kinds = p.page_kinds;
-  dst_page = p.dst_page;
-  dst_slot = p.dst_slot;
-  rot_fragments = p.rot_fragments;
-  clips = p.clips;
-  precise_rotation = precise;
-  load_path = path;
-  range_mode = p.range_mode;
-  range_modes = p.range_modes;
-  range_modes_fixed_only = p.range_modes_fixed_only;
-}
 
 absl::Status LaunchQuantizeWrite(const QuantizeWriteParams& p, cudaStream_t stream) {
   return LaunchQuantizeWrite(QuantizeWriteArgs(p), stream);

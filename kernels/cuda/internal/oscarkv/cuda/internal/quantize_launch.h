@@ -14,29 +14,8 @@
 
 namespace oscarkv::cuda {
 
-// QuantizeWriteParams plus the options (same fields otherwise).
-struct QuantizeWriteArgs {
-  // Page geometry (kind comes from page_kinds).
-  uint32_t num_layers = 0, num_kv_heads = 0, head_dim = 128, group_size = 128, page_tokens = 64;
-  uint32_t first_layer = 0;  // rows of layers [first_layer, first_layer + layer_count)
-  uint32_t layer_count = 1;
-  // Source rows, bf16 bits: element (layer i, K|V, token t, head h, channel c) at
-  //   (kv ? v_src : k_src) + i*src_layer_stride + t*src_token_stride + h*src_head_stride + c.
-  const uint16_t* k_src = nullptr;
-  const uint16_t* v_src = nullptr;
-  int64_t src_layer_stride = 0, src_token_stride = 0, src_head_stride = 0;
-  int32_t num_tokens = 0;
-  // Destination: token t goes to slot dst_slot[t] of page-table entry dst_page[t].
-  uint8_t* const* page_ptrs = nullptr;
-  const uint8_t* page_kinds = nullptr;
-  const int32_t* dst_page = nullptr;
-  const int32_t* dst_slot = nullptr;
-  // Prepared rotations [layer_count][2][num_kv_heads] (PrepareRotationFragments); nullptr: rows
-  // are already rotated (the flush, or R_V absorbed into the checkpoint).
-  const void* rot_fragments = nullptr;
-  // Clip ratios [layer_count][2][num_kv_heads] applied to INT2 rows; nullptr: no clipping (and
-  // the faster kernel built without the clip, for the default codec's `--clip none`).
-  const float* clips = nullptr;
+// QuantizeWriteParams (the fields the product launch takes) plus the launch options.
+struct QuantizeWriteArgs : QuantizeWriteParams {
   // R as fp16 high + low parts (the default; rotation error ~1e-6 relative); false uses the high
   // part only: ~2^-12 relative, half the tensor work and fragment traffic (default write 174.2 ->
   // 158.7 us on wgmma, 220.8 -> 186.3 us on mma.sync, H200, 12:16 UTC 2026-11-30). Not the
@@ -81,18 +60,11 @@ struct QuantizeWriteArgs {
     kWgmma4, kWgmma8, kWgmma12, kStream, kStream3
   };
   LoadPath load_path = LoadPath::kAuto;
-  // Range selection of INT2 groups (see the top of this file): per (layer, K|V, head) modes
-  // [layer_count][2][num_kv_heads] as RangeMode bytes (RotationSet::range_mode order, like
-  // clips), or nullptr to use `range_mode` for every head.
-  RangeMode range_mode = RangeMode::kMinMax;
-  const uint8_t* range_modes = nullptr;
-  // The caller's promise that every byte of `range_modes` is min-max or unbiased-fixed (the
-  // streaming kernel's rules): the table is in device memory, so the launcher cannot look.
-  bool range_modes_fixed_only = false;
   QuantizeWriteArgs() = default;
   // The launch of `p` with these options.
   explicit QuantizeWriteArgs(const QuantizeWriteParams& p, LoadPath path = LoadPath::kAuto,
-                             bool precise = true);
+                             bool precise = true)
+      : QuantizeWriteParams(p), precise_rotation(precise), load_path(path) {}
 };
 
 
