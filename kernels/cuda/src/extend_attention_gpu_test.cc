@@ -7,8 +7,13 @@
 // lengths and page tables. Outputs are poisoned (NaN) before every launch.
 //
 // Tolerance (why): query, keys, values and probabilities are fp16 operands (2^-11 relative
-// each) with fp32 accumulation: |out - ref| <= 5e-3 * (1 + |ref|), |lse - ref| <= 5e-3.
+// each) with fp32 accumulation: |out - ref| <= 5e-3 * (1 + |ref|), |lse - ref| <= 5e-3. Rows of
+// sequences without prefix pages (plain prefill: the wgmma path multiplies the bf16 rows as
+// they are, with a bf16 query and probabilities, 2^-8 relative each, like dense bf16 attention)
+// get 1.5e-2 for both.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -195,23 +200,34 @@ void RunExtend(const ExtendCase& c) {
   auto out = d_out->ToHost<float>();
   auto lse = d_lse->ToHost<float>();
   ASSERT_TRUE(out.ok() && lse.ok());
+  // Per new-token row: whether its sequence has no prefix pages (the bf16 path of the wgmma kernel).
+  std::vector<bool> plain(total, false);
+  for (size_t b = 0; b < c.prefix.size(); ++b) {
+    for (int32_t t = q_indptr[b]; t < q_indptr[b + 1]; ++t) plain[t] = c.prefix[b] == 0 && !c.mma_kernel;
+  }
   int bad = 0;
-  double max_err = 0;
+  double max_err[2] = {0, 0}, max_lse_err[2] = {0, 0};  // [paged, plain]
   for (size_t i = 0; i < out->size(); ++i) {
     const float r = ref->out[i], g = (*out)[i];
     const double err = std::fabs(double(g) - r);
-    if (!(err <= 5e-3 * (1 + std::fabs(r)))) {
+    const bool pl = plain[i / (size_t{Hq} * d)];
+    if (!(err <= (pl ? 1.5e-2 : 5e-3) * (1 + std::fabs(r)))) {
       if (++bad < 5) ADD_FAILURE() << "out[" << i << "] gpu " << g << " ref " << r;
     }
-    if (std::isfinite(err)) max_err = std::max(max_err, err);
+    if (std::isfinite(err)) max_err[pl] = std::max(max_err[pl], err);
   }
   for (size_t i = 0; i < lse->size(); ++i) {
     const float r = ref->lse[i], g = (*lse)[i];
-    if (!(std::fabs(g - r) <= 5e-3)) {
+    const double err = std::fabs(double(g) - r);
+    const bool pl = plain[i / Hq];
+    if (!(err <= (pl ? 1.5e-2 : 5e-3))) {
       if (++bad < 10) ADD_FAILURE() << "lse[" << i << "] gpu " << g << " ref " << r;
     }
+    if (std::isfinite(err)) max_lse_err[pl] = std::max(max_lse_err[pl], err);
   }
-  EXPECT_EQ(bad, 0) << "max abs out error " << max_err;
+  std::printf("[ extend ] max abs error out %.3g lse %.3g (paged rows), out %.3g lse %.3g (plain rows)\n",
+              max_err[0], max_lse_err[0], max_err[1], max_lse_err[1]);
+  EXPECT_EQ(bad, 0) << "max abs out error " << max_err[0] << " / " << max_err[1];
 }
 
 TEST(ExtendAttentionGpu, MixedPrefixesGqa4) {
@@ -292,7 +308,8 @@ TEST(ExtendAttentionGpu, MmaSyncKernel) {
 
 // Real K/V: the reference model's post-RoPE keys and values (bench/testdata/refmodel_kv.bin,
 // written by oscarkv_kv_dump from the CPU engine): a prefix of sink + INT2 + BF16 pages and the
-// following rows as new tokens, queries the dump's plus noise; groups 128 and 64.
+// following rows as new tokens, queries the dump's plus noise; groups 128 and 64; and the same
+// rows as a plain prefill (no pages).
 TEST(ExtendAttentionGpu, RealKvOfTheReferenceModel) {
   if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
   std::string path = "bench/testdata/refmodel_kv.bin";
@@ -329,6 +346,17 @@ TEST(ExtendAttentionGpu, RealKvOfTheReferenceModel) {
     c.seed = 50 + group;
     RunExtend(c);
   }
+  ExtendCase c;
+  c.prefix = {0};
+  c.new_tokens = {static_cast<int32_t>(std::min(n, 600u))};
+  c.kv_heads = H;
+  c.gqa = Hq / H;
+  c.unrotate = true;
+  c.real_k = &k;
+  c.real_v = &v;
+  c.real_q = &q;
+  c.seed = 60;
+  RunExtend(c);
 }
 
 // A launch captured in a CUDA graph with a plan sized for a maximum, replayed after the device

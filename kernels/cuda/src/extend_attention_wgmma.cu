@@ -3,18 +3,20 @@
 //
 // One CTA per (128 query rows, sequence, KV head); its rows are the KV head's GQA group of query
 // heads for 128 / gqa consecutive new tokens (row r: token r / gqa, head r % gqa), so every key
-// tile read serves all of them. Three warpgroups:
-//   * warpgroup 0 (producer) walks the key tiles of 64 tokens -- the sequence's prefix slices
-//     (page by page, any mix of INT2 and BF16 pages), then the new tokens up to the CTA's last
-//     one -- copying each tile's raw bytes (codes + fp16 (scale, min) pairs, or bf16 rows) into a
-//     3-slot ring with cp.async two tiles ahead, then dequantizing / converting it into fp16 K
-//     and V tiles in the wgmma operand layout (128-byte swizzle, the channel order of
-//     extend_wgmma.cuh) in a 3-stage ring, handed over with mbarriers (full / empty);
-//   * warpgroups 1 and 2 (consumers) each own 64 rows: S = Q·Kᵀ (wgmma m64n64k16, the query in
-//     shared memory), the causal and length masks, the online softmax in base 2, and
-//     O += P·V (wgmma m64n128k16, P from registers, V transposed from shared memory); the two
-//     take turns issuing (named barriers) and the score product of tile x runs beside the value
-//     product of tile x-1. The dequantization is the bound today (bench/results/EXTEND_NOTES.md).
+// tile read serves all of them. Four warpgroups:
+//   * warpgroups 0 and 1 (producers, 96 registers per thread after setmaxnreg) walk the key
+//     tiles of 64 tokens -- the sequence's prefix slices (page by page, any mix of INT2 and BF16
+//     pages), then the new tokens up to the CTA's last one -- sharing each tile's work: copying
+//     its raw bytes (codes + fp16 (scale, min) pairs, or bf16 rows) into a 3-slot ring with
+//     cp.async two tiles ahead, then dequantizing / converting it into fp16 K and V tiles in the
+//     wgmma operand layout (128-byte swizzle, the channel order of extend_wgmma.cuh) in a 3-stage
+//     ring, handed over with mbarriers (full / empty). (With one producer warpgroup the
+//     dequantization was the bound: bench/results/EXTEND_NOTES.md.)
+//   * warpgroups 2 and 3 (consumers, 160 registers) each own 64 rows: S = Q·Kᵀ (wgmma
+//     m64n64k16, the query in shared memory), the causal and length masks, the online softmax in
+//     base 2, and O += P·V (wgmma m64n128k16, P from registers, V transposed from shared memory);
+//     the two take turns issuing (named barriers) and the score product of tile x runs beside
+//     the value product of tile x-1.
 // The query is rotated by R_K in the CTA on tensor cores (fp16 hi + lo query parts times R_K in
 // fp16, fp32 accumulation) and the output by R_Vᵀ likewise when unrotate_output.
 #include <cuda_bf16.h>
@@ -30,7 +32,11 @@
 namespace oscarkv::cuda::detail {
 namespace {
 
-constexpr int kXThreads = 384;
+constexpr int kXProducers = 256;  // two producer warpgroups
+constexpr int kXThreads = kXProducers + 256;
+// Registers per thread after setmaxnreg: the producers give theirs to the consumers (the CTA's
+// 65536 = 256 x 96 + 256 x 160).
+constexpr int kXProducerRegs = 96, kXConsumerRegs = 160;
 constexpr int kXStages = 3;
 constexpr int kXRawSlots = 3;       // raw copies run two tiles ahead of the dequantization
 constexpr int kXTile = 16384;        // 64 keys x 128 fp16: two 64-channel halves of 8 KiB
@@ -39,9 +45,14 @@ constexpr int kXRaw = 32768;         // one tile's raw bytes, K and V (bf16 rows
 constexpr int kXRot = 32768;         // a 128 x 128 fp16 rotation as a B operand
 constexpr int kXRawOff = kXStages * kXStage;
 constexpr int kXRotOff = kXRawOff + kXRawSlots * kXRaw;
+// The dense kernel (no prefix pages: bf16 rows copied straight into the stages) has no raw ring:
+// its stages fill the space up to the rotation area.
+constexpr int kXDenseStages = kXRotOff / kXStage;
+constexpr int kXMaxStages = kXDenseStages;
 constexpr int kXInfoOff = kXRotOff + kXRot;
-constexpr int kXBarOff = kXInfoOff + 8 * kXStages;
-constexpr int kXSmemBytes = kXBarOff + 16 * kXStages + 1024;  // + slack to align the base to 1 KiB
+constexpr int kXBarOff = kXInfoOff + 8 * kXMaxStages;
+constexpr int kXSmemBytes = kXBarOff + 16 * kXMaxStages + 1024;  // + slack to align the base to 1 KiB
+static_assert(kXDenseStages == 6 && kXSmemBytes <= 232448, "shared memory layout");
 constexpr float kXLog2e = 1.4426950408889634f;
 constexpr float kXLn2 = 0.6931471805599453f;
 constexpr int kBarProducers = 1, kBarConsumers = 2, kBarTurn0 = 3;  // named barrier ids (3, 4: turns)
@@ -61,11 +72,30 @@ __device__ __forceinline__ float XEx2(float x) {
 }
 __device__ __forceinline__ uint32_t Half2Bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 BitsHalf2(uint32_t w) { return *reinterpret_cast<__half2*>(&w); }
+// Two fp32 values as the packed operand pair of the kernel's element type (fp16, or bf16 in the
+// dense kernel).
+template <bool kBf16>
+__device__ __forceinline__ uint32_t PackPair(float a, float b) {
+  if constexpr (kBf16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    return Half2Bits(__floats2half2_rn(a, b));
+  }
+}
 
 // kDiag (bench diagnostics, outputs wrong): 1 the producer hands over tiles without dequantizing
 // them, 2 without copying their raw bytes.
-template <int G, int kDiag = 0>
+// kDense: the kernel of the sequences without prefix pages (plain prefill), which the paged one
+// (kDense false) skips: every key tile is new tokens' bf16 rows, copied by the producers
+// straight into a 6-stage ring in the wgmma layout (natural channel order) and multiplied as
+// bf16 (query, keys, values and probabilities; no conversion pass).
+template <int G, int kDiag = 0, bool kDense = false>
 __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendParams p) {
+  constexpr int kSt = kDense ? kXDenseStages : kXStages;
+  // Channel order of the tiles (extend_wgmma.cuh; natural in the dense kernel).
+  auto channel_of = [](int pos) { return kDense ? pos : ExtendChannel(pos); };
+  auto position_of = [](int c) { return kDense ? c : ExtendPosition(c); };
 #if OSCARKV_HAVE_WGMMA
   extern __shared__ uint8_t smem_raw_base[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw_base) + 1023) & ~uintptr_t(1023));
@@ -84,24 +114,59 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   const int spp = static_cast<int>(sh.slices_per_page());
   const int p0 = __shfl_sync(0xffffffffu, p.table.seq_page_indptr[seq], 0);
   const int p1 = __shfl_sync(0xffffffffu, p.table.seq_page_indptr[seq + 1], 0);
+  if ((p1 == p0) != kDense) return;  // the other kernel's sequence (uniform per CTA)
   const int role = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);  // warpgroup
   const int prefix_slices = (p1 - p0) * spp;
   const int num_tiles = prefix_slices + (last_tok + 64) / 64;
   const uint32_t sbase = SmemAddr(smem);
-  const uint32_t full_bar = sbase + kXBarOff, empty_bar = full_bar + 8 * kXStages;
+  const uint32_t full_bar = sbase + kXBarOff, empty_bar = full_bar + 8 * kSt;
   int2* info = reinterpret_cast<int2*>(smem + kXInfoOff);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kXStages; ++s) {
-      MbarInit(full_bar + 8 * s, 128);
+    for (int s = 0; s < kSt; ++s) {
+      MbarInit(full_bar + 8 * s, kXProducers);
       MbarInit(empty_bar + 8 * s, 256);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
-  if (role == 0) {
-    // ---------------- producer ----------------
+  if (role < 2) {
+    // ---------------- producers ----------------
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kXProducerRegs));
     const int tid = threadIdx.x, lane = tid & 31;
+    if constexpr (kDense) {
+      // Tile x = new tokens [64x, 64x + 64): bf16 rows copied into stage x % kSt, kSt - 1 tiles
+      // ahead (a stage is refilled once the consumers released its previous tile).
+      auto issue = [&](int x) {
+        const int n0 = 64 * x, valid = min(64, num_new - n0);
+        uint8_t* st = smem + (x % kSt) * kXStage;
+        for (int c = tid; c < 2048; c += kXProducers) {
+          const int kv = c >> 10, row = (c >> 4) & 63, ch = c & 15;
+          const bool ok = row < valid;
+          const uint16_t* base = kv ? p.v_new : p.k_new;
+          const uint16_t* src = ok ? base + (size_t(q_begin + n0 + row) * H + h) * 128 + ch * 8 : base;
+          CpAsync16(st + kv * kXTile + (ch >> 3) * 8192 + Swizzle128(row, ch & 7), src, ok);
+        }
+      };
+      for (int x = 0; x < kSt - 1; ++x) {
+        if (x < num_tiles) issue(x);
+        CpAsyncCommit();
+      }
+      for (int x = 0; x < num_tiles; ++x) {
+        CpAsyncWait<kSt - 2>();  // tile x's copies (one group per tile, empty past the end)
+        FenceProxyAsync();
+        const int stage = x % kSt;
+        if (tid == 0) info[stage] = make_int2(min(64, num_new - 64 * x), 64 * x);
+        MbarArrive(full_bar + 8 * stage);
+        const int y = x + kSt - 1;
+        if (y < num_tiles) {
+          MbarWaitParity(empty_bar + 8 * (y % kSt), ((y / kSt) & 1) ^ 1);
+          issue(y);
+        }
+        CpAsyncCommit();
+      }
+      return;
+    }
     const PageGeometry g2 = sh.geometry(PageKind::kInt2), gb = sh.geometry(PageKind::kBf16);
     const size_t seg2_k = g2.segment_offset(sh.layer, 0, h), seg2_v = g2.segment_offset(sh.layer, 1, h);
     const size_t segb_k = gb.segment_offset(sh.layer, 0, h), segb_v = gb.segment_offset(sh.layer, 1, h);
@@ -158,7 +223,7 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
       if (t.valid <= 0) return;
       if (t.page != nullptr && t.kind == static_cast<int>(PageKind::kInt2)) {
         // codes: K at raw[0, 2048), V at [2048, 4096); (scale, min) pairs: K at 4096, V at 4608.
-        for (int c = tid; c < 256 + 32 * NG; c += 128) {
+        for (int c = tid; c < 256 + 32 * NG; c += kXProducers) {
           if (c < 256) {
             const int kv = c >> 7, off = (c & 127) * 16;
             CpAsync16(raw + kv * 2048 + off, t.page + (kv ? seg2_v : seg2_k) + t.tok0 * 32 + off);
@@ -169,12 +234,12 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
           }
         }
       } else if (t.page != nullptr) {
-        for (int c = tid; c < 2048; c += 128) {
+        for (int c = tid; c < 2048; c += kXProducers) {
           const int kv = c >> 10, off = (c & 1023) * 16;
           CpAsync16(raw + kv * 16384 + off, t.page + (kv ? segb_v : segb_k) + t.tok0 * 256 + off);
         }
       } else {
-        for (int c = tid; c < 2048; c += 128) {
+        for (int c = tid; c < 2048; c += kXProducers) {
           const int kv = c >> 10, row = (c >> 4) & 63, ch = c & 15;
           const bool ok = row < t.valid;
           const uint16_t* base = kv ? p.v_new : p.k_new;
@@ -185,8 +250,8 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
     };
     auto dequant = [&](const XTile& t, const uint8_t* raw, uint8_t* stage) {
       const bool int2 = t.page != nullptr && t.kind == static_cast<int>(PageKind::kInt2);
-#pragma unroll 2
-      for (int u = tid; u < 1024; u += 128) {
+#pragma unroll 1  // (unroll 2 spills at the producers' 96 registers)
+      for (int u = tid; u < 1024; u += kXProducers) {
         const int kv = u >> 9, row = (u >> 3) & 63, b = u & 7;
         uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
         if (row < t.valid) {
@@ -196,10 +261,17 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
             const uint32_t sm = *reinterpret_cast<const uint32_t*>(raw + 4096 + kv * 512 + (row * NG + (b * 16) / G) * 4);
             const __half2 scale2 = BitsHalf2(__byte_perm(sm, 0, 0x1010));
             const __half2 min2 = BitsHalf2(__byte_perm(sm, 0, 0x3232));
-            const __half2 magic = BitsHalf2(0x64006400u);
+            // Pair i (bits 2i, 2i+1 of each half) as fp16 2^e + code with e = 10 - 2j: the code
+            // bits masked in place under the exponent of 2^e (j = i for pairs 0..4, whose bits
+            // lie below the exponent field; pairs 5..7 from the word shifted by 10, j = i - 5),
+            // then 2^e subtracted exactly: one LOP3 per pair, no shift.
+            const uint32_t codes_hi = codes >> 10;
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
-              const __half2 c = __hsub2(BitsHalf2(((codes >> (2 * i)) & 0x00030003u) | 0x64006400u), magic);
+              const int j = i < 5 ? i : i - 5;
+              const uint32_t e = 25u - 2u * j, magic = (e << 10) | (e << 26);
+              const uint32_t bits = ((i < 5 ? codes : codes_hi) & (0x00030003u << (2 * j))) | magic;
+              const __half2 c = __hsub2(BitsHalf2(bits), BitsHalf2(magic));
               w[i] = Half2Bits(__hfma2(c, scale2, min2));
             }
           } else {
@@ -234,7 +306,7 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
     CpAsyncCommit();
     for (int x = 0; x < num_tiles; ++x) {
       CpAsyncWait<1>();
-      NamedBarrier(kBarProducers, 128);  // tile x's raw bytes landed; tile x-1's slot is free
+      NamedBarrier(kBarProducers, kXProducers);  // tile x's raw bytes landed; tile x-1's slot is free
       XTile t2{nullptr, 0, 0, 0};
       if (x + 2 < num_tiles) {
         t2 = tile_of(x + 2);
@@ -254,7 +326,8 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   }
 
   // ---------------- consumers ----------------
-  const int ctid = threadIdx.x - 128, wg = role - 1, warp = (ctid >> 5) & 3, lane = ctid & 31;
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kXConsumerRegs));
+  const int ctid = threadIdx.x - kXProducers, wg = role - 2, warp = (ctid >> 5) & 3, lane = ctid & 31;
   const int gid = lane >> 2, tig = lane & 3;
   const int used_rows = tpc * gqa;
   const int r0 = 64 * wg + 16 * warp + gid, r1 = r0 + 8;
@@ -275,17 +348,28 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   uint8_t* q_tile = smem + kXRotOff + wg * kXTile;
   const int qrow0 = 16 * warp + gid;  // rows r0, r1 within the warpgroup's tile
   auto store_q = [&](int row, int pos, float a, float b) {
-    *reinterpret_cast<__half2*>(q_tile + (pos >> 6) * 8192 + Swizzle128(row, (pos & 63) >> 3) + 2 * (pos & 7)) =
-        __floats2half2_rn(a, b);
+    *reinterpret_cast<uint32_t*>(q_tile + (pos >> 6) * 8192 + Swizzle128(row, (pos & 63) >> 3) + 2 * (pos & 7)) =
+        PackPair<kDense>(a, b);
   };
   if (p.rot_k != nullptr) {
     // R_K as a K-major B operand: n-row = position n (R_K column ExtendChannel(n)), k = input
     // channel i.
-    const float* r = p.rot_k + size_t(h) * 128 * 128;
-    for (int idx = ctid; idx < 128 * 128; idx += 256) {
-      const int i = idx >> 7, c = idx & 127, n = ExtendPosition(c);
-      *reinterpret_cast<__half*>(smem + kXRotOff + (i >> 6) * 16384 + Swizzle128(n, (i & 63) >> 3) + 2 * (i & 7)) =
-          __float2half_rn(r[idx]);
+    const float4* r = reinterpret_cast<const float4*>(p.rot_k + size_t(h) * 128 * 128);
+    // In batches of 8 float4 loads per thread (all in flight before the stores).
+    for (int v0 = ctid; v0 < 128 * 32; v0 += 256 * 8) {
+      float4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = r[v0 + 256 * u];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const float e4[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int idx = 4 * (v0 + 256 * u) + t, i = idx >> 7, c = idx & 127, n = position_of(c);
+          *reinterpret_cast<__half*>(smem + kXRotOff + (i >> 6) * 16384 + Swizzle128(n, (i & 63) >> 3) + 2 * (i & 7)) =
+              __float2half_rn(e4[t]);
+        }
+      }
     }
     FenceProxyAsync();
     NamedBarrier(kBarConsumers, 256);
@@ -328,8 +412,8 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
       const int pos = 8 * j + 2 * tig;
       const float* q0 = ok_r0 ? q_row(r0, tok_r0) : nullptr;
       const float* q1 = ok_r1 ? q_row(r1, tok_r1) : nullptr;
-      store_q(qrow0, pos, ok_r0 ? q0[ExtendChannel(pos)] * scale : 0.f, ok_r0 ? q0[ExtendChannel(pos + 1)] * scale : 0.f);
-      store_q(qrow0 + 8, pos, ok_r1 ? q1[ExtendChannel(pos)] * scale : 0.f, ok_r1 ? q1[ExtendChannel(pos + 1)] * scale : 0.f);
+      store_q(qrow0, pos, ok_r0 ? q0[channel_of(pos)] * scale : 0.f, ok_r0 ? q0[channel_of(pos + 1)] * scale : 0.f);
+      store_q(qrow0 + 8, pos, ok_r1 ? q1[channel_of(pos)] * scale : 0.f, ok_r1 ? q1[channel_of(pos + 1)] * scale : 0.f);
     }
   }
   FenceProxyAsync();
@@ -350,11 +434,11 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   auto issue_scores = [&](int stage, float (&s0)[16], float (&s1)[16]) {
     const uint32_t kt = sbase + stage * kXStage;
     WgmmaFence32(s0, s1);
-    WgmmaF16N64SS<0>(s0, s1, SwizzledDesc(SwizzledDescLo(q_addr)), SwizzledDesc(SwizzledDescLo(kt)));
+    WgmmaF16N64SS<0, kDense>(s0, s1, SwizzledDesc(SwizzledDescLo(q_addr)), SwizzledDesc(SwizzledDescLo(kt)));
 #pragma unroll
     for (int s = 1; s < 8; ++s) {
       const uint32_t off = (s >> 2) * 8192 + (s & 3) * 32;
-      WgmmaF16N64SS<1>(s0, s1, SwizzledDesc(SwizzledDescLo(q_addr + off)), SwizzledDesc(SwizzledDescLo(kt + off)));
+      WgmmaF16N64SS<1, kDense>(s0, s1, SwizzledDesc(SwizzledDescLo(q_addr + off)), SwizzledDesc(SwizzledDescLo(kt + off)));
     }
     WgmmaCommit();
   };
@@ -362,7 +446,7 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
     const uint32_t vt = sbase + stage * kXStage + kXTile;
     WgmmaFence64(o0, o1, pa);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) WgmmaF16N128R<1, 1>(o0, o1, pa[kk], ValueTileDesc(vt + kk * 2048));
+    for (int kk = 0; kk < 4; ++kk) WgmmaF16N128R<1, 1, kDense>(o0, o1, pa[kk], ValueTileDesc(vt + kk * 2048));
     WgmmaCommit();
   };
   // Masks and the online softmax of one tile's scores (in place: s becomes p); returns the
@@ -410,10 +494,10 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   auto make_p = [&](const float (&s0)[16], const float (&s1)[16]) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      pa[kk][0] = Half2Bits(__floats2half2_rn(s0[4 * kk], s0[4 * kk + 1]));
-      pa[kk][1] = Half2Bits(__floats2half2_rn(s1[4 * kk], s1[4 * kk + 1]));
-      pa[kk][2] = Half2Bits(__floats2half2_rn(s0[4 * kk + 2], s0[4 * kk + 3]));
-      pa[kk][3] = Half2Bits(__floats2half2_rn(s1[4 * kk + 2], s1[4 * kk + 3]));
+      pa[kk][0] = PackPair<kDense>(s0[4 * kk], s0[4 * kk + 1]);
+      pa[kk][1] = PackPair<kDense>(s1[4 * kk], s1[4 * kk + 1]);
+      pa[kk][2] = PackPair<kDense>(s0[4 * kk + 2], s0[4 * kk + 3]);
+      pa[kk][3] = PackPair<kDense>(s1[4 * kk + 2], s1[4 * kk + 3]);
     }
   };
   auto tile_info = [&](int stage, int& valid, int& new0) {
@@ -438,8 +522,8 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   // O += P_{x-1}·V_{x-1}; wait for S_x; mask and softmax it; wait for the value product
   // (releasing tile x-1's stage); rescale O and keep P_x for the next turn.
   for (int x = 1; x < num_tiles; ++x) {
-    const int stage = x % kXStages, prev = (x - 1) % kXStages;
-    MbarWaitParity(full_bar + 8 * stage, (x / kXStages) & 1);
+    const int stage = x % kSt, prev = (x - 1) % kSt;
+    MbarWaitParity(full_bar + 8 * stage, (x / kSt) & 1);
     int valid, new0;
     tile_info(stage, valid, new0);
     float s0[16], s1[16], f0, f1;
@@ -461,10 +545,10 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   // The last value product, in turn (the turn barriers end balanced: warpgroup 0 then takes the
   // arrival warpgroup 1 leaves after its last issue).
   NamedBarrier(my_turn, 256);
-  issue_values((num_tiles - 1) % kXStages);
+  issue_values((num_tiles - 1) % kSt);
   NamedBarrierArrive(other_turn, 256);
   WgmmaWaitValues(o0, o1, pa);
-  MbarArrive(empty_bar + 8 * ((num_tiles - 1) % kXStages));
+  MbarArrive(empty_bar + 8 * ((num_tiles - 1) % kSt));
   if (wg == 0) NamedBarrier(my_turn, 256);
 
   // Epilogue: normalize, optionally unrotate (O·R_Vᵀ on tensor cores), write.
@@ -485,11 +569,21 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   if (p.unrotate_output) {
     NamedBarrier(kBarConsumers, 256);  // both warpgroups are past their R_K product
     // R_V as a K-major B operand: n-row = output channel i, k = position (R_V[i][ExtendChannel(k)]).
-    const float* r = p.rot_v + size_t(h) * 128 * 128;
-    for (int idx = ctid; idx < 128 * 128; idx += 256) {
-      const int i = idx >> 7, c = idx & 127, k = ExtendPosition(c);
-      *reinterpret_cast<__half*>(smem + kXRotOff + (k >> 6) * 16384 + Swizzle128(i, (k & 63) >> 3) + 2 * (k & 7)) =
-          __float2half_rn(r[idx]);
+    const float4* r = reinterpret_cast<const float4*>(p.rot_v + size_t(h) * 128 * 128);
+    for (int v0 = ctid; v0 < 128 * 32; v0 += 256 * 8) {
+      float4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) v[u] = r[v0 + 256 * u];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const float e4[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          const int idx = 4 * (v0 + 256 * u) + t, i = idx >> 7, c = idx & 127, k = position_of(c);
+          *reinterpret_cast<__half*>(smem + kXRotOff + (k >> 6) * 16384 + Swizzle128(i, (k & 63) >> 3) + 2 * (k & 7)) =
+              __float2half_rn(e4[t]);
+        }
+      }
     }
     FenceProxyAsync();
     NamedBarrier(kBarConsumers, 256);
@@ -531,7 +625,7 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
     for (int j = 0; j < 16; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int c = ExtendChannel(8 * j + 2 * tig + e);
+        const int c = channel_of(8 * j + 2 * tig + e);
         if (out0 != nullptr) out0[c] = o0[2 * j + e] * inv[0];
         if (out1 != nullptr) out1[c] = o1[2 * j + e] * inv[1];
       }
@@ -567,9 +661,9 @@ bool ExtendWgmmaAvailable() {
 }
 
 namespace {
-template <int G, int kDiag>
+template <int G, int kDiag, bool kDense = false>
 absl::Status SetSmem() {
-  return CudaStatus(cudaFuncSetAttribute(ExtendWgmmaKernel<G, kDiag>, cudaFuncAttributeMaxDynamicSharedMemorySize, kXSmemBytes),
+  return CudaStatus(cudaFuncSetAttribute(ExtendWgmmaKernel<G, kDiag, kDense>, cudaFuncAttributeMaxDynamicSharedMemorySize, kXSmemBytes),
                     "extend attention (wgmma) shared memory");
 }
 template <int kDiag>
@@ -583,7 +677,8 @@ void Launch(const ExtendParams& p, dim3 grid, cudaStream_t stream) {
 }  // namespace
 
 absl::Status PrepareExtendWgmma() {
-  for (absl::Status s : {SetSmem<128, 0>(), SetSmem<64, 0>(), SetSmem<128, 1>(), SetSmem<128, 2>()}) {
+  for (absl::Status s : {SetSmem<128, 0>(), SetSmem<64, 0>(), SetSmem<128, 1>(), SetSmem<128, 2>(),
+                         SetSmem<128, 0, true>()}) {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -597,7 +692,10 @@ absl::Status LaunchExtendWgmma(const ExtendParams& p, int max_new_tokens, cudaSt
   } else if (diag == 2 && p.shape.group_size == 128) {
     Launch<2>(p, grid, stream);
   } else {
+    // The sequences with prefix pages, then those without (each kernel's CTAs of the other's
+    // sequences return at once).
     Launch<0>(p, grid, stream);
+    ExtendWgmmaKernel<128, 0, true><<<grid, kXThreads, kXSmemBytes, stream>>>(p);
   }
   return CudaStatus(cudaGetLastError(), "extend attention (wgmma) launch");
 }

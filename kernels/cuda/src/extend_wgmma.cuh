@@ -48,34 +48,54 @@ __device__ __forceinline__ void WgmmaF16N64(float (&s0)[16], float (&s1)[16], co
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(kAccumulate));
 #endif
 }
-// s (+)= A(64 x 16 at desc_a, K-major) · B(16 x 64 at desc_b): both operands in shared memory.
-template <int kAccumulate>
+// s (+)= A(64 x 16 at desc_a, K-major) · B(16 x 64 at desc_b): both operands in shared memory,
+// fp16 (or bf16 with kBf16).
+template <int kAccumulate, bool kBf16 = false>
 __device__ __forceinline__ void WgmmaF16N64SS(float (&s0)[16], float (&s1)[16], uint64_t desc_a, uint64_t desc_b) {
 #if OSCARKV_HAVE_WGMMA
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : OSCARKV_WG_ACC32(s0, s1)
-      : "l"(desc_a), "l"(desc_b), "n"(kAccumulate));
+  if constexpr (kBf16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : OSCARKV_WG_ACC32(s0, s1)
+        : "l"(desc_a), "l"(desc_b), "n"(kAccumulate));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, 0, 0;\n}\n"
+        : OSCARKV_WG_ACC32(s0, s1)
+        : "l"(desc_a), "l"(desc_b), "n"(kAccumulate));
+  }
 #endif
 }
-// y (+)= A(64 x 16, registers) · B(16 x 128 at desc); kTransB: B stored N-major (value tiles).
-template <int kAccumulate, int kTransB>
+// y (+)= A(64 x 16, registers) · B(16 x 128 at desc); kTransB: B stored N-major (value tiles);
+// fp16 operands (or bf16 with kBf16).
+template <int kAccumulate, int kTransB, bool kBf16 = false>
 __device__ __forceinline__ void WgmmaF16N128R(float (&y0)[32], float (&y1)[32], const uint32_t (&a)[4], uint64_t desc) {
 #if OSCARKV_HAVE_WGMMA
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-      : OSCARKV_WG_ACC(y0, y1)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(kAccumulate), "n"(kTransB));
+#define OSCARKV_WG_N128R(TYPE)                                                              \
+  asm volatile(                                                                           \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                         \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                      \
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "           \
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "  \
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "  \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                      \
+      : OSCARKV_WG_ACC(y0, y1)                                                            \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(kAccumulate), "n"(kTransB))
+  if constexpr (kBf16) {
+    OSCARKV_WG_N128R("bf16");
+  } else {
+    OSCARKV_WG_N128R("f16");
+  }
+#undef OSCARKV_WG_N128R
 #endif
 }
 // Fences and waits naming the registers they order (no access to them moves across).

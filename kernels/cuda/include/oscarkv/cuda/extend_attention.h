@@ -8,15 +8,19 @@
 // Kernels: on a compute-capability 9.0 device with this build's sm_90a code, a warp-specialised
 // tensor-core kernel (wgmma): one CTA per (128 query rows, sequence, KV head), the rows being
 // the KV head's GQA group of query heads for 128 / gqa consecutive new tokens, so every key tile
-// is read and dequantized once for all of them; a producer warpgroup dequantizes INT2 codes (or
-// converts bf16 rows) into fp16 tiles in shared memory, two consumer warpgroups compute
-// S = Q·Kᵀ, the online softmax and O += P·V. Elsewhere an mma.sync kernel computes the same
+// is read and dequantized once for all of them; two producer warpgroups dequantize INT2 codes
+// (or convert bf16 rows) into fp16 tiles in shared memory, two consumer warpgroups compute
+// S = Q·Kᵀ, the online softmax and O += P·V. Sequences without prefix pages (plain prefill) run
+// in a second launch of the same kernel whose producers copy the bf16 rows straight into the
+// operand tiles (bf16 products, no conversion). Elsewhere an mma.sync kernel computes the same
 // function (16 new tokens x 4 query heads per CTA).
 //
 // Precision: fp16 keys, values and probabilities (2^-11 relative each) with fp32 accumulation,
-// like FlashAttention's fp16 prefill; the tensor-core kernel rotates the query by R_K (and the
-// output by R_Vᵀ) on tensor cores with R in fp16 and the operand split into fp16 high and low
-// parts. ~1e-3 relative output error against the exact reference (ReferenceExtendAttention).
+// like FlashAttention's fp16 prefill -- bf16 query and probabilities (2^-8) over the bf16 rows
+// for plain prefill, like dense bf16 attention; the tensor-core kernel rotates the query by R_K
+// (and the output by R_Vᵀ) on tensor cores with R in fp16 and the operand split into fp16 high
+// and low parts. ~1e-3 relative output error against the exact reference
+// (ReferenceExtendAttention), a few 1e-3 for plain prefill.
 //
 // Supported: head_dim 128, group 128 or 64, page_tokens 64..256 (multiple of 64), GQA 1..8,
 // |K|, |V| < 65504. Output and LSE are fp32 (LSE natural log), rotated space unless
@@ -53,8 +57,10 @@ struct ExtendParams {
   // pages): [total_new][num_kv_heads][128].
   const uint16_t* k_new = nullptr;
   const uint16_t* v_new = nullptr;
-  const float* rot_k = nullptr;  // [num_kv_heads][d][d] R_K of `layer` (nullptr: q already rotated)
-  const float* rot_v = nullptr;  // [num_kv_heads][d][d] R_V, used when unrotate_output
+  // [num_kv_heads][d][d] R_K of `layer` (nullptr: q already rotated) and R_V (used when
+  // unrotate_output), each 16-byte aligned.
+  const float* rot_k = nullptr;
+  const float* rot_v = nullptr;
   bool unrotate_output = false;
   float softmax_scale = 0;  // <= 0: 1/sqrt(head_dim)
   float* out = nullptr;     // [total_new][num_q_heads][128]
