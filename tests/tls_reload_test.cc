@@ -5,6 +5,8 @@
 // last good one keeps serving.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <filesystem>
@@ -183,6 +185,50 @@ TEST_F(TlsReloadTest, ChangedFilesAreReloadedWithoutASignal) {
   EXPECT_TRUE(NewConnectionsSee(d->address(), "rot", "client2", "127.0.0.1-rotated"))
       << ReadFile(log_);
   EXPECT_TRUE(LogShows("event=tls_reloaded trigger=change")) << ReadFile(log_);
+}
+
+// The checked copies gRPC reads live in <pool file>.tls/ (mode 0700) and go with the daemon: on
+// a clean stop; after kill -9 of a default-named daemon, when the next default-named daemon
+// clears the dead one's pool file; after LocalDaemon::Kill, with the pool file it removes.
+TEST_F(TlsReloadTest, StagedCopiesGoWithTheDaemonEvenAfterKill9) {
+  auto start = [&](const std::string& log) {
+    client::LocalDaemonOptions o;
+    o.binary = OSCARKVD_PATH;
+    o.flags = {"--metrics-listen", "off", "--pool-mb", "64", "--tls-cert", live_ + "/server.pem",
+               "--tls-key", live_ + "/server.key", "--ucx", "off"};  // no --shm-name: oscarkvd-0-<pid>
+    o.log_path = log;
+    auto d = client::LocalDaemon::Start(o);
+    EXPECT_TRUE(d.ok()) << d.status() << "\n" << ReadFile(log);
+    return d.ok() ? *std::move(d) : nullptr;
+  };
+  auto first = start(log_);
+  ASSERT_NE(first, nullptr);
+  const std::string staged = first->shm_path() + ".tls";
+  struct stat st {};
+  ASSERT_EQ(::stat(staged.c_str(), &st), 0) << staged;
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_TRUE(std::filesystem::exists(staged + "/current/key.pem"));
+  // kill -9 and reap it here, so nothing but the next daemon cleans up after it.
+  ASSERT_EQ(::kill(first->pid(), SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(first->pid(), &status, 0), first->pid());
+  (void)first->Running();  // its waitpid fails (ECHILD): it marks itself exited, never signals
+                           // that (reusable) pid again
+  ASSERT_TRUE(std::filesystem::exists(staged));  // left behind, as the pool file is
+  auto second = start(live_ + "/second.log");
+  ASSERT_NE(second, nullptr);
+  EXPECT_FALSE(std::filesystem::exists(staged)) << ReadFile(live_ + "/second.log");
+  EXPECT_NE(ReadFile(live_ + "/second.log").find("removed_dead_pool"), std::string::npos);
+  const std::string own = second->shm_path() + ".tls";
+  EXPECT_TRUE(std::filesystem::exists(own));
+  second->Kill(SIGKILL);
+  EXPECT_FALSE(std::filesystem::exists(own));
+  auto third = start(live_ + "/third.log");
+  ASSERT_NE(third, nullptr);
+  const std::string third_own = third->shm_path() + ".tls";
+  auto stopped = third->Stop();
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  EXPECT_FALSE(std::filesystem::exists(third_own));
 }
 
 }  // namespace

@@ -173,7 +173,11 @@ absl::StatusOr<int> LocalDaemon::Reap(int64_t timeout_ms) {
       exited_ = true;
       exit_code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
       // Killed: it could not remove its pool segment (a clean exit, even a failed start, does).
-      if (WIFSIGNALED(st) && shm_path_.rfind("/dev/shm/", 0) == 0) ::unlink(shm_path_.c_str());
+      if (WIFSIGNALED(st) && shm_path_.rfind("/dev/shm/", 0) == 0) {
+        ::unlink(shm_path_.c_str());
+        std::error_code ec;  // and the TLS files it staged beside it (oscarkvd --tls-cert)
+        std::filesystem::remove_all(shm_path_ + ".tls", ec);
+      }
       // Nor its local control socket file (a socket, so nothing else is removed by mistake).
       struct stat sst;
       if (WIFSIGNALED(st) && !local_socket_.empty() &&

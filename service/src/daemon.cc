@@ -13,7 +13,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -89,6 +91,7 @@ void RemoveDeadDefaultPools() {
     const std::string name = e->d_name;
     if (name.rfind("oscarkvd-", 0) != 0 || name.find('/') != std::string::npos) continue;
     if (name.size() > 5 && name.compare(name.size() - 5, 5, ".sock") == 0) continue;
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tls") == 0) continue;
     const size_t dash = name.rfind('-');
     int pid = 0;
     if (dash == std::string::npos || !absl::SimpleAtoi(name.substr(dash + 1), &pid) || pid <= 0 ||
@@ -109,6 +112,8 @@ void RemoveDeadDefaultPools() {
   for (const std::string& path : dead) {
     if (unlink(path.c_str()) == 0) {
       unlink((path + ".sock").c_str());
+      std::error_code ec;
+      std::filesystem::remove_all(path + ".tls", ec);  // its staged TLS key and certificates
       LogEvent(LogLevel::kWarn, "removed_dead_pool", {{"path", path}});
     }
   }
