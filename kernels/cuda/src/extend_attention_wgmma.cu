@@ -7,11 +7,12 @@
 //   * warpgroups 0 and 1 (producers, 96 registers per thread after setmaxnreg) walk the key
 //     tiles of 64 tokens -- the sequence's prefix slices (page by page, any mix of INT2 and BF16
 //     pages), then the new tokens up to the CTA's last one -- sharing each tile's work: copying
-//     its raw bytes (codes + fp16 (scale, min) pairs, or bf16 rows) into a 3-slot ring with
-//     cp.async two tiles ahead, then dequantizing / converting it into fp16 K and V tiles in the
-//     wgmma operand layout (128-byte swizzle, the channel order of extend_wgmma.cuh) in a 3-stage
-//     ring, handed over with mbarriers (full / empty). (With one producer warpgroup the
-//     dequantization was the bound: bench/results/EXTEND_NOTES.md.)
+//     an INT2 tile's raw bytes (codes + fp16 (scale, min) pairs) into a 3-slot ring with
+//     cp.async two tiles ahead (a BF16 tile's rows are prefetched into L2 then and loaded from
+//     global memory when converted), then dequantizing / converting it into fp16 K and V tiles
+//     in the wgmma operand layout (128-byte swizzle, the channel order of extend_wgmma.cuh) in a
+//     5-stage ring, handed over with mbarriers (full / empty). (With one producer warpgroup and
+//     3 stages the dequantization was the bound: bench/results/EXTEND_NOTES.md.)
 //   * warpgroups 2 and 3 (consumers, 160 registers) each own 64 rows: S = Q·Kᵀ (wgmma
 //     m64n64k16, the query in shared memory), the causal and length masks, the online softmax in
 //     base 2, and O += P·V (wgmma m64n128k16, P from registers, V transposed from shared memory);
@@ -37,11 +38,14 @@ constexpr int kXThreads = kXProducers + 256;
 // Registers per thread after setmaxnreg: the producers give theirs to the consumers (the CTA's
 // 65536 = 256 x 96 + 256 x 160).
 constexpr int kXProducerRegs = 96, kXConsumerRegs = 160;
-constexpr int kXStages = 3;
+constexpr int kXStages = 5;          // fp16 operand tiles: the producers run up to 3 tiles ahead
 constexpr int kXRawSlots = 3;       // raw copies run two tiles ahead of the dequantization
 constexpr int kXTile = 16384;        // 64 keys x 128 fp16: two 64-channel halves of 8 KiB
 constexpr int kXStage = 2 * kXTile;  // K and V
-constexpr int kXRaw = 32768;         // one tile's raw bytes, K and V (bf16 rows: the largest)
+// One INT2 tile's raw bytes, K and V (codes, then the (scale, min) pairs). BF16 tiles (prefix
+// pages, new tokens) are not staged: the converting threads load their rows from global memory
+// (prefetched into L2 when the tile's raw copies would have been issued).
+constexpr int kXRaw = 5120;
 constexpr int kXRot = 32768;         // a 128 x 128 fp16 rotation as a B operand
 constexpr int kXRawOff = kXStages * kXStage;
 constexpr int kXRotOff = kXRawOff + kXRawSlots * kXRaw;
@@ -52,7 +56,7 @@ constexpr int kXMaxStages = kXDenseStages;
 constexpr int kXInfoOff = kXRotOff + kXRot;
 constexpr int kXBarOff = kXInfoOff + 8 * kXMaxStages;
 constexpr int kXSmemBytes = kXBarOff + 16 * kXMaxStages + 1024;  // + slack to align the base to 1 KiB
-static_assert(kXDenseStages == 6 && kXSmemBytes <= 232448, "shared memory layout");
+static_assert(kXDenseStages == 5 && kXRotOff % 1024 == 0 && kXSmemBytes <= 232448, "shared memory layout");
 constexpr float kXLog2e = 1.4426950408889634f;
 constexpr float kXLn2 = 0.6931471805599453f;
 constexpr int kBarProducers = 1, kBarConsumers = 2, kBarTurn0 = 3;  // named barrier ids (3, 4: turns)
@@ -219,6 +223,13 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
       }
       return t;
     };
+    // Row `row` (128 bf16 channels) of a BF16 tile's K (kv 0) or V.
+    auto bf16_row = [&](const XTile& t, int kv, int row) -> const uint16_t* {
+      if (t.page != nullptr) {
+        return reinterpret_cast<const uint16_t*>(t.page + (kv ? segb_v : segb_k) + size_t(t.tok0 + row) * 256);
+      }
+      return (kv ? p.v_new : p.k_new) + (size_t(q_begin + t.tok0 + row) * H + h) * 128;
+    };
     auto issue_raw = [&](const XTile& t, uint8_t* raw) {
       if (t.valid <= 0) return;
       if (t.page != nullptr && t.kind == static_cast<int>(PageKind::kInt2)) {
@@ -233,30 +244,31 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
                       t.page + (kv ? seg2_v : seg2_k) + codes_bytes + t.tok0 * NG * 4 + off);
           }
         }
-      } else if (t.page != nullptr) {
-        for (int c = tid; c < 2048; c += kXProducers) {
-          const int kv = c >> 10, off = (c & 1023) * 16;
-          CpAsync16(raw + kv * 16384 + off, t.page + (kv ? segb_v : segb_k) + t.tok0 * 256 + off);
-        }
       } else {
-        for (int c = tid; c < 2048; c += kXProducers) {
-          const int kv = c >> 10, row = (c >> 4) & 63, ch = c & 15;
-          const bool ok = row < t.valid;
-          const uint16_t* base = kv ? p.v_new : p.k_new;
-          const uint16_t* src = ok ? base + (size_t(q_begin + t.tok0 + row) * H + h) * 128 + ch * 8 : base;
-          CpAsync16(raw + kv * 16384 + row * 256 + ch * 16, src, ok);
+        // BF16 rows: one L2 prefetch per 128-byte half row (K and V, 256 threads).
+        const int kv = tid >> 7, row = (tid >> 1) & 63, half = tid & 1;
+        if (row < t.valid) {
+          const void* src = bf16_row(t, kv, row) + half * 64;
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(src));
         }
       }
     };
+    // Tile t into the fp16 operand tiles of `stage`: INT2 codes from the raw slot, BF16 rows
+    // from global memory (all of a thread's row loads in flight before it converts).
     auto dequant = [&](const XTile& t, const uint8_t* raw, uint8_t* stage) {
-      const bool int2 = t.page != nullptr && t.kind == static_cast<int>(PageKind::kInt2);
-#pragma unroll 1  // (unroll 2 spills at the producers' 96 registers)
-      for (int u = tid; u < 1024; u += kXProducers) {
+      auto store = [&](int u, uint4 lo, uint4 hi) {
         const int kv = u >> 9, row = (u >> 3) & 63, b = u & 7;
-        uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
-        if (row < t.valid) {
-          uint32_t w[8];
-          if (int2) {
+        uint8_t* dst = stage + kv * kXTile + (b >> 2) * 8192;
+        *reinterpret_cast<uint4*>(dst + Swizzle128(row, 2 * (b & 3))) = lo;
+        *reinterpret_cast<uint4*>(dst + Swizzle128(row, 2 * (b & 3) + 1)) = hi;
+      };
+      if (t.page != nullptr && t.kind == static_cast<int>(PageKind::kInt2)) {
+#pragma unroll 1  // (unroll 2 spills at the producers' 96 registers)
+        for (int u = tid; u < 1024; u += kXProducers) {
+          const int kv = u >> 9, row = (u >> 3) & 63, b = u & 7;
+          uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
+          if (row < t.valid) {
+            uint32_t w[8];
             const uint32_t codes = *reinterpret_cast<const uint32_t*>(raw + kv * 2048 + row * 32 + b * 4);
             const uint32_t sm = *reinterpret_cast<const uint32_t*>(raw + 4096 + kv * 512 + (row * NG + (b * 16) / G) * 4);
             const __half2 scale2 = BitsHalf2(__byte_perm(sm, 0, 0x1010));
@@ -274,10 +286,30 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
               const __half2 c = __hsub2(BitsHalf2(bits), BitsHalf2(magic));
               w[i] = Half2Bits(__hfma2(c, scale2, min2));
             }
-          } else {
-            const uint4 a = *reinterpret_cast<const uint4*>(raw + kv * 16384 + row * 256 + b * 32);
-            const uint4 c = *reinterpret_cast<const uint4*>(raw + kv * 16384 + row * 256 + b * 32 + 16);
-            const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, cw[4] = {c.x, c.y, c.z, c.w};
+            lo = make_uint4(w[0], w[1], w[2], w[3]);
+            hi = make_uint4(w[4], w[5], w[6], w[7]);
+          }
+          store(u, lo, hi);
+        }
+      } else {
+        constexpr int kU = 2;  // units loaded at once (4 spill at the producers' 96 registers)
+#pragma unroll 1
+        for (int u0 = tid; u0 < 1024; u0 += kU * kXProducers) {
+          uint4 a[kU], c[kU];
+#pragma unroll
+          for (int k = 0; k < kU; ++k) {
+            const int u = u0 + k * kXProducers, kv = u >> 9, row = (u >> 3) & 63, b = u & 7;
+            a[k] = c[k] = make_uint4(0u, 0u, 0u, 0u);
+            if (row < t.valid) {
+              const uint4* src = reinterpret_cast<const uint4*>(bf16_row(t, kv, row) + b * 16);
+              a[k] = src[0];
+              c[k] = src[1];
+            }
+          }
+#pragma unroll
+          for (int k = 0; k < kU; ++k) {
+            const uint32_t aw[4] = {a[k].x, a[k].y, a[k].z, a[k].w}, cw[4] = {c[k].x, c[k].y, c[k].z, c[k].w};
+            uint32_t w[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
               const uint32_t x = aw[i >> 1], y = cw[i >> 1];
@@ -285,13 +317,9 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
               const float fy = __uint_as_float((i & 1) ? (y & 0xffff0000u) : (y << 16));
               w[i] = Half2Bits(__floats2half2_rn(fx, fy));
             }
+            store(u0 + k * kXProducers, make_uint4(w[0], w[1], w[2], w[3]), make_uint4(w[4], w[5], w[6], w[7]));
           }
-          lo = make_uint4(w[0], w[1], w[2], w[3]);
-          hi = make_uint4(w[4], w[5], w[6], w[7]);
         }
-        uint8_t* dst = stage + kv * kXTile + (b >> 2) * 8192;
-        *reinterpret_cast<uint4*>(dst + Swizzle128(row, 2 * (b & 3))) = lo;
-        *reinterpret_cast<uint4*>(dst + Swizzle128(row, 2 * (b & 3) + 1)) = hi;
       }
     };
 
