@@ -78,8 +78,11 @@ class Model:
             # q and k heads are adjacent in qkv: one norm and one RoPE for both
             qk = F.rms_norm(qkv[:, :(hq + h) * d].view(T, hq + h, d), (d,), None, eps) * l["qkn"]
             qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)
-            q, k = qk[:, :hq], qk[:, hq:]
-            a = attend(i, q, k, qkv[:, (hq + h) * d:].view(T, h, d))
+            # k back into qkv: k and v then share strides, so the INT2 write needs no copies
+            heads = qkv.view(T, hq + 2 * h, d)
+            heads[:, hq:hq + h].copy_(qk[:, hq:])
+            q, k, v = qk[:, :hq], heads[:, hq:hq + h], heads[:, hq + h:]
+            a = attend(i, q, k, v)
             x = torch.addmm(x, a.reshape(T, -1).to(x.dtype), l["o"].t())
             y = F.rms_norm(x, (c["hidden"],), l["ln2"], eps)
             gu = y @ l["gu"].t()

@@ -16,6 +16,7 @@ fixed, so the page table's kinds never change); page-table entry i is slot i. Lo
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from . import _capi, ops
@@ -155,7 +156,7 @@ class PagedKVCache:
         self.page_ptrs = torch.tensor(addrs, dtype=torch.int64, device=dev)
         self.kinds_host = bytes([BF16] * bf16_slots + [INT2] * int2_slots)
         self.page_kinds = torch.tensor(list(self.kinds_host), dtype=torch.uint8, device=dev)
-        self.counts = [0] * self.num_slots  # valid tokens of each slot (host copy)
+        self.counts = np.zeros(self.num_slots, dtype=np.int16)  # valid tokens per slot
         self.page_token_counts = torch.zeros(self.num_slots, dtype=torch.int16, device=dev)
         self.prefix_token_counts = torch.zeros(self.num_slots, dtype=torch.int16, device=dev)
         self.seq_page_indptr = torch.zeros(max_seqs + 1, dtype=torch.int32, device=dev)
@@ -182,6 +183,8 @@ class PagedKVCache:
         self._decoder = None
         self._extend = None
         self._qbuf: Optional[torch.Tensor] = None
+        self._table_dirty = True  # the sequences' page lists changed since the last upload
+        self._plan_stale = True  # the decode plan predates the page table
         self._step_new: List[int] = []
         self._step_total = 0
         self._step_max_new = 0
@@ -199,6 +202,7 @@ class PagedKVCache:
             self.lengths[b] = 0
             self._settled[b] = 0
         self.active = num_seqs
+        self._table_dirty = True
 
     def _alloc(self, kind: int) -> int:
         free = self._free_int2 if kind == INT2 else self._free_bf16
@@ -229,12 +233,14 @@ class PagedKVCache:
         if total > self.max_step_tokens:
             raise ValueError("step of %d tokens (max_step_tokens %d)" % (total, self.max_step_tokens))
         counts = self.counts
+        extend = max(new_tokens, default=0) > 1 or total != self.active
         flushes: List[Tuple[int, int]] = []
         dst_page: List[int] = []
         dst_slot: List[int] = []
-        pcounts = list(counts)
+        prefix_fix: List[Tuple[int, int]] = []  # (slot, tokens before this step) of touched pages
         pids: List[int] = []
-        pindptr, ids, indptr, q_indptr = [0], [], [0], [0]
+        pindptr, q_indptr = [0], [0]
+        dirty = self._table_dirty
         for b, m in enumerate(new_tokens):
             n0, n1 = self.lengths[b], self.lengths[b] + m
             if n1 > self.max_seq_tokens:
@@ -250,49 +256,65 @@ class PagedKVCache:
                     d = self._alloc(INT2)
                     flushes.append((pages[i], d))
                     pages[i] = d
-                    counts[d] = pcounts[d] = T
+                    counts[d] = T
+                    dirty = True
                 i += 1
             self._settled[b] = i
             first = n0 // T  # pages before it are full and untouched by this step
-            for i in range(first, len(pages)):
-                pcounts[pages[i]] = max(0, n0 - i * T)
-            pids += pages[:-(-n0 // T)]
-            pindptr.append(len(pids))
+            if extend:
+                for i in range(first, len(pages)):
+                    prefix_fix.append((pages[i], max(0, n0 - i * T)))
+                pids += pages[:-(-n0 // T)]
+                pindptr.append(len(pids))
             for p in range(n0, n1):
                 i = p // T
                 if i == len(pages):
                     direct = c.is_int2_page(i, n1) and i * T >= n0
                     pages.append(self._alloc(INT2 if direct else BF16))
-                    pcounts[pages[i]] = 0
+                    prefix_fix.append((pages[i], 0))
+                    dirty = True
                 dst_page.append(pages[i])
                 dst_slot.append(p % T)
             for i in range(first, len(pages)):
                 counts[pages[i]] = min(T, n1 - i * T)
             self.lengths[b] = n1
-            ids += pages
-            indptr.append(len(ids))
             q_indptr.append(q_indptr[-1] + m)
         # Flushes read rows written in earlier steps (stream order), before this step's writes.
         for src, dst in flushes:
             self._flush(src, dst)
             self._free(src)
-        for src, _ in flushes:
-            pcounts[src] = 0
         pin = self.device.type == "cuda"
-        self._upload(self.page_token_counts, counts, pin)
-        self._upload(self.prefix_token_counts, pcounts, pin)
-        self._upload(self.seq_page_indptr, indptr, pin)
-        self._upload(self.seq_page_ids, ids, pin)
-        self._upload(self.q_indptr, q_indptr, pin)
-        self._upload(self.prefix_indptr, pindptr, pin)
-        self._upload(self.prefix_ids, pids, pin)
+        self._upload_counts(self.page_token_counts, counts, pin)
+        if extend:
+            pcounts = counts.copy()
+            for slot, v in prefix_fix:
+                pcounts[slot] = v
+            self._upload_counts(self.prefix_token_counts, pcounts, pin)
+            self._upload(self.q_indptr, q_indptr, pin)
+            self._upload(self.prefix_indptr, pindptr, pin)
+            self._upload(self.prefix_ids, pids, pin)
+        if dirty:  # the page table (and so the decode plan) changed
+            ids, indptr = [], [0]
+            for b in range(self.active):
+                ids += self.pages[b]
+                indptr.append(len(ids))
+            self._upload(self.seq_page_indptr, indptr, pin)
+            self._upload(self.seq_page_ids, ids, pin)
+            self._indptr_host, self._ids_host = indptr, ids
+            self._plan_stale = True
         self._upload(self.dst_page, dst_page, pin)
         self._upload(self.dst_slot, dst_slot, pin)
-        self._indptr_host, self._ids_host = indptr, ids
         self._step_new, self._step_total = list(new_tokens), total
         self._step_max_new = max(new_tokens) if new_tokens else 0
-        if pin and self._step_max_new == 1 and total == self.active:
+        if pin and not extend and (self._plan_stale or self._decoder is None):
             self._plan_decode()
+            self._plan_stale = False
+        self._table_dirty = False
+
+    @staticmethod
+    def _upload_counts(dst: torch.Tensor, counts: "np.ndarray", pin: bool) -> None:
+        src = torch.from_numpy(counts)
+        dst.copy_(src.pin_memory() if pin else src, non_blocking=pin)
 
     @staticmethod
     def _upload(dst: torch.Tensor, values: List[int], pin: bool) -> None:
@@ -394,7 +416,7 @@ class PagedKVCache:
 
     def sequence_pages(self, b: int) -> List[Tuple[int, int, int]]:
         """(kind, slot, token_count) of sequence b's pages in token order."""
-        return [(self._kind(s), s, self.counts[s]) for s in self.pages[b]]
+        return [(self._kind(s), s, int(self.counts[s])) for s in self.pages[b]]
 
     def export_page(self, slot: int) -> bytes:
         """The bytes of one page (header and checksum filled in), for storing in the daemon."""
@@ -404,7 +426,7 @@ class PagedKVCache:
         buf = bytearray(self.pool[off:off + size].cpu().numpy().tobytes())
         arr = (_capi.ctypes.c_uint8 * size).from_buffer(buf)
         _capi.check(_capi.load().oscarkv_cuda_finish_page(_capi.ctypes.byref(self.codec.c_profile()),
-                                                          kind, self.counts[slot], arr, size))
+                                                          kind, int(self.counts[slot]), arr, size))
         return bytes(buf)
 
     def load_pages(self, b: int, pages: Sequence[Tuple[int, object]], tokens: int) -> None:
@@ -426,3 +448,4 @@ class PagedKVCache:
             self.pages[b].append(s)
             self.counts[s] = min(T, tokens - i * T)
         self.lengths[b] = tokens
+        self._table_dirty = True
