@@ -20,6 +20,10 @@ int64_t NowNanos() {
       .count();
 }
 
+// One writer batch: at most this many pages or (about) bytes.
+constexpr size_t kMaxBatchPages = 64;
+constexpr uint64_t kMaxBatchBytes = 16ull << 20;
+
 constexpr char kCodecsMagic[8] = {'O', 'K', 'V', 'C', 'O', 'D', 'E', '1'};
 constexpr size_t kMaxCodecRecord = 1 << 16;
 
@@ -133,10 +137,13 @@ std::shared_ptr<const PageBytes> PageTier::CopyToBuffer(std::span<const uint8_t>
 }
 
 void PageTier::WriterLoop() {
-  for (;;) {
+  struct Job {
     tiering::TierKey key;
-    uint64_t seq = 0;
+    uint64_t seq;
     std::shared_ptr<const PageBytes> bytes;
+  };
+  for (;;) {
+    std::vector<Job> jobs;
     {
       absl::MutexLock l(&mu_);
       while (!stop_ && queue_.empty()) {
@@ -163,41 +170,62 @@ void PageTier::WriterLoop() {
         drained_.SignalAll();
       }
       if (stop_) return;
-      std::tie(key, seq) = queue_.front();
-      queue_.pop_front();
-      auto it = pending_.find(key);
-      if (it == pending_.end() || it->second.seq != seq) {  // deleted or replaced
+      // Take what is queued, up to a batch: the store writes pages that land back to back with
+      // one write and their index records in one batch.
+      uint64_t batch_bytes = 0;
+      while (!queue_.empty() && jobs.size() < kMaxBatchPages && batch_bytes < kMaxBatchBytes) {
+        const auto [key, seq] = queue_.front();
+        queue_.pop_front();
+        auto it = pending_.find(key);
+        if (it == pending_.end() || it->second.seq != seq) continue;  // deleted or replaced
+        jobs.push_back({key, seq, it->second.bytes});
+        batch_bytes += it->second.bytes->size();
+      }
+      if (jobs.empty()) {
         if (queue_.empty()) drained_.SignalAll();
         continue;
       }
-      bytes = it->second.bytes;
       writing_ = true;
     }
-    absl::Status s;
+    std::vector<absl::Status> results(jobs.size(), absl::AbortedError("deleted meanwhile"));
     {
       absl::MutexLock io(&io_mu_);
-      bool still_wanted;
+      std::vector<tiering::TierStore::PutItem> items;
+      std::vector<size_t> index;
       {
-        absl::MutexLock l(&mu_);
-        auto it = pending_.find(key);
-        still_wanted = it != pending_.end() && it->second.seq == seq;
+        absl::MutexLock l(&mu_);  // a Delete/Clear may have come before io_mu_ was taken
+        for (size_t k = 0; k < jobs.size(); ++k) {
+          auto it = pending_.find(jobs[k].key);
+          if (it == pending_.end() || it->second.seq != jobs[k].seq) continue;
+          items.push_back({jobs[k].key, std::span<const uint8_t>(jobs[k].bytes->data(),
+                                                                 jobs[k].bytes->size())});
+          index.push_back(k);
+        }
       }
-      if (still_wanted) {
+      if (!items.empty()) {
         const int64_t t0 = NowNanos();
-        s = store_->Put(key, std::span<const uint8_t>(bytes->data(), bytes->size()));
-        counters_.demote_latency.Observe(NowNanos() - t0);
+        std::vector<absl::Status> rs = store_->PutMany(items);
+        const int64_t per_page = (NowNanos() - t0) / static_cast<int64_t>(items.size());
+        for (size_t k = 0; k < items.size(); ++k) {
+          results[index[k]] = rs[k];
+          counters_.demote_latency.Observe(per_page);
+        }
       }
     }
-    if (s.ok()) {
-      counters_.demotions.fetch_add(1, std::memory_order_relaxed);
-      counters_.demoted_bytes.fetch_add(bytes->size(), std::memory_order_relaxed);
-    } else {
-      counters_.demote_drops.fetch_add(1, std::memory_order_relaxed);
+    uint64_t put_bytes = 0;
+    for (size_t k = 0; k < jobs.size(); ++k) {
+      if (results[k].ok()) {
+        counters_.demotions.fetch_add(1, std::memory_order_relaxed);
+        counters_.demoted_bytes.fetch_add(jobs[k].bytes->size(), std::memory_order_relaxed);
+        put_bytes += jobs[k].bytes->size();
+      } else if (!absl::IsAborted(results[k])) {
+        counters_.demote_drops.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     bool sync_now = false;
     {
       absl::MutexLock l(&mu_);
-      if (s.ok()) unsynced_ += bytes->size();
+      unsynced_ += put_bytes;
       // In a long burst, sync every burst_sync_interval or sync_bytes anyway: that bounds what
       // a power loss loses.
       sync_now = unsynced_ >= options_.sync_bytes ||
@@ -213,10 +241,12 @@ void PageTier::WriterLoop() {
     }
     absl::MutexLock l(&mu_);
     if (sync_now) last_sync_ = absl::Now();
-    auto it = pending_.find(key);
-    if (it != pending_.end() && it->second.seq == seq) {
-      queued_bytes_ -= it->second.bytes->size();
-      pending_.erase(it);
+    for (const Job& job : jobs) {
+      auto it = pending_.find(job.key);
+      if (it != pending_.end() && it->second.seq == job.seq) {
+        queued_bytes_ -= it->second.bytes->size();
+        pending_.erase(it);
+      }
     }
     writing_ = false;
     room_.SignalAll();

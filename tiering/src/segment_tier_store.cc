@@ -20,6 +20,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -56,6 +57,7 @@ constexpr uint64_t kWritebackBytes = 4ull << 20;  // writeback is started every 
 // the page cache. Smaller pages are written through the page cache, packed.
 constexpr uint64_t kDirectMinBytes = 256 << 10;
 constexpr uint64_t kAlign = 4096;
+constexpr size_t kMaxRunPages = 256;  // pages in one pwritev (two iovecs each at most)
 uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) & ~(kAlign - 1); }
 // Pages are read in pieces of up to this size, each hashed right after its pread while it is
 // still in the core's L2 cache. Large reads keep the kernel's readahead window large (measured:
@@ -209,91 +211,96 @@ class SegmentTierStore final : public TierStore {
   }
 
   absl::Status Put(const TierKey& key, std::span<const uint8_t> page) override {
-    if (page.size() < kPageHeaderBytes) return absl::InvalidArgumentError("not a page");
-    const bool big = page.size() >= kDirectMinBytes;
-    const uint64_t need = page.size() + (big ? 2 * kAlign : 0);  // with alignment and padding
-    if (page.size() > UINT32_MAX || need + kSegmentHeaderBytes > opts_.capacity_bytes) {
-      return absl::ResourceExhaustedError("page larger than the SSD tier capacity");
-    }
+    const PutItem item{key, page};
+    return PutMany(std::span<const PutItem>(&item, 1))[0];
+  }
+
+  // Places every page (space reserved at the end of the current segment, rolling to a new one
+  // and dropping old ones as needed), writes each run of pages that are contiguous in one file
+  // with one pwritev, then puts all their index records in one RocksDB batch.
+  std::vector<absl::Status> PutMany(std::span<const PutItem> items) override {
+    std::vector<absl::Status> out(items.size());
     absl::MutexLock a(&append_mu_);
     std::vector<TierKey> dead;  // index records of dropped segments' pages
     std::vector<fs::path> dropped;
-    uint64_t cur_bytes = 0;
-    if (cur_ != 0) {
-      absl::MutexLock l(&mu_);
-      cur_bytes = segments_.at(cur_).bytes;
-    }
-    bool roll = cur_ == 0 || (cur_bytes > kSegmentHeaderBytes && cur_bytes + need > segment_bytes_);
-    std::shared_ptr<SegmentFile> file;
-    uint64_t offset = 0, prev_end = 0;
-    absl::Status w;
-    // Two rounds at most: the second starts a new segment, beside which everything older can go.
-    for (int round = 0; round < 2 && file == nullptr && w.ok(); ++round) {
-      if (roll) w = NewSegment(&dead, &dropped);
-      if (!w.ok()) break;
-      absl::MutexLock l(&mu_);
-      DropOldest(need, cur_, &dead, &dropped);
-      if (used_ + need <= opts_.capacity_bytes) {
-        const Segment& seg = segments_.at(cur_);
-        file = seg.file;
-        prev_end = seg.bytes;
-      }
-      roll = true;  // only the current segment is left, and it is full of other pages
-    }
-    if (w.ok() && file == nullptr) w = absl::InternalError("SSD tier: no room after a new segment");
-    const bool direct = file != nullptr && big && file->dfd >= 0;
-    offset = direct ? AlignUp(prev_end) : prev_end;
-    const uint64_t end = direct ? offset + AlignUp(page.size()) : offset + page.size();
-    if (w.ok() && direct) {
-      w = WriteDirect(*file, page, offset);
-    } else if (w.ok()) {
-      w = PwriteAll(file->fd, page.data(), page.size(), offset, file->path);
-      if (w.ok() && offset + page.size() - writeback_from_ >= kWritebackBytes) {
-        // Start writeback now (not waiting for it), so the next Sync finds little left to do.
-        (void)::sync_file_range(file->fd, static_cast<off_t>(writeback_from_),
-                                static_cast<off_t>(offset + page.size() - writeback_from_),
-                                SYNC_FILE_RANGE_WRITE);
-        writeback_from_ = offset + page.size();
-      }
-    }
-    if (w.ok() && opts_.sync_writes && ::fdatasync(file->fd) != 0) w = Errno("sync", file->path);
-    if (file != nullptr) {
-      if (!w.ok() && ::ftruncate(file->fd, static_cast<off_t>(prev_end)) != 0) {
-        w = Errno("truncate", file->path);  // the file keeps the partial page: count it below
-        absl::MutexLock l(&mu_);
-        const uint64_t size = static_cast<uint64_t>(::lseek(file->fd, 0, SEEK_END));
-        Segment& seg = segments_.at(cur_);
-        if (size > seg.bytes) {
-          used_ += size - seg.bytes;
-          seg.bytes = size;
+    std::vector<Placed> placed;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const size_t n = items[i].page.size();
+      const uint64_t need = n + (n >= kDirectMinBytes ? 2 * kAlign : 0);  // alignment, padding
+      if (n < kPageHeaderBytes) {
+        out[i] = absl::InvalidArgumentError("not a page");
+      } else if (n > UINT32_MAX || need + kSegmentHeaderBytes > opts_.capacity_bytes) {
+        out[i] = absl::ResourceExhaustedError("page larger than the SSD tier capacity");
+      } else {
+        auto p = Place(i, n, need, &dead, &dropped);
+        if (p.ok()) {
+          placed.push_back(*p);
+        } else {
+          out[i] = p.status();
         }
-        cur_ = 0;  // never append behind bytes of unknown length
       }
     }
-    const Location loc{cur_, offset, StoredPageChecksum(page), static_cast<uint32_t>(page.size())};
+    // Runs of pages back to back in one file, written the same way: one pwritev each.
+    for (size_t r = 0; r < placed.size();) {
+      size_t e = r + 1;
+      while (e < placed.size() && e - r < kMaxRunPages && placed[e].file == placed[r].file &&
+             placed[e].direct == placed[r].direct && placed[e].offset == placed[e - 1].end) {
+        ++e;
+      }
+      const absl::Status w = WriteRun(items, std::span<const Placed>(&placed[r], e - r));
+      for (size_t k = r; k < e; ++k) out[placed[k].item] = w;
+      r = e;
+    }
+    for (const auto& f : retired_) {  // segments no longer appended to
+      if (f->dfd >= 0) ::close(f->dfd);
+      f->dfd = -1;
+    }
+    retired_.clear();
+    if (opts_.sync_writes) {
+      std::shared_ptr<SegmentFile> last;
+      for (const Placed& p : placed) {
+        if (p.file == last || !out[p.item].ok()) continue;
+        last = p.file;
+        if (::fdatasync(p.file->fd) != 0) out[p.item] = Errno("sync", p.file->path);
+      }
+    }
     rocksdb::WriteBatch batch;
     for (const TierKey& k : dead) batch.Delete(k.Bytes());
-    if (w.ok()) batch.Put(key.Bytes(), EncodeRecord(loc));
+    {
+      absl::MutexLock l(&mu_);
+      for (const Placed& p : placed) {
+        if (out[p.item].ok() && segments_.contains(p.segment)) {
+          batch.Put(items[p.item].key.Bytes(), EncodeRecord(LocationOf(items, p)));
+        }
+      }
+    }
     rocksdb::WriteOptions wo;
     wo.sync = opts_.sync_writes;
-    absl::Status s = batch.Count() == 0
-                         ? absl::OkStatus()
-                         : FromRocks(db_->Write(wo, &batch), "SSD tier index write");
-    if (w.ok()) {
+    const absl::Status s = batch.Count() == 0
+                               ? absl::OkStatus()
+                               : FromRocks(db_->Write(wo, &batch), "SSD tier index write");
+    {
       absl::MutexLock l(&mu_);
-      Segment& seg = segments_.at(loc.segment);
-      seg.bytes = end;
-      seg.dirty = true;
-      used_ += end - prev_end;
-      if (s.ok()) {
-        seg.keys.push_back(key);
-        index_[key] = loc;  // an older copy elsewhere is dead space from now on
+      for (const Placed& p : placed) {
+        if (!out[p.item].ok()) continue;
+        if (!s.ok()) {
+          out[p.item] = s;
+          continue;
+        }
+        auto seg = segments_.find(p.segment);
+        if (seg == segments_.end()) {  // dropped by a later page of this batch: evicted at once
+          ++stats_.evictions;
+          continue;
+        }
+        const TierKey& key = items[p.item].key;
+        seg->second.keys.push_back(key);
+        index_[key] = LocationOf(items, p);  // an older copy elsewhere is dead space from now on
         ++stats_.puts;
       }
     }
     for (const fs::path& p : dropped) ::unlink(p.c_str());  // readers keep their open files
     if (!dropped.empty()) dir_dirty_ = true;
-    return w.ok() ? s : w;
+    return out;
   }
 
   absl::Status Get(const TierKey& key, std::vector<uint8_t>* out) override {
@@ -438,27 +445,110 @@ class SegmentTierStore final : public TierStore {
     return absl::OkStatus();
   }
 
-  // Writes `page` at the aligned `offset` through file.dfd, padded with zeros to a multiple of
-  // kAlign: straight from the caller's buffer when it is aligned (only the last partial block
-  // is staged), else through the staging buffer. append_mu_ held.
-  absl::Status WriteDirect(const SegmentFile& file, std::span<const uint8_t> page, uint64_t offset)
+  // Where one page of a PutMany goes: its reserved bytes [offset, end) of segment `segment`.
+  struct Placed {
+    size_t item;
+    std::shared_ptr<SegmentFile> file;
+    uint64_t segment, offset, end;
+    bool direct;  // through file->dfd, padded to kAlign
+  };
+
+  static Location LocationOf(std::span<const PutItem> items, const Placed& p) {
+    const auto page = items[p.item].page;
+    return {p.segment, p.offset, StoredPageChecksum(page), static_cast<uint32_t>(page.size())};
+  }
+
+  // Reserves room for a page of n bytes (`need` with alignment) at the end of the current
+  // segment: a new segment when it would pass segment_bytes_, oldest segments dropped while the
+  // capacity would be passed. append_mu_ held.
+  absl::StatusOr<Placed> Place(size_t item, uint64_t n, uint64_t need, std::vector<TierKey>* dead,
+                               std::vector<fs::path>* dropped)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_) {
-    const bool aligned = reinterpret_cast<uintptr_t>(page.data()) % kAlign == 0;
-    const uint64_t body = aligned ? page.size() & ~(kAlign - 1) : 0;
-    const uint64_t rest = AlignUp(page.size() - body);
-    if (body > 0) {
-      if (absl::Status s = PwriteAll(file.dfd, page.data(), body, offset, file.path); !s.ok()) {
-        return s;
+    bool roll = cur_ == 0;
+    if (!roll) {
+      absl::MutexLock l(&mu_);
+      const uint64_t cur_bytes = segments_.at(cur_).bytes;
+      roll = cur_bytes > kSegmentHeaderBytes && cur_bytes + need > segment_bytes_;
+    }
+    // Two rounds at most: the second starts a new segment, beside which everything older can go.
+    for (int round = 0; round < 2; ++round, roll = true) {
+      if (roll) {
+        if (absl::Status s = NewSegment(dead, dropped); !s.ok()) return s;
+      }
+      absl::MutexLock l(&mu_);
+      DropOldest(need, cur_, dead, dropped);
+      if (used_ + need > opts_.capacity_bytes) continue;  // only the current one is left, full
+      Segment& seg = segments_.at(cur_);
+      Placed p{item, seg.file, cur_, 0, 0, n >= kDirectMinBytes && seg.file->dfd >= 0};
+      p.offset = p.direct ? AlignUp(seg.bytes) : seg.bytes;
+      p.end = p.direct ? p.offset + AlignUp(n) : p.offset + n;
+      used_ += p.end - seg.bytes;
+      seg.bytes = p.end;  // the space is taken even if the write fails (dead space then)
+      seg.dirty = true;
+      return p;
+    }
+    return absl::InternalError("SSD tier: no room after a new segment");
+  }
+
+  // Writes a run of placed pages, back to back in one file, with one pwritev. Direct runs go
+  // through file->dfd, each page padded with zeros to a multiple of kAlign: straight from the
+  // caller's buffer when it is aligned (only its last partial block is staged), else staged
+  // whole. append_mu_ held.
+  absl::Status WriteRun(std::span<const PutItem> items, std::span<const Placed> run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_) {
+    const SegmentFile& f = *run[0].file;
+    const bool direct = run[0].direct;
+    std::vector<iovec> iov;
+    iov.reserve(2 * run.size());
+    uint64_t total = 0;
+    if (!direct) {
+      for (const Placed& p : run) {
+        const auto page = items[p.item].page;
+        iov.push_back({const_cast<uint8_t*>(page.data()), page.size()});
+        total += page.size();
+      }
+    } else {
+      uint64_t stage = 0;  // staged bytes the run needs
+      for (const Placed& p : run) {
+        const auto page = items[p.item].page;
+        const bool aligned = reinterpret_cast<uintptr_t>(page.data()) % kAlign == 0;
+        stage += aligned ? (page.size() % kAlign != 0 ? kAlign : 0) : AlignUp(page.size());
+      }
+      if (stage_bytes_ < stage) {
+        stage_.reset(static_cast<uint8_t*>(::operator new(stage, std::align_val_t{kAlign})));
+        stage_bytes_ = stage;
+      }
+      uint8_t* st = stage_.get();
+      for (const Placed& p : run) {
+        const auto page = items[p.item].page;
+        const bool aligned = reinterpret_cast<uintptr_t>(page.data()) % kAlign == 0;
+        const uint64_t body = aligned ? page.size() & ~(kAlign - 1) : 0;
+        if (body > 0) iov.push_back({const_cast<uint8_t*>(page.data()), body});
+        const uint64_t rest = AlignUp(page.size() - body);
+        if (rest > 0) {
+          std::memcpy(st, page.data() + body, page.size() - body);
+          std::memset(st + (page.size() - body), 0, rest - (page.size() - body));
+          iov.push_back({st, rest});
+          st += rest;
+        }
+        total += p.end - p.offset;
       }
     }
-    if (rest == 0) return absl::OkStatus();
-    if (stage_bytes_ < rest) {
-      stage_.reset(static_cast<uint8_t*>(::operator new(rest, std::align_val_t{kAlign})));
-      stage_bytes_ = rest;
+    const int fd = direct ? f.dfd : f.fd;
+    const ssize_t w = ::pwritev(fd, iov.data(), static_cast<int>(iov.size()),
+                                static_cast<off_t>(run[0].offset));
+    if (w < 0) return Errno("write", f.path);
+    if (static_cast<uint64_t>(w) != total) {
+      return absl::ResourceExhaustedError(absl::StrCat("short write to ", f.path.string()));
     }
-    std::memcpy(stage_.get(), page.data() + body, page.size() - body);
-    std::memset(stage_.get() + (page.size() - body), 0, rest - (page.size() - body));
-    return PwriteAll(file.dfd, stage_.get(), rest, offset + body, file.path);
+    const uint64_t end = run.back().end;
+    if (!direct && end - writeback_from_ >= kWritebackBytes) {
+      // Start writeback now (not waiting for it), so the next Sync finds little left to do.
+      (void)::sync_file_range(f.fd, static_cast<off_t>(writeback_from_),
+                              static_cast<off_t>(end - writeback_from_), SYNC_FILE_RANGE_WRITE);
+      writeback_from_ = end;
+    }
+    return absl::OkStatus();
   }
 
   // Starts a new segment file and makes it the current one. append_mu_ held.
@@ -479,11 +569,9 @@ class SegmentTierStore final : public TierStore {
     }
     f->dfd = ::open(f->path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);  // -1: none (tmpfs)
     absl::MutexLock l(&mu_);
-    if (cur_ != 0) {  // no longer appended to: only the writer uses dfd, under append_mu_
-      SegmentFile& prev = *segments_.at(cur_).file;
-      if (prev.dfd >= 0) ::close(prev.dfd);
-      prev.dfd = -1;
-    }
+    // No longer appended to once the pages placed in it are written: its O_DIRECT descriptor is
+    // closed at the end of this PutMany (only the writer uses dfd, under append_mu_).
+    if (cur_ != 0) retired_.push_back(segments_.at(cur_).file);
     DropOldest(kSegmentHeaderBytes, 0, dead, dropped);
     segments_[next_id_] = Segment{std::move(f), kSegmentHeaderBytes, {}, true};
     used_ += kSegmentHeaderBytes;
@@ -642,6 +730,7 @@ class SegmentTierStore final : public TierStore {
   bool dir_dirty_ ABSL_GUARDED_BY(append_mu_) = false;  // files created/removed since Sync
   uint64_t writeback_from_ ABSL_GUARDED_BY(append_mu_) = 0;  // current segment, not yet started
   std::unique_ptr<uint8_t, FreeDeleter> stage_ ABSL_GUARDED_BY(append_mu_);  // aligned
+  std::vector<std::shared_ptr<SegmentFile>> retired_ ABSL_GUARDED_BY(append_mu_);
   uint64_t stage_bytes_ ABSL_GUARDED_BY(append_mu_) = 0;
 
   absl::Mutex mu_;

@@ -49,6 +49,13 @@ absl::Status VerifyTierPageHeader(const TierKey& key, std::span<const uint8_t> p
   return absl::OkStatus();
 }
 
+std::vector<absl::Status> TierStore::PutMany(std::span<const PutItem> items) {
+  std::vector<absl::Status> out;
+  out.reserve(items.size());
+  for (const PutItem& it : items) out.push_back(Put(it.key, it.page));
+  return out;
+}
+
 absl::Status TierStore::GetInto(const TierKey& key, std::span<uint8_t> out) {
   std::vector<uint8_t> page;
   if (absl::Status s = Get(key, &page); !s.ok()) return s;

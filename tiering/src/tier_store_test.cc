@@ -392,6 +392,34 @@ TEST(SegmentTierStore, LargePagesGoDirectAlignedOrNotAndSurviveRestart) {
     EXPECT_EQ(out, pages[i]);
   }
   EXPECT_LE(store->Stats().used_bytes, 64u << 20);
+
+  // PutMany: large (aligned and not) and small pages in one batch, written in runs; in a tier
+  // of about three large pages, so the batch drops segments it has just written itself.
+  TempDir small_dir;
+  const uint64_t cap = 3 * (pages[0].size() + 3 * 4096) + 4096;
+  auto tiny = *OpenSegmentTierStore({small_dir.path(), cap, pages[0].size() + 4096 + 64});
+  std::vector<uint8_t> unaligned(pages[1].size() + 1);
+  std::memcpy(unaligned.data() + 1, pages[1].data(), pages[1].size());
+  const std::vector<uint8_t> little = MakePage(9);
+  const std::vector<TierStore::PutItem> items = {
+      {key(0), pages[0]}, {key(1), std::span<const uint8_t>(unaligned.data() + 1, pages[1].size())},
+      {Key(9), little},   {key(2), pages[2]},
+      {key(3), pages[3]}, {key(10), std::span<const uint8_t>(little.data(), 10)}};
+  const std::vector<absl::Status> rs = tiny->PutMany(items);
+  ASSERT_EQ(rs.size(), items.size());
+  for (size_t i = 0; i + 1 < rs.size(); ++i) EXPECT_TRUE(rs[i].ok()) << i << ": " << rs[i];
+  EXPECT_TRUE(absl::IsInvalidArgument(rs.back()));  // not a page
+  EXPECT_LE(tiny->Stats().used_bytes, cap);
+  EXPECT_GT(tiny->Stats().evictions, 0u);
+  EXPECT_TRUE(tiny->Contains(key(3)));
+  int served = 0;
+  for (uint32_t i = 0; i < 4; ++i) {
+    if (!tiny->Contains(key(i))) continue;
+    ASSERT_TRUE(tiny->Get(key(i), &out).ok()) << i;
+    EXPECT_EQ(out, pages[i]);
+    ++served;
+  }
+  EXPECT_GE(served, 2);
 }
 
 uint64_t BytesReadBySyscalls() {  // /proc/self/io rchar: read(), pread() and friends

@@ -59,6 +59,13 @@ class TierStore {
  public:
   virtual ~TierStore() = default;
   virtual absl::Status Put(const TierKey& key, std::span<const uint8_t> page) = 0;
+  // Several Puts, one status per item, in order (the segment store writes the pages that land
+  // back to back with one write, and their index records in one batch).
+  struct PutItem {
+    TierKey key;
+    std::span<const uint8_t> page;
+  };
+  virtual std::vector<absl::Status> PutMany(std::span<const PutItem> items);
   // Appends the page to *out (cleared first).
   virtual absl::Status Get(const TierKey& key, std::vector<uint8_t>* out) = 0;
   // Reads the page straight into `out`, which must be exactly SizeOf(key) bytes (else
