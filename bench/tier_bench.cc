@@ -105,7 +105,9 @@ double Median(std::vector<double> v) {
 absl::Status PlainWrite(const fs::path& file, const std::vector<std::vector<uint8_t>>& src,
                         double gb, Round* r) {
   const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat("open ", file.string(), ": ", strerror(errno)));
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("open ", file.string(), ": ", strerror(errno)));
+  }
   const auto t0 = Clock::now();
   for (const auto& p : src) {
     if (::write(fd, p.data(), p.size()) != static_cast<ssize_t>(p.size())) {
@@ -139,7 +141,9 @@ absl::Status TierWrite(service::PageTier& tier, const CodecProfile& profile,
 absl::Status PlainRead(const fs::path& file, size_t pages, std::vector<uint8_t>& dst, double gb,
                        Round* r) {
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return absl::InternalError(absl::StrCat("open ", file.string(), ": ", strerror(errno)));
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("open ", file.string(), ": ", strerror(errno)));
+  }
   const auto t0 = Clock::now();
   for (size_t i = 0; i < pages; ++i) {
     if (::read(fd, dst.data(), dst.size()) != static_cast<ssize_t>(dst.size())) {

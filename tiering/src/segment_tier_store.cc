@@ -78,7 +78,8 @@ absl::Status FromRocks(const rocksdb::Status& s, std::string_view what) {
 
 absl::Status Errno(std::string_view what, const fs::path& path) {
   const int e = errno;
-  const std::string msg = absl::StrCat(std::string(what), " ", path.string(), ": ", std::strerror(e));
+  const std::string msg =
+      absl::StrCat(std::string(what), " ", path.string(), ": ", std::strerror(e));
   return e == ENOSPC ? absl::ResourceExhaustedError(msg) : absl::InternalError(msg);
 }
 
@@ -166,6 +167,7 @@ struct Segment {
   uint64_t bytes = 0;         // file size: header plus every page appended
   std::vector<TierKey> keys;  // in append order; an entry is live while the index points here
   bool dirty = false;         // written since the last Sync
+  uint64_t live = 0;          // index entries that point here
 };
 
 class SegmentTierStore final : public TierStore {
@@ -281,6 +283,9 @@ class SegmentTierStore final : public TierStore {
                                : FromRocks(db_->Write(wo, &batch), "SSD tier index write");
     {
       absl::MutexLock l(&mu_);
+      // Count the new entries first, so that no segment of this batch looks empty (and is
+      // deleted) while the older copies its pages replace are let go below.
+      std::vector<bool> gone(items.size(), false);
       for (const Placed& p : placed) {
         if (!out[p.item].ok()) continue;
         if (!s.ok()) {
@@ -290,16 +295,21 @@ class SegmentTierStore final : public TierStore {
         auto seg = segments_.find(p.segment);
         if (seg == segments_.end()) {  // dropped by a later page of this batch: evicted at once
           ++stats_.evictions;
+          gone[p.item] = true;
           continue;
         }
-        const TierKey& key = items[p.item].key;
-        seg->second.keys.push_back(key);
-        index_[key] = LocationOf(items, p);  // an older copy elsewhere is dead space from now on
+        seg->second.keys.push_back(items[p.item].key);
+        ++seg->second.live;
+      }
+      for (const Placed& p : placed) {
+        if (!out[p.item].ok() || gone[p.item]) continue;
+        auto [it, inserted] = index_.try_emplace(items[p.item].key);
+        if (!inserted) Unref(it->second.segment, &dropped);  // that copy is dead space now
+        it->second = LocationOf(items, p);
         ++stats_.puts;
       }
     }
-    for (const fs::path& p : dropped) ::unlink(p.c_str());  // readers keep their open files
-    if (!dropped.empty()) dir_dirty_ = true;
+    Unlink(dropped);
     return out;
   }
 
@@ -375,11 +385,18 @@ class SegmentTierStore final : public TierStore {
 
   absl::Status Delete(const TierKey& key) override {
     absl::MutexLock a(&append_mu_);
+    std::vector<fs::path> dropped;
     {
       absl::MutexLock l(&mu_);
-      if (index_.erase(key) == 0) return absl::NotFoundError("not in the SSD tier");
+      auto it = index_.find(key);
+      if (it == index_.end()) return absl::NotFoundError("not in the SSD tier");
+      Unref(it->second.segment, &dropped);
+      index_.erase(it);
     }
-    return FromRocks(db_->Delete(rocksdb::WriteOptions(), key.Bytes()), "SSD tier delete");
+    absl::Status s =
+        FromRocks(db_->Delete(rocksdb::WriteOptions(), key.Bytes()), "SSD tier delete");
+    Unlink(dropped);
+    return s;
   }
 
   absl::Status Sync() override {
@@ -573,12 +590,29 @@ class SegmentTierStore final : public TierStore {
     // closed at the end of this PutMany (only the writer uses dfd, under append_mu_).
     if (cur_ != 0) retired_.push_back(segments_.at(cur_).file);
     DropOldest(kSegmentHeaderBytes, 0, dead, dropped);
-    segments_[next_id_] = Segment{std::move(f), kSegmentHeaderBytes, {}, true};
+    segments_[next_id_] =
+        Segment{.file = std::move(f), .bytes = kSegmentHeaderBytes, .dirty = true};
     used_ += kSegmentHeaderBytes;
     cur_ = next_id_++;
     writeback_from_ = 0;
     dir_dirty_ = true;
     return absl::OkStatus();
+  }
+
+  // One index entry less points into segment `id`: a segment left without any (every page in
+  // it deleted or replaced), other than the one appended to, is deleted at once.
+  void Unref(uint64_t id, std::vector<fs::path>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, append_mu_) {
+    auto it = segments_.find(id);
+    if (it == segments_.end() || --it->second.live > 0 || id == cur_) return;
+    used_ -= it->second.bytes;
+    dropped->push_back(it->second.file->path);
+    segments_.erase(it);
+  }
+
+  void Unlink(const std::vector<fs::path>& dropped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(append_mu_) {
+    for (const fs::path& p : dropped) ::unlink(p.c_str());  // readers keep their open files
+    if (!dropped.empty()) dir_dirty_ = true;
   }
 
   // Drops whole oldest segments (never `keep`) until `need` more bytes fit in the capacity.
@@ -629,14 +663,17 @@ class SegmentTierStore final : public TierStore {
   // Removes the key's entry if it still points where a failed read found it.
   void RemoveIfAt(const TierKey& key, const Location& loc) {
     absl::MutexLock a(&append_mu_);
+    std::vector<fs::path> dropped;
     {
       absl::MutexLock l(&mu_);
       ++stats_.corruptions;
       auto it = index_.find(key);
       if (it == index_.end() || !it->second.SamePlace(loc)) return;
+      Unref(loc.segment, &dropped);
       index_.erase(it);
     }
     (void)db_->Delete(rocksdb::WriteOptions(), key.Bytes());
+    Unlink(dropped);
   }
 
   // Rebuilds the index from RocksDB's records and the segment files' sizes (no page bytes
@@ -698,7 +735,7 @@ class SegmentTierStore final : public TierStore {
         }
         std::sort(p->second.begin(), p->second.end(),
                   [](const auto& x, const auto& y) { return x.first < y.first; });
-        Segment seg{std::move(f), size, {}, false};
+        Segment seg{.file = std::move(f), .bytes = size, .live = p->second.size()};
         for (const auto& [off, key] : p->second) seg.keys.push_back(key);
         used_ += size;
         segments_.emplace(id, std::move(seg));

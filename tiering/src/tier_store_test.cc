@@ -237,7 +237,8 @@ TEST(SegmentTierStore, BadOptionsAreClearErrors) {
 
 std::vector<std::filesystem::path> SegmentFiles(const std::string& dir) {
   std::vector<std::filesystem::path> out;
-  for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(dir) / "segments")) {
+  const std::filesystem::path segments = std::filesystem::path(dir) / "segments";
+  for (const auto& e : std::filesystem::directory_iterator(segments)) {
     if (e.path().extension() == ".seg") out.push_back(e.path());
   }
   std::sort(out.begin(), out.end());
@@ -257,6 +258,25 @@ TEST(SegmentTierStore, DropsWholeOldestSegmentsAndNeverExceedsCapacity) {
   for (uint32_t i = 0; i < 40; ++i) EXPECT_EQ(store->Contains(Key(i)), i >= 24) << i;
   EXPECT_EQ(store->Stats().evictions, 24u);
   EXPECT_EQ(SegmentFiles(dir.path()).size(), 4u);  // the dropped files are deleted
+}
+
+TEST(SegmentTierStore, ASegmentWhosePagesAreAllGoneIsDeletedAtOnce) {
+  TempDir dir;
+  const uint64_t seg = 4 * kPage + kSegmentHeader;  // four pages a segment
+  auto store = *OpenSegmentTierStore({dir.path(), 100 * seg, seg});
+  for (uint32_t i = 0; i < 12; ++i) ASSERT_TRUE(store->Put(Key(i), MakePage(i)).ok());
+  ASSERT_EQ(SegmentFiles(dir.path()).size(), 3u);
+  const uint64_t before = store->Stats().used_bytes;
+  for (uint32_t i = 0; i < 3; ++i) ASSERT_TRUE(store->Delete(Key(i)).ok());
+  EXPECT_EQ(SegmentFiles(dir.path()).size(), 3u);  // page 3 is still in the first one
+  ASSERT_TRUE(store->Put(Key(3), MakePage(3)).ok());  // replaced: its old copy is dead
+  EXPECT_EQ(SegmentFiles(dir.path()).size(), 3u);   // (and the new copy opened a fourth)
+  EXPECT_EQ(store->Stats().used_bytes, before - seg + kPage + kSegmentHeader);
+  std::vector<uint8_t> out;
+  ASSERT_TRUE(store->Get(Key(3), &out).ok());
+  EXPECT_EQ(out, MakePage(3));
+  ASSERT_TRUE(store->Get(Key(4), &out).ok());
+  EXPECT_EQ(out, MakePage(4));
 }
 
 TEST(SegmentTierStore, ReusedPagesAreRewrittenAwayFromTheDropEnd) {

@@ -2,10 +2,10 @@
 // behind a bounded demotion queue, plus the persisted codec registrations the tier's pages need.
 //
 // * Demote copies a page evicted from the DRAM pool into the queue and returns; one writer thread
-//   puts queued pages into the store, up to 64 pages / 16 MiB per TierStore::PutMany. The queue holds at most `queue_bytes`: when it is full,
-//   Demote waits for room (back-pressure on the evicting caller) up to `max_wait`, then drops the
-//   page (counted in demote_drops) -- memory is never unbounded (the queue, plus at most a
-//   quarter of it in buffers kept for reuse).
+//   puts queued pages into the store, up to 64 pages / 16 MiB per TierStore::PutMany. The queue
+//   holds at most `queue_bytes`: when it is full, Demote waits for room (back-pressure on the
+//   evicting caller) up to `max_wait`, then drops the page (counted in demote_drops) -- memory
+//   is never unbounded (the queue, plus at most a quarter of it in buffers kept for reuse).
 // * A queued page is already visible: Contains, SizeOf and Read find it before it reaches the
 //   store.
 // * Read/ReadInto return a verified page (header, codec id and XXH3 checksum, computed while
