@@ -110,14 +110,15 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   const int seq = blockIdx.y / H, h = blockIdx.y % H;
   // Scalars that steer the wgmma code are broadcast from lane 0: ptxas then knows them warp-
   // uniform and does not serialize the wgmmas behind divergent branches (warning C7520).
+  // (The four loads first, so that a CTA that returns below waits for one round trip.)
   const int q_begin = __shfl_sync(0xffffffffu, p.q_indptr[seq], 0);
   const int num_new = __shfl_sync(0xffffffffu, p.q_indptr[seq + 1], 0) - q_begin;
+  const int p0 = __shfl_sync(0xffffffffu, p.table.seq_page_indptr[seq], 0);
+  const int p1 = __shfl_sync(0xffffffffu, p.table.seq_page_indptr[seq + 1], 0);
   const int tok0 = (gridDim.x - 1 - blockIdx.x) * tpc;  // the longest rows first
   if (tok0 >= num_new) return;  // uniform per CTA
   const int last_tok = min(num_new, tok0 + tpc) - 1;
   const int spp = static_cast<int>(sh.slices_per_page());
-  const int p0 = __shfl_sync(0xffffffffu, p.table.seq_page_indptr[seq], 0);
-  const int p1 = __shfl_sync(0xffffffffu, p.table.seq_page_indptr[seq + 1], 0);
   if ((p1 == p0) != kDense) return;  // the other kernel's sequence (uniform per CTA)
   const int role = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);  // warpgroup
   const int prefix_slices = (p1 - p0) * spp;
@@ -382,21 +383,26 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   if (p.rot_k != nullptr) {
     // R_K as a K-major B operand: n-row = position n (R_K column ExtendChannel(n)), k = input
     // channel i.
-    const float4* r = reinterpret_cast<const float4*>(p.rot_k + size_t(h) * 128 * 128);
-    // In batches of 8 float4 loads per thread (all in flight before the stores).
-    for (int v0 = ctid; v0 < 128 * 32; v0 += 256 * 8) {
-      float4 v[8];
+    // Each thread: input channels 8m..8m+7 (one 16-byte chunk of an operand row) of columns
+    // 4cq..4cq+3, for two m; the lanes of a warp cover 8 chunks of 4 rows (conflict-free 16-byte
+    // stores) and read 64 contiguous bytes of 8 rows per load; all 16 loads in flight at once.
+    const float* r = p.rot_k + size_t(h) * 128 * 128;
+    const int cq = (lane >> 3) + 4 * (ctid >> 5);
+    float4 v[2][8];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) v[u] = r[v0 + 256 * u];
+    for (int u = 0; u < 2; ++u) {
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const float e4[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+      for (int t = 0; t < 8; ++t) v[u][t] = *reinterpret_cast<const float4*>(r + (8 * ((lane & 7) + 8 * u) + t) * 128 + 4 * cq);
+    }
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          const int idx = 4 * (v0 + 256 * u) + t, i = idx >> 7, c = idx & 127, n = position_of(c);
-          *reinterpret_cast<__half*>(smem + kXRotOff + (i >> 6) * 16384 + Swizzle128(n, (i & 63) >> 3) + 2 * (i & 7)) =
-              __float2half_rn(e4[t]);
-        }
+    for (int u = 0; u < 2; ++u) {
+      const int m = (lane & 7) + 8 * u;
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        auto at = [&](int t) { return cc == 0 ? v[u][t].x : cc == 1 ? v[u][t].y : cc == 2 ? v[u][t].z : v[u][t].w; };
+        const uint4 w = make_uint4(Half2Bits(__floats2half2_rn(at(0), at(1))), Half2Bits(__floats2half2_rn(at(2), at(3))),
+                                   Half2Bits(__floats2half2_rn(at(4), at(5))), Half2Bits(__floats2half2_rn(at(6), at(7))));
+        *reinterpret_cast<uint4*>(smem + kXRotOff + (m >> 3) * 16384 + Swizzle128(position_of(4 * cq + cc), m & 7)) = w;
       }
     }
     FenceProxyAsync();
