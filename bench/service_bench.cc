@@ -19,7 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "oscarkv/client/client.h"
-#include "oscarkv/client/local_daemon.h"
+#include "oscarkv/testing/local_daemon.h"
 #include "oscarkv/kernels/page_codec.h"
 #include "oscarkv/util/args.h"
 #include "service_bench_internal.h"
@@ -162,7 +162,7 @@ int ServiceBenchMain(int argc, char** argv) {
   }
 
   // 1. Daemon.
-  client::LocalDaemonOptions dopt;
+  testing::LocalDaemonOptions dopt;
   dopt.binary = a.str("daemon");
   const std::string log_path = absl::StrCat("/tmp/oscarkv-bench-", ::getpid(), ".log");
   dopt.log_path = log_path;
@@ -172,7 +172,7 @@ int ServiceBenchMain(int argc, char** argv) {
     dopt.flags.insert(dopt.flags.end(), {"--cpus", a.str("daemon-cpus")});
   }
   progress("starting oscarkvd");
-  auto daemon = client::LocalDaemon::Start(dopt);
+  auto daemon = testing::LocalDaemon::Start(dopt);
   if (!daemon.ok()) return fail("starting oscarkvd", daemon.status());
 
   // 2. Pages: real INT2 pages of the Qwen3-8B shape, distinct content per page.

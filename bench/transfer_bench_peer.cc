@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "bench_pages.h"
 #include "oscarkv/kernels/page_format.h"
-#include "oscarkv/transport/bootstrap.h"
+#include "oscarkv/testing/bootstrap.h"
 #include "oscarkv/util/subprocess.h"
 #include "transfer_bench_internal.h"
 
@@ -54,7 +54,7 @@ ContextOptions LoopbackContext(const std::string& tls) {
 // ---- peer side ----------------------------------------------------------------------------
 
 int Serve(const Args& args) {
-  auto fd = transport::ParseControlFd(args.str("control-fd"));
+  auto fd = testing::ParseControlFd(args.str("control-fd"));
   auto profile = BuiltinProfile(args.str("shape"));
   auto int2_pages = args.integer("int2-pages");
   auto bf16_pages = args.integer("bf16-pages");
@@ -93,9 +93,9 @@ int Serve(const Args& args) {
   }
   for (const std::string* blob :
        {&(*worker)->address(), &(*int2_region)->exported(), &(*bf16_region)->exported()}) {
-    if (absl::Status s = transport::SendBlob(*fd, *blob); !s.ok()) return fail(s);
+    if (absl::Status s = testing::SendBlob(*fd, *blob); !s.ok()) return fail(s);
   }
-  absl::Status s = transport::ServeUntilClosed(
+  absl::Status s = testing::ServeUntilClosed(
       **worker, *fd, absl::Minutes(10), [&](const std::string& cmd) -> std::string {
         if (cmd == "count-valid") {
           return absl::StrCat(CountValid(int2.data, int2_bytes, *int2_pages), " ",

@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "oscarkv/kernels/page_format.h"
 #include "oscarkv/kernels/page_set.h"
-#include "oscarkv/transport/bootstrap.h"
+#include "oscarkv/testing/bootstrap.h"
 #include "oscarkv/util/status_macros.h"
 #include "transfer_bench_internal.h"
 
@@ -46,14 +46,14 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
   std::fprintf(stderr, "[%s] starting peer: %zu INT2 pages (%.0f MB) + %zu BF16 pages (%.0f MB)\n",
                name.c_str(), int2_pool, int2_pool * int2_bytes / 1e6, bf16_pool,
                bf16_pool * bf16_bytes / 1e6);
-  auto peer = transport::PeerProcess::Spawn(
+  auto peer = testing::PeerProcess::Spawn(
       {"/proc/self/exe", "bench", "transfer", "--serve", "--tls", rep.tls, "--int2-pages",
        absl::StrCat(int2_pool), "--bf16-pages", absl::StrCat(bf16_pool)},
       {});
   if (!peer.ok()) return peer.status();
   std::string blobs[3];
   for (auto& b : blobs) {
-    auto r = transport::RecvBlob(peer->control_fd(), absl::Seconds(120));
+    auto r = testing::RecvBlob(peer->control_fd(), absl::Seconds(120));
     if (!r.ok()) return Check(r.status(), "peer did not start");
     b = *r;
   }
@@ -212,9 +212,9 @@ absl::StatusOr<TransportReport> BenchOne(const std::string& name, const BenchCon
                        CountValid(bf16.data, bf16_bytes, bf16_used, &bad);
   std::vector<std::string> lanes = (*ep)->Transports();
   rep.lanes = absl::StrJoin(lanes, ",");
-  OSCARKV_RETURN_IF_ERROR(transport::SendBlob(peer->control_fd(), "count-valid"));
+  OSCARKV_RETURN_IF_ERROR(testing::SendBlob(peer->control_fd(), "count-valid"));
   OSCARKV_ASSIGN_OR_RETURN(std::string peer_valid,
-                           transport::RecvBlob(peer->control_fd(), absl::Seconds(60)));
+                           testing::RecvBlob(peer->control_fd(), absl::Seconds(60)));
   if (peer_valid != absl::StrCat(int2_pool, " ", bf16_pool)) {
     return absl::DataLossError(absl::StrCat("peer pool pages no longer verify: ", peer_valid));
   }

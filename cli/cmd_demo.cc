@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "oscarkv/client/client.h"
-#include "oscarkv/client/local_daemon.h"
+#include "oscarkv/testing/local_daemon.h"
 #define OSCARKV_DEMO_HAS_CLIENT 1
 #endif
 #if __has_include("oscarkv/pd/workers.h")
@@ -94,14 +94,14 @@ int RunServiceDemo(const Workload& w, const CodecProfile& cp, const RotationSet&
                    const SequencePages& seq, const std::string& daemon_binary,
                    std::span<const float> q, uint32_t qheads) {
   std::printf("\n== oscarkvd + client library ==\n");
-  client::LocalDaemonOptions dopt;
+  testing::LocalDaemonOptions dopt;
   dopt.binary = daemon_binary;
   const std::string log_path = absl::StrCat("/tmp/oscarkv-demo-", ::getpid(), ".log");
   dopt.log_path = log_path;
   dopt.flags = {"--pool-mb", "64", "--metrics-listen", "off", "--shm-name",
                 absl::StrCat("oscarkv-demo-", ::getpid())};
   auto t0 = Clock::now();
-  auto daemon = client::LocalDaemon::Start(dopt);
+  auto daemon = testing::LocalDaemon::Start(dopt);
   if (!daemon.ok()) return ServiceFail("starting oscarkvd", daemon.status());
   std::printf("oscarkvd started in %.0f ms: listen=%s, pool %llu MiB in %s (pid %d)\n",
               Ms(Clock::now() - t0), (*daemon)->address().c_str(),

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "oscarkv/engine/decode.h"
 #include "oscarkv/pd/gpu_handoff.h"
+#include "oscarkv/testing/stage_hooks.h"
 #include "oscarkv/util/subprocess.h"
 #include "pd_common.h"
 
@@ -148,7 +149,7 @@ int RunGpuHandoffWorker(int argc, char** argv) {
     o.device = *pdev;
     o.timeout_ms = *timeout;
     o.nccl = args.str("mechanisms").find("nccl") != std::string::npos;
-    o.die_at = die;
+    o.on_stage = testing::KillAtStage(die, "gpu-handoff prefill");
     auto st = pd::gpu::ServePrefill(*fd, std::move(requests), o);
     if (!st.ok()) {
       result["error"] = st.status().ToString();
@@ -172,7 +173,7 @@ int RunGpuHandoffWorker(int argc, char** argv) {
   o.mechanisms = absl::StrSplit(args.str("mechanisms"), ',', absl::SkipEmpty());
   o.reps = *reps;
   o.warmup = *warmup;
-  o.die_at = die;
+  o.on_stage = testing::KillAtStage(die, "gpu-handoff decode");
   Json generated = Json::object();
   auto on_verified = [&](const pd::gpu::RequestLayout& layout, const std::string& mech,
                          std::span<const uint8_t> host) -> absl::Status {

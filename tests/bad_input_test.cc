@@ -106,7 +106,7 @@ class BadInputTest : public ::testing::Test {
     return resp.results_size() == 1 ? resp.results(0) : pb::ItemStatus();
   }
 
-  std::unique_ptr<client::LocalDaemon> daemon_;
+  std::unique_ptr<testing::LocalDaemon> daemon_;
   std::unique_ptr<pb::KvCache::Stub> stub_;
   std::string codec_id_;
   CodecProfile profile_;

@@ -215,9 +215,9 @@ class ClusterTest : public ::testing::TestWithParam<int> {
   }
 
   // Daemon i, on `listen` (empty: an ephemeral port of its host).
-  std::unique_ptr<client::LocalDaemon> Start(int i, const std::string& listen) {
+  std::unique_ptr<testing::LocalDaemon> Start(int i, const std::string& listen) {
     static int seq = 0;
-    client::LocalDaemonOptions o;
+    testing::LocalDaemonOptions o;
     std::vector<std::string> flags = {
         "--metrics-listen", "off", "--pool-mb", "64", "--node-id", absl::StrCat("node", i),
         "--shm-name", shm_names_.emplace_back(UniqueShmName("oscarkv-ct", seq++)), "--listen",
@@ -236,7 +236,7 @@ class ClusterTest : public ::testing::TestWithParam<int> {
     // OSCARKV_TEST_DAEMON_LOG=/path/prefix keeps each daemon's log (prefix-<member>-<seq>).
     const char* log = std::getenv("OSCARKV_TEST_DAEMON_LOG");
     o.log_path = log != nullptr ? absl::StrCat(log, "-", i, "-", seq) : "/dev/null";
-    auto d = client::LocalDaemon::Start(o);
+    auto d = testing::LocalDaemon::Start(o);
     EXPECT_TRUE(d.ok()) << d.status();
     return d.ok() ? *std::move(d) : nullptr;
   }
@@ -318,7 +318,7 @@ class ClusterTest : public ::testing::TestWithParam<int> {
   }
 
   std::unique_ptr<NetnsHosts> hosts_;
-  std::vector<std::unique_ptr<client::LocalDaemon>> daemons_;
+  std::vector<std::unique_ptr<testing::LocalDaemon>> daemons_;
   std::vector<std::string> shm_names_;
   std::vector<std::string> addrs_;
   std::vector<BlockKey> keys_;

@@ -16,3 +16,12 @@ run(${CMAKE_COMMAND} -S ${CONSUMER_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
 run(${WORK_DIR}/build/consumer_c)
+# The installed libraries carry no process launchers (testing/no_launchers_check.sh).
+if(NO_LAUNCHERS_CHECK)
+  file(GLOB_RECURSE installed_libs ${WORK_DIR}/prefix/liboscarkv_client.a
+       ${WORK_DIR}/prefix/liboscarkv_c.so)
+  if(NOT installed_libs)
+    message(FATAL_ERROR "no liboscarkv_client.a / liboscarkv_c.so under ${WORK_DIR}/prefix")
+  endif()
+  run(bash ${NO_LAUNCHERS_CHECK} ${installed_libs})
+endif()

@@ -37,15 +37,15 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-absl::StatusOr<std::unique_ptr<client::LocalDaemon>> Start(std::vector<std::string> flags,
+absl::StatusOr<std::unique_ptr<testing::LocalDaemon>> Start(std::vector<std::string> flags,
                                                            const std::string& log = "") {
   static int seq = 0;
-  client::LocalDaemonOptions o;
+  testing::LocalDaemonOptions o;
   o.binary = OSCARKVD_PATH;
   o.flags = {"--pool-mb", "64", "--shm-name", UniqueShmName("oscarkv-ports", seq++)};
   o.flags.insert(o.flags.end(), flags.begin(), flags.end());
   o.log_path = log;
-  return client::LocalDaemon::Start(o);
+  return testing::LocalDaemon::Start(o);
 }
 
 int PortOf(const std::string& host_port) {

@@ -50,11 +50,11 @@ TEST(StalePoolTest, FixedNameRestartAfterKill9TakesTheFileOver) {
   ASSERT_TRUE(std::filesystem::exists(path + ".sock"));
 
   for (int round = 0; round < 2; ++round) {
-    client::LocalDaemonOptions o;
+    testing::LocalDaemonOptions o;
     o.binary = OSCARKVD_PATH;
     o.flags = {"--metrics-listen", "off", "--shm-name", name, "--pool-mb", "16"};
     o.log_path = ::testing::TempDir() + "/stale_pool_" + std::to_string(round) + ".log";
-    auto second = client::LocalDaemon::Start(o);
+    auto second = testing::LocalDaemon::Start(o);
     ASSERT_TRUE(second.ok()) << second.status() << "\n" << ReadFile(o.log_path);
     EXPECT_NE(ReadFile(o.log_path).find("stale_pool_taken_over"), std::string::npos);
     // It serves: a store and a load through the taken-over file and socket.
@@ -74,7 +74,7 @@ TEST(StalePoolTest, FixedNameRestartAfterKill9TakesTheFileOver) {
     // A live daemon keeps its name: a third one is refused and told who holds it.
     o.log_path = ::testing::TempDir() + "/stale_pool_live_" + std::to_string(round) + ".log";
     o.ready_timeout_ms = 10000;
-    auto third = client::LocalDaemon::Start(o);
+    auto third = testing::LocalDaemon::Start(o);
     EXPECT_FALSE(third.ok());
     EXPECT_NE(ReadFile(o.log_path).find("in use by pid " + std::to_string((*second)->pid())),
               std::string::npos)

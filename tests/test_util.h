@@ -10,7 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "oscarkv/client/client.h"
-#include "oscarkv/client/local_daemon.h"
+#include "oscarkv/testing/local_daemon.h"
 #include "oscarkv/kernels/page_codec.h"
 
 namespace oscarkv::testing {
@@ -25,16 +25,16 @@ inline std::string UniqueShmName(const std::string& prefix, int seq) {
          std::to_string(static_cast<uint64_t>(ns) % 1000000000000ull);
 }
 
-inline std::unique_ptr<client::LocalDaemon> StartDaemon(std::vector<std::string> flags = {}) {
+inline std::unique_ptr<testing::LocalDaemon> StartDaemon(std::vector<std::string> flags = {}) {
   static int seq = 0;
-  client::LocalDaemonOptions o;
+  testing::LocalDaemonOptions o;
   o.binary = OSCARKVD_PATH;
   o.flags = {"--metrics-listen", "off", "--shm-name", UniqueShmName("oscarkv-it", seq++)};
   bool has_pool = false;
   for (const auto& f : flags) has_pool |= f == "--pool-mb";
   if (!has_pool) o.flags.insert(o.flags.end(), {"--pool-mb", "64"});
   o.flags.insert(o.flags.end(), flags.begin(), flags.end());
-  auto d = client::LocalDaemon::Start(o);
+  auto d = testing::LocalDaemon::Start(o);
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? *std::move(d) : nullptr;
 }

@@ -42,7 +42,7 @@ v1::StatsResponse DaemonStats(const std::string& addr) {
   return resp;
 }
 
-std::unique_ptr<client::LocalDaemon> StartTiered(const std::string& dir, int pool_mb, int tier_mb,
+std::unique_ptr<testing::LocalDaemon> StartTiered(const std::string& dir, int pool_mb, int tier_mb,
                                                  std::vector<std::string> extra = {}) {
   std::vector<std::string> flags = {"--pool-mb", std::to_string(pool_mb), "--tier-path", dir,
                                     "--tier-mb", std::to_string(tier_mb)};

@@ -83,15 +83,15 @@ class TlsReloadTest : public ::testing::Test {
     std::filesystem::rename(tmp, live_ + "/" + to);
   }
 
-  std::unique_ptr<client::LocalDaemon> Start(const std::string& reload_s) {
-    client::LocalDaemonOptions o;
+  std::unique_ptr<testing::LocalDaemon> Start(const std::string& reload_s) {
+    testing::LocalDaemonOptions o;
     o.binary = OSCARKVD_PATH;
     o.flags = {"--metrics-listen", "off", "--pool-mb", "64", "--shm-name",
                UniqueShmName("oscarkv-tlsreload", 0), "--tls-cert", live_ + "/server.pem",
                "--tls-key", live_ + "/server.key", "--tls-client-ca", live_ + "/ca.pem",
                "--tls-reload-s", reload_s};
     o.log_path = log_;
-    auto d = client::LocalDaemon::Start(o);
+    auto d = testing::LocalDaemon::Start(o);
     EXPECT_TRUE(d.ok()) << d.status() << "\n" << ReadFile(log_);
     return d.ok() ? *std::move(d) : nullptr;
   }

@@ -192,13 +192,13 @@ TEST_F(TlsTest, CliOperatorCommandsOverMutualTls) {
 
 // Startup errors: the daemon exits 1 with one line that says why (nothing is bound).
 std::string FailedStart(const std::vector<std::string>& flags) {
-  client::LocalDaemonOptions o;
+  testing::LocalDaemonOptions o;
   o.binary = OSCARKVD_PATH;
   o.flags = {"--metrics-listen", "off", "--pool-mb", "64", "--shm-name",
              UniqueShmName("oscarkv-tls", 0)};
   o.flags.insert(o.flags.end(), flags.begin(), flags.end());
   o.log_path = ::testing::TempDir() + "/tls_test_start_" + std::to_string(::getpid()) + ".log";
-  auto d = client::LocalDaemon::Start(o);
+  auto d = testing::LocalDaemon::Start(o);
   EXPECT_FALSE(d.ok()) << "started with " << flags[0];
   const std::string log = ReadFile(o.log_path);
   std::remove(o.log_path.c_str());

@@ -6,7 +6,6 @@
 #include "oscarkv/pd/gpu_handoff.h"
 
 #include <cuda_runtime.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -39,12 +38,8 @@ Clock::time_point Deadline(int timeout_ms) {
 
 #define OSCARKV_CUDA(expr) OSCARKV_RETURN_IF_ERROR(CudaStatus((expr), #expr))
 
-// Failure injection for the tests: the process kills itself at a named stage.
-void MaybeDie(const std::string& die_at, const char* stage, const char* side) {
-  if (die_at != stage) return;
-  std::fprintf(stderr, "gpu-handoff %s: dying at stage '%s' (failure injection)\n", side, stage);
-  std::fflush(stderr);
-  ::raise(SIGKILL);
+void EnterStage(const StageHook& hook, std::string_view stage) {
+  if (hook) hook(stage);
 }
 
 template <typename T>
@@ -296,7 +291,7 @@ absl::StatusOr<ServeStats> Serve(int fd, std::vector<HostRequest> requests, cons
   if (o.nccl) return absl::UnimplementedError("this build has no NCCL");
 #endif
   OSCARKV_RETURN_IF_ERROR(SendMessage(fd, MsgType::kHello, EncodeHello(hello), o.timeout_ms));
-  MaybeDie(o.die_at, "hello", "prefill");
+  EnterStage(o.on_stage, "hello");
 #ifdef OSCARKV_PD_HAS_NCCL
   if (o.nccl) {
     const auto t1 = Clock::now();
@@ -324,13 +319,13 @@ absl::StatusOr<ServeStats> Serve(int fd, std::vector<HostRequest> requests, cons
     if (mech == "ipc") {
       OSCARKV_CUDA(cudaEventRecord(s->ready.e, stream.s));
       OSCARKV_RETURN_IF_ERROR(SendMessage(fd, MsgType::kOffer, "", o.timeout_ms));
-      MaybeDie(o.die_at, "ipc-offer", "prefill");
+      EnterStage(o.on_stage, "ipc-offer");
       ++stats.served_ipc;
     } else if (mech == "nccl") {
 #ifdef OSCARKV_PD_HAS_NCCL
       if (!o.nccl) return absl::FailedPreconditionError("NCCL was not set up (--mechanisms)");
       OSCARKV_RETURN_IF_ERROR(SendMessage(fd, MsgType::kOffer, "", o.timeout_ms));
-      MaybeDie(o.die_at, "nccl-send", "prefill");
+      EnterStage(o.on_stage, "nccl-send");
       const auto deadline = Deadline(o.timeout_ms);
       OSCARKV_RETURN_IF_ERROR(
           Nccl(ncclSend(s->buffer.ptr, s->layout.total_bytes, ncclUint8, 1, comm.get(), stream.s),
@@ -472,11 +467,11 @@ absl::StatusOr<DecodeStats> Decode(int fd, const CodecProfile& profile, const De
             OSCARKV_CUDA(
                 cudaMemcpyAsync(dst.ptr, x->mapping.ptr, bytes, cudaMemcpyDefault, stream.s));
             OSCARKV_CUDA(cudaEventRecord(e1.e, stream.s));
-            MaybeDie(o.die_at, "ipc-copy", "decode");
+            EnterStage(o.on_stage, "ipc-copy");
             OSCARKV_RETURN_IF_ERROR(WaitStream(stream.s, fd, deadline, "IPC peer copy"));
           } else {
 #ifdef OSCARKV_PD_HAS_NCCL
-            MaybeDie(o.die_at, "nccl-recv", "decode");
+            EnterStage(o.on_stage, "nccl-recv");
             OSCARKV_CUDA(cudaEventRecord(e0.e, stream.s));
             OSCARKV_RETURN_IF_ERROR(
                 Nccl(ncclRecv(dst.ptr, bytes, ncclUint8, 0, comm.get(), stream.s), comm.get(),

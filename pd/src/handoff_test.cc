@@ -60,7 +60,7 @@ class HandoffTest : public ::testing::Test {
 
   static engine::Model* model_;
   static EngineCodec* codec_;
-  std::unique_ptr<client::LocalDaemon> daemon_;
+  std::unique_ptr<oscarkv::testing::LocalDaemon> daemon_;
   std::unique_ptr<client::HandleClient> prefill_client_, decode_client_;
 };
 engine::Model* HandoffTest::model_ = nullptr;

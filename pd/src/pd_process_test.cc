@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "oscarkv/pd/hosts.h"
+#include "oscarkv/testing/netns_hosts.h"
 #include "oscarkv/pd/workers.h"
 #include "test_util.h"
 
@@ -14,6 +14,9 @@ namespace oscarkv::pd {
 namespace {
 
 using Json = nlohmann::json;
+using ::oscarkv::testing::NetnsHosts;
+using ::oscarkv::testing::ProcessResult;
+using ::oscarkv::testing::RunProcess;
 
 std::string OscarkvBinary() {
   const std::string p = testing::BinaryDir() + "/cli/oscarkv";
@@ -49,19 +52,19 @@ void RunHandoff(const std::vector<std::string> exec[2], const std::string addr[2
   if (model.empty()) GTEST_SKIP() << "reference model not found (set OSCARKV_REFMODEL)";
   const std::string bin = OscarkvBinary();
   if (bin.empty()) GTEST_SKIP() << "the oscarkv tool is not built (ninja oscarkv)";
-  auto daemon_bin = client::LocalDaemon::FindDaemonBinary();
+  auto daemon_bin = oscarkv::testing::LocalDaemon::FindDaemonBinary();
   ASSERT_TRUE(daemon_bin.ok()) << daemon_bin.status();
-  std::unique_ptr<client::LocalDaemon> daemon[2];
+  std::unique_ptr<oscarkv::testing::LocalDaemon> daemon[2];
   for (int i = 0; i < 2; ++i) {
     std::vector<std::string> cmd = exec[i];
     cmd.insert(cmd.end(),
                {*daemon_bin, "--listen", addr[i] + ":0", "--pool-mb", "64", "--metrics-listen",
                 "off", "--log-level", "warn", "--ucx-tls", "tcp", "--ucx-net-devices", dev[i],
                 "--allow-plaintext"});  // netns veth addresses are not loopback
-    client::LocalDaemonOptions o;
+    oscarkv::testing::LocalDaemonOptions o;
     o.binary = cmd[0];
     o.flags.assign(cmd.begin() + 1, cmd.end());
-    auto d = client::LocalDaemon::Start(o);
+    auto d = oscarkv::testing::LocalDaemon::Start(o);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon[i] = std::move(*d);
   }

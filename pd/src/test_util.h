@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "oscarkv/client/handles.h"
-#include "oscarkv/client/local_daemon.h"
+#include "oscarkv/testing/local_daemon.h"
 #include "oscarkv/pd/workers.h"
 #include "oscarkv/util/refmodel.h"
 
@@ -46,13 +46,13 @@ inline const char* Prompt() {
          "options will be used.";
 }
 
-inline absl::StatusOr<std::unique_ptr<client::LocalDaemon>> StartDaemon(
+inline absl::StatusOr<std::unique_ptr<oscarkv::testing::LocalDaemon>> StartDaemon(
     std::vector<std::string> extra = {}) {
-  client::LocalDaemonOptions o;
+  oscarkv::testing::LocalDaemonOptions o;
   o.flags = {"--pool-mb", "64",  "--metrics-listen",  "off", "--log-level", "warn",
              "--ucx-tls", "tcp", "--ucx-net-devices", "lo"};
   o.flags.insert(o.flags.end(), extra.begin(), extra.end());
-  return client::LocalDaemon::Start(o);
+  return oscarkv::testing::LocalDaemon::Start(o);
 }
 
 inline absl::StatusOr<std::unique_ptr<client::HandleClient>> Connect(const std::string& address,

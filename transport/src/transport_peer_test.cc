@@ -18,13 +18,19 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "oscarkv/kernels/page_codec.h"
-#include "oscarkv/transport/bootstrap.h"
+#include "oscarkv/testing/bootstrap.h"
 #include "oscarkv/transport/staging.h"
 #include "oscarkv/transport/transport.h"
 #include "test_pages.h"
 
 namespace oscarkv::transport {
 namespace {
+
+using ::oscarkv::testing::PeerProcess;
+using ::oscarkv::testing::RecvBlob;
+using ::oscarkv::testing::SendBlob;
+using ::oscarkv::testing::ParseControlFd;
+using ::oscarkv::testing::UniqueFd;
 
 std::string PeerBinary() {
   char buf[4096];

@@ -8,11 +8,17 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "oscarkv/transport/bootstrap.h"
+#include "oscarkv/testing/bootstrap.h"
 #include "oscarkv/transport/transport.h"
 
 namespace oscarkv::transport {
 namespace {
+
+using ::oscarkv::testing::PeerProcess;
+using ::oscarkv::testing::RecvBlob;
+using ::oscarkv::testing::SendBlob;
+using ::oscarkv::testing::ParseControlFd;
+using ::oscarkv::testing::UniqueFd;
 
 ContextOptions Loopback(const std::string& tls) {
   ContextOptions o;

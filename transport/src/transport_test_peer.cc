@@ -13,7 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "oscarkv/kernels/page_codec.h"
-#include "oscarkv/transport/bootstrap.h"
+#include "oscarkv/testing/bootstrap.h"
 #include "oscarkv/transport/transport.h"
 #include "test_pages.h"
 
@@ -29,6 +29,9 @@ int Fail(const absl::Status& s) {
 int main(int argc, char** argv) {
   using namespace oscarkv;
   using namespace oscarkv::transport;
+  using oscarkv::testing::ParseControlFd;
+  using oscarkv::testing::SendBlob;
+  using oscarkv::testing::ServeUntilClosed;
   std::map<std::string, std::string> opt = {{"tls", "tcp"},     {"shape", "refmodel"},
                                             {"kind", "int2"},    {"pages", "64"},
                                             {"seed", "1"},       {"max-seconds", "120"},
@@ -74,8 +77,8 @@ int main(int argc, char** argv) {
   if (!region.ok()) return Fail(region.status());
   uint8_t* pool = (*region)->base();
   for (uint32_t i = 0; i < pages; ++i) {
-    if (absl::Status s = testing::FillPage(*profile, kind, seed, i,
-                                           {pool + size_t{i} * page_bytes, page_bytes});
+    if (absl::Status s = transport::testing::FillPage(
+            *profile, kind, seed, i, {pool + size_t{i} * page_bytes, page_bytes});
         !s.ok()) {
       return Fail(s);
     }
@@ -86,7 +89,7 @@ int main(int argc, char** argv) {
   absl::Status served = ServeUntilClosed(
       **worker, *fd, absl::Seconds(max_seconds), [&](const std::string& cmd) -> std::string {
         if (cmd == "count-valid") {
-          return absl::StrCat(testing::CountValidPages(pool, page_bytes, pages));
+          return absl::StrCat(transport::testing::CountValidPages(pool, page_bytes, pages));
         }
         if (cmd == "transports") return (*ctx)->capabilities().ToString();
         return "unknown command";

@@ -159,12 +159,17 @@ struct HostRequest {
   std::vector<uint8_t> bytes;  // layout.total_bytes
 };
 
+// Called as a side enters each named stage of the handoff (prefill: "hello", "ipc-offer",
+// "nccl-send"; decode: "ipc-copy", "nccl-recv"), on the thread running it. Empty: nothing
+// happens. Tests install a hook that fails the process there (oscarkv/testing/stage_hooks.h).
+using StageHook = std::function<void(std::string_view stage)>;
+
 struct ServeOptions {
   int device = 0;
   int peer_rank_device = 1;  // for the log only
   int timeout_ms = 30000;    // per step (a frame, an NCCL init, a transfer)
   bool nccl = true;          // set up an NCCL communicator (rank 0)
-  std::string die_at;        // failure injection: "hello", "ipc-offer", "nccl-send"
+  StageHook on_stage;        // "hello", "ipc-offer", "nccl-send"
 };
 struct ServeStats {
   uint64_t uploaded_bytes = 0;
@@ -183,7 +188,7 @@ struct DecodeOptions {
   std::vector<std::string> mechanisms = {"ipc", "nccl"};
   bool peer_bound = true;  // time cudaMemcpyPeerAsync of the same bytes beside each handoff
   uint32_t warmup = 2, reps = 10;
-  std::string die_at;  // failure injection: "ipc-copy", "nccl-recv"
+  StageHook on_stage;  // "ipc-copy", "nccl-recv"
 };
 
 // Times of one (request, mechanism): wall = from sending the request to the pages being in the

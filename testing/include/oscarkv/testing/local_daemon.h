@@ -1,12 +1,14 @@
-// LocalDaemon: runs an oscarkvd as a child process of this one (single-node setups, demos,
-// benchmarks, integration tests).
+// LocalDaemon: runs an oscarkvd as a child process of this one, for integration tests and the
+// `oscarkv` tool's self-contained commands (demo, pd, bench service). Part of oscarkv::testing,
+// which is not installed: an engine links oscarkv::client and talks to a daemon it did not fork.
 //
 // Contract
 // * Start() spawns the binary with the given flags plus `--listen 127.0.0.1:0` (unless a
 //   --listen flag is given), waits for its one ready line on stdout
 //   (`oscarkvd ready listen=HOST:PORT metrics=HOST:PORT shm=/dev/shm/NAME pool_bytes=N
 //   local=PATH|off`) and
-//   parses it. Everything the daemon prints afterwards on stdout is drained and dropped.
+//   parses it. Everything the daemon prints afterwards on stdout is drained and dropped. The
+//   child is spawned by oscarkv::Subprocess (util/subprocess.h).
 // * The LocalDaemon owns the child: the destructor stops it (SIGTERM, then SIGKILL after the
 //   grace period). The child also gets SIGTERM if the thread that started it dies.
 // * A daemon that exits normally removes its pool segment itself; when the child is found dead
@@ -25,7 +27,11 @@
 
 #include "absl/status/statusor.h"
 
-namespace oscarkv::client {
+namespace oscarkv {
+class Subprocess;
+}  // namespace oscarkv
+
+namespace oscarkv::testing {
 
 struct LocalDaemonOptions {
   std::string binary;              // path of oscarkvd; empty = FindDaemonBinary()
@@ -51,7 +57,7 @@ class LocalDaemon {
   const std::string& shm_path() const { return shm_path_; }         // shm=
   const std::string& local_socket() const { return local_socket_; } // local= ("" when off)
   uint64_t pool_bytes() const { return pool_bytes_; }
-  pid_t pid() const { return pid_; }
+  pid_t pid() const;
   const std::string& ready_line() const { return ready_line_; }
 
   // SIGTERM, then waits up to `grace_ms` (SIGKILL after that). Returns the exit code (128+sig
@@ -63,16 +69,16 @@ class LocalDaemon {
   bool Running();
 
  private:
-  LocalDaemon() = default;
+  LocalDaemon();
+  // Waits up to timeout_ms for the child to exit; its exit code. Removes what a killed daemon
+  // leaves behind (its pool segment and local socket).
   absl::StatusOr<int> Reap(int64_t timeout_ms);
 
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
+  std::unique_ptr<Subprocess> proc_;
   std::thread drain_;
   std::string address_, metrics_, shm_path_, local_socket_, ready_line_;
   uint64_t pool_bytes_ = 0;
-  bool exited_ = false;
-  int exit_code_ = 0;
+  bool cleaned_up_ = false;
 };
 
-}  // namespace oscarkv::client
+}  // namespace oscarkv::testing

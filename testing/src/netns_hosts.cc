@@ -1,4 +1,4 @@
-#include "oscarkv/pd/hosts.h"
+#include "oscarkv/testing/netns_hosts.h"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "oscarkv/util/subprocess.h"
 
-namespace oscarkv::pd {
+namespace oscarkv::testing {
 namespace {
 
 std::atomic<int> g_counter{0};
@@ -98,4 +98,4 @@ absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv, i
   return ProcessResult{r->exit_code, std::move(r->output)};
 }
 
-}  // namespace oscarkv::pd
+}  // namespace oscarkv::testing

@@ -1,5 +1,5 @@
 // Out-of-band exchange of worker addresses and memory blobs without gRPC, for tests and
-// benchmarks: length-prefixed blobs over a socket or pipe, a child process started with one end
+// benchmarks (oscarkv::testing_ucx, not installed): length-prefixed blobs over a socket or pipe, a child process started with one end
 // of a socketpair, and a server loop that progresses a worker until its control socket closes.
 //
 // Nothing here opens a network socket: the control channel is an AF_UNIX socketpair inherited
@@ -24,7 +24,7 @@ namespace oscarkv {
 class Subprocess;
 }  // namespace oscarkv
 
-namespace oscarkv::transport {
+namespace oscarkv::testing {
 
 // Owns a file descriptor.
 class UniqueFd {
@@ -87,10 +87,10 @@ using ControlHandler = std::function<std::string(const std::string& command)>;
 // Server loop: progresses `worker` (sleeping on its event fd and the control fd when idle) until
 // the control channel reaches EOF (OK) or `max_time` passes (DEADLINE_EXCEEDED). Command blobs
 // on the control channel are answered by `handler` (an empty reply without one).
-absl::Status ServeUntilClosed(Worker& worker, int control_fd, absl::Duration max_time,
+absl::Status ServeUntilClosed(transport::Worker& worker, int control_fd, absl::Duration max_time,
                               const ControlHandler& handler = nullptr);
 
 // Parses "--control-fd=<n>" style values; INVALID_ARGUMENT unless a valid open fd.
 absl::StatusOr<int> ParseControlFd(absl::string_view value);
 
-}  // namespace oscarkv::transport
+}  // namespace oscarkv::testing

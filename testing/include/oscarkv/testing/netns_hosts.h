@@ -1,4 +1,5 @@
-// Two "hosts" for the P/D handoff's demo and tests: two Linux network namespaces joined by a
+// Two "hosts" for the P/D handoff's demo (`oscarkv pd demo`) and tests (oscarkv::testing, not
+// installed): two Linux network namespaces joined by a
 // veth pair (10.R.S.1 <-> 10.R.S.2/24), or plain loopback when namespaces cannot be made.
 //
 // Contract
@@ -17,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace oscarkv::pd {
+namespace oscarkv::testing {
 
 class NetnsHosts {
  public:
@@ -51,4 +52,4 @@ struct ProcessResult {
 absl::StatusOr<ProcessResult> RunProcess(const std::vector<std::string>& argv,
                                          int64_t timeout_ms = 120000);
 
-}  // namespace oscarkv::pd
+}  // namespace oscarkv::testing

@@ -1,24 +1,21 @@
-#include "oscarkv/client/local_daemon.h"
+#include "oscarkv/testing/local_daemon.h"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "oscarkv/util/subprocess.h"
 
-namespace oscarkv::client {
+namespace oscarkv::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -30,6 +27,8 @@ int64_t MsLeft(Clock::time_point deadline) {
 bool IsExecutable(const std::string& p) { return ::access(p.c_str(), X_OK) == 0; }
 
 }  // namespace
+
+LocalDaemon::LocalDaemon() = default;
 
 absl::StatusOr<std::string> LocalDaemon::FindDaemonBinary() {
   std::vector<std::string> tried;
@@ -63,48 +62,21 @@ absl::StatusOr<std::unique_ptr<LocalDaemon>> LocalDaemon::Start(const LocalDaemo
   if (!IsExecutable(binary)) {
     return absl::NotFoundError(absl::StrCat("oscarkvd binary ", binary, " is not executable"));
   }
-  std::vector<std::string> argv = {binary};
+  SpawnOptions so({binary});
   bool has_listen = false;
   for (const auto& f : o.flags) has_listen |= f == "--listen" || f.rfind("--listen=", 0) == 0;
-  if (!has_listen) argv.insert(argv.end(), {"--listen", "127.0.0.1:0"});
-  argv.insert(argv.end(), o.flags.begin(), o.flags.end());
-  std::vector<char*> cargv;
-  for (auto& a : argv) cargv.push_back(a.data());
-  cargv.push_back(nullptr);
-
-  int out[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
-  }
-  int log_fd = -1;
-  if (!o.log_path.empty()) {
-    log_fd = ::open(o.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (log_fd < 0) {
-      ::close(out[0]);
-      ::close(out[1]);
-      return absl::InternalError(absl::StrCat("cannot open ", o.log_path, ": ", std::strerror(errno)));
-    }
-  }
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  }
-  if (pid == 0) {
-    // Child: async-signal-safe calls only until exec.
-    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(127);
-    ::dup2(out[1], STDOUT_FILENO);
-    if (log_fd >= 0) ::dup2(log_fd, STDERR_FILENO);
-    ::execv(cargv[0], cargv.data());
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  if (log_fd >= 0) ::close(log_fd);
+  if (!has_listen) so.argv.insert(so.argv.end(), {"--listen", "127.0.0.1:0"});
+  so.argv.insert(so.argv.end(), o.flags.begin(), o.flags.end());
+  so.stdout_mode = Stdio::kPipe;
+  so.stderr_path = o.log_path;  // empty: inherited
+  // A daemon whose owner thread dies gets the chance to shut down cleanly.
+  so.parent_death_signal = SIGTERM;
+  auto proc = Subprocess::Spawn(so);
+  if (!proc.ok()) return proc.status();
 
   std::unique_ptr<LocalDaemon> d(new LocalDaemon);
-  d->pid_ = pid;
-  d->stdout_fd_ = out[0];
+  d->proc_ = *std::move(proc);
+  const int fd = d->proc_->stdout_fd();
   // Read up to the ready line.
   const auto deadline = Clock::now() + std::chrono::milliseconds(o.ready_timeout_ms);
   std::string buf;
@@ -135,10 +107,10 @@ absl::StatusOr<std::unique_ptr<LocalDaemon>> LocalDaemon::Start(const LocalDaemo
       return absl::DeadlineExceededError(absl::StrCat(
           "oscarkvd (", binary, ") printed no ready line within ", o.ready_timeout_ms, " ms"));
     }
-    pollfd p{d->stdout_fd_, POLLIN, 0};
+    pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 200))) <= 0) continue;
     char tmp[4096];
-    const ssize_t n = ::read(d->stdout_fd_, tmp, sizeof tmp);
+    const ssize_t n = ::read(fd, tmp, sizeof tmp);
     if (n <= 0) {
       auto code = d->Reap(2000);
       return absl::FailedPreconditionError(absl::StrCat(
@@ -149,7 +121,7 @@ absl::StatusOr<std::unique_ptr<LocalDaemon>> LocalDaemon::Start(const LocalDaemo
     buf.append(tmp, static_cast<size_t>(n));
   }
   // Keep the pipe drained so a chatty daemon never blocks on a full stdout.
-  d->drain_ = std::thread([fd = d->stdout_fd_] {
+  d->drain_ = std::thread([fd] {
     char tmp[4096];
     while (::read(fd, tmp, sizeof tmp) > 0) {
     }
@@ -158,66 +130,62 @@ absl::StatusOr<std::unique_ptr<LocalDaemon>> LocalDaemon::Start(const LocalDaemo
 }
 
 LocalDaemon::~LocalDaemon() {
-  if (!exited_ && pid_ > 0) Stop(5000).IgnoreError();
+  if (proc_ != nullptr && !proc_->exit_code().has_value()) Stop(5000).IgnoreError();
+  // The drain thread ends at EOF (the daemon exited); the Subprocess closes the pipe after.
   if (drain_.joinable()) drain_.join();
-  if (stdout_fd_ >= 0) ::close(stdout_fd_);
 }
 
+pid_t LocalDaemon::pid() const { return proc_ != nullptr ? proc_->pid() : -1; }
+
 absl::StatusOr<int> LocalDaemon::Reap(int64_t timeout_ms) {
-  if (exited_) return exit_code_;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    int st = 0;
-    const pid_t r = ::waitpid(pid_, &st, WNOHANG);
-    if (r == pid_) {
-      exited_ = true;
-      exit_code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      // Killed: it could not remove its pool segment (a clean exit, even a failed start, does).
-      if (WIFSIGNALED(st) && shm_path_.rfind("/dev/shm/", 0) == 0) {
-        ::unlink(shm_path_.c_str());
-        std::error_code ec;  // and the TLS files it staged beside it (oscarkvd --tls-cert)
-        std::filesystem::remove_all(shm_path_ + ".tls", ec);
-      }
-      // Nor its local control socket file (a socket, so nothing else is removed by mistake).
-      struct stat sst;
-      if (WIFSIGNALED(st) && !local_socket_.empty() &&
-          ::lstat(local_socket_.c_str(), &sst) == 0 && S_ISSOCK(sst.st_mode)) {
-        ::unlink(local_socket_.c_str());
-      }
-      return exit_code_;
-    }
-    if (r < 0) {
-      exited_ = true;
-      exit_code_ = -1;
-      return absl::InternalError(absl::StrCat("waitpid: ", std::strerror(errno)));
-    }
-    if (MsLeft(deadline) <= 0) {
+  auto code = proc_->Wait(absl::Milliseconds(std::max<int64_t>(timeout_ms, 0)));
+  if (!code.ok()) {
+    if (absl::IsDeadlineExceeded(code.status())) {
       return absl::DeadlineExceededError("oscarkvd did not exit in time");
     }
-    ::usleep(5000);
+    return code.status();
   }
+  // Killed: it could not remove its pool segment (a clean exit, even a failed start, does), nor
+  // its local control socket file (only a socket is removed, so nothing else goes by mistake).
+  if (proc_->term_signal().has_value() && !cleaned_up_) {
+    cleaned_up_ = true;
+    if (shm_path_.rfind("/dev/shm/", 0) == 0) {
+      ::unlink(shm_path_.c_str());
+      std::error_code ec;  // and the TLS files it staged beside it (oscarkvd --tls-cert)
+      std::filesystem::remove_all(shm_path_ + ".tls", ec);
+    }
+    struct stat sst;
+    if (!local_socket_.empty() && ::lstat(local_socket_.c_str(), &sst) == 0 &&
+        S_ISSOCK(sst.st_mode)) {
+      ::unlink(local_socket_.c_str());
+    }
+  }
+  return *code;
 }
 
 absl::StatusOr<int> LocalDaemon::Stop(int64_t grace_ms) {
-  if (exited_) return exit_code_;
-  ::kill(pid_, SIGTERM);
+  if (auto done = proc_->exit_code(); done.has_value()) return *done;
+  proc_->Signal(SIGTERM);
   auto code = Reap(grace_ms);
   if (code.ok()) return code;
-  ::kill(pid_, SIGKILL);
+  proc_->Signal(SIGKILL);
   Reap(5000).IgnoreError();
   return absl::DeadlineExceededError(
       absl::StrCat("oscarkvd did not exit within ", grace_ms, " ms of SIGTERM; killed"));
 }
 
 void LocalDaemon::Kill(int sig) {
-  if (exited_) return;
-  ::kill(pid_, sig);
+  if (proc_->exit_code().has_value()) return;
+  proc_->Signal(sig);
   Reap(10000).IgnoreError();
 }
 
 bool LocalDaemon::Running() {
-  if (exited_) return false;
-  return !Reap(0).ok();
+  if (!proc_->Running()) {
+    Reap(0).IgnoreError();  // cleans up after a killed daemon
+    return false;
+  }
+  return true;
 }
 
-}  // namespace oscarkv::client
+}  // namespace oscarkv::testing

@@ -1,4 +1,4 @@
-#include "oscarkv/transport/bootstrap.h"
+#include "oscarkv/testing/bootstrap.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "oscarkv/util/subprocess.h"
 
-namespace oscarkv::transport {
+namespace oscarkv::testing {
 namespace {
 
 constexpr uint32_t kMaxBlob = 64u << 20;
@@ -155,7 +155,7 @@ absl::StatusOr<int> PeerProcess::CloseAndWait(absl::Duration timeout) {
   return code;
 }
 
-absl::Status ServeUntilClosed(Worker& worker, int control_fd, absl::Duration max_time,
+absl::Status ServeUntilClosed(transport::Worker& worker, int control_fd, absl::Duration max_time,
                               const ControlHandler& handler) {
   const absl::Time deadline = absl::Now() + max_time;
   while (absl::Now() < deadline) {
@@ -188,4 +188,4 @@ absl::StatusOr<int> ParseControlFd(absl::string_view value) {
   return fd;
 }
 
-}  // namespace oscarkv::transport
+}  // namespace oscarkv::testing
