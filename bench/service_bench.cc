@@ -217,7 +217,7 @@ int ServiceBenchMain(int argc, char** argv) {
 
   // 2b. --tls: a second daemon, the same but for mutual TLS, holding the looked-up pages.
   std::unique_ptr<service_bench::BenchPki> pki;
-  std::unique_ptr<client::LocalDaemon> tls_daemon;
+  std::unique_ptr<testing::LocalDaemon> tls_daemon;
   const std::string tls_log_path = absl::StrCat("/tmp/oscarkv-bench-", ::getpid(), "-tls.log");
   Env tls_env = env;
   if (with_tls) {
@@ -225,7 +225,7 @@ int ServiceBenchMain(int argc, char** argv) {
     auto p = service_bench::MakeBenchPki();
     if (!p.ok()) return fail("making TLS certificates", p.status());
     pki = *std::move(p);
-    client::LocalDaemonOptions topt = dopt;
+    testing::LocalDaemonOptions topt = dopt;
     topt.log_path = tls_log_path;
     const uint64_t tls_pool_mb = std::max<uint64_t>(64, ((uint64_t(*nkeys) * page_bytes * 2) >> 20) + 16);
     topt.flags = {"--listen", "127.0.0.1:0", "--pool-mb", std::to_string(tls_pool_mb),
@@ -233,7 +233,7 @@ int ServiceBenchMain(int argc, char** argv) {
                   absl::StrCat("oscarkv-bench-tls-", ::getpid()), "--tls-cert", pki->server_cert,
                   "--tls-key", pki->server_key, "--tls-client-ca", pki->ca};
     if (!a.str("daemon-cpus").empty()) topt.flags.insert(topt.flags.end(), {"--cpus", a.str("daemon-cpus")});
-    auto td = client::LocalDaemon::Start(topt);
+    auto td = testing::LocalDaemon::Start(topt);
     if (!td.ok()) return fail("starting the mutual-TLS oscarkvd", td.status());
     tls_daemon = *std::move(td);
     tls_env.addr = tls_daemon->address();
