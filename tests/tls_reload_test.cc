@@ -192,12 +192,12 @@ TEST_F(TlsReloadTest, ChangedFilesAreReloadedWithoutASignal) {
 // clears the dead one's pool file; after LocalDaemon::Kill, with the pool file it removes.
 TEST_F(TlsReloadTest, StagedCopiesGoWithTheDaemonEvenAfterKill9) {
   auto start = [&](const std::string& log) {
-    client::LocalDaemonOptions o;
+    testing::LocalDaemonOptions o;
     o.binary = OSCARKVD_PATH;
     o.flags = {"--metrics-listen", "off", "--pool-mb", "64", "--tls-cert", live_ + "/server.pem",
                "--tls-key", live_ + "/server.key", "--ucx", "off"};  // no --shm-name: oscarkvd-0-<pid>
     o.log_path = log;
-    auto d = client::LocalDaemon::Start(o);
+    auto d = testing::LocalDaemon::Start(o);
     EXPECT_TRUE(d.ok()) << d.status() << "\n" << ReadFile(log);
     return d.ok() ? *std::move(d) : nullptr;
   };
