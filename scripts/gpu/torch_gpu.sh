@@ -25,7 +25,7 @@ for s in ${stages//,/ }; do
   t0=$(date +%s)
   case $s in
     tests)
-      timeout 200 $py -m pytest -q -p no:cacheprovider "$pack/python/tests/test_torch_ops.py" \
+      timeout ${TEST_TIMEOUT:-200} $py -m pytest -q -p no:cacheprovider "$pack/python/tests/test_torch_ops.py" \
         "$pack/python/tests/test_torch_refmodel.py" -rA 2>&1 | tee "$out/tests.log" | tail -25 ;;
     quality)
       timeout 300 $py -m oscarkv.bench quality --model "$pack/refmodel" --text "$pack/refmodel/val.txt" \
