@@ -83,6 +83,20 @@ tls:
   client_ca: ""                 # CA bundle (PEM) client certificates must chain to: mTLS
   allow_plaintext: false        # without TLS, serve a non-loopback listen address anyway
   reload_s: 10                  # re-read the files this often (and on SIGHUP); 0 = SIGHUP only
+# Tenants (service/README.md "Tenants"). None = one tenant, "default", with the admin role and
+# no quotas beyond limits.*: single-user behaviour. With tenants, gRPC needs mTLS (tls.client_ca)
+# and a caller is the tenant its client certificate's subject CN or a URI SAN names (others are
+# refused); each tenant sees only its own pages, leases, handles and codecs. Quotas left out:
+# pool_mb = the pool split evenly among the tenants, pinned_pages 4096, leases 1024,
+# handles 256, codecs 8 (over quota: RESOURCE_EXHAUSTED naming it).
+tenants: []
+#  - name: tenant-a              # certificate subject CN (or URI SAN, e.g. spiffe://x/tenant-a)
+#    quota: {pool_mb: 1024, pinned_pages: 4096, leases: 1024, handles: 256, codecs: 8}
+#    uids: [1000]                # local-socket peers that are this tenant (SO_PEERCRED); gids: []
+#  - name: admin
+#    role: admin                 # may clear every tenant's pages and read everyone's stats
+shared_namespaces: []           # e.g. [{name: common, tenants: [tenant-a, tenant-b]}]: keys both
+                                # may store and look up (client option shared_namespace)
 )");
   return *yaml;
 }
@@ -178,6 +192,120 @@ const char* NodeKind(const YAML::Node& n) {
   return "a single value";
 }
 
+absl::Status AtLine(const YAML::Node& n, const std::string& msg) {
+  return absl::InvalidArgumentError(absl::StrCat("line ", n.Mark().line + 1, ": ", msg));
+}
+
+absl::Status ReadIdList(const YAML::Node& n, const std::string& key, std::vector<uint32_t>* out) {
+  if (!n.IsSequence()) return AtLine(n, absl::StrCat(key, " must be a list of numbers"));
+  for (const YAML::Node& v : n) {
+    uint32_t id = 0;
+    if (absl::Status s = ReadUint(v, key, &id, 0, kU32 - 1); !s.ok()) {
+      return AtLine(v, std::string(s.message()));
+    }
+    out->push_back(id);
+  }
+  return absl::OkStatus();
+}
+
+// tenants: [{name, role, quota: {pool_mb, pinned_pages, leases, handles, codecs}, uids, gids}]
+absl::Status ApplyTenants(const YAML::Node& list, DaemonConfig* c) {
+  if (list.IsNull()) return absl::OkStatus();
+  if (!list.IsSequence()) {
+    return AtLine(list, "tenants must be a list of {name, role, quota, uids, gids} entries");
+  }
+  std::vector<TenantConfig> out;
+  for (const YAML::Node& item : list) {
+    const std::string where = absl::StrCat("tenants[", out.size(), "]");
+    if (!item.IsMap()) return AtLine(item, absl::StrCat(where, " must be a map"));
+    TenantConfig t;
+    bool named = false;
+    for (const auto& kv : item) {
+      const std::string k = kv.first.as<std::string>();
+      const std::string key = absl::StrCat(where, ".", k);
+      absl::Status s;
+      if (k == "name") {
+        s = kv.second.IsScalar() ? ReadString(kv.second, key, &t.name)
+                                 : absl::InvalidArgumentError(key + " must be a string");
+        named = true;
+      } else if (k == "role") {
+        const std::string role = kv.second.IsScalar() ? kv.second.Scalar() : "";
+        if (role == "admin") {
+          t.admin = true;
+        } else if (role != "tenant") {
+          s = absl::InvalidArgumentError(
+              absl::StrCat(key, ": expected admin or tenant, got '", role, "'"));
+        }
+      } else if (k == "uids" || k == "gids") {
+        s = ReadIdList(kv.second, key, k == "uids" ? &t.uids : &t.gids);
+        if (!s.ok()) return s;
+      } else if (k == "quota") {
+        if (kv.second.IsNull()) continue;
+        if (!kv.second.IsMap()) return AtLine(kv.second, key + " must be a map");
+        for (const auto& q : kv.second) {
+          const std::string qk = q.first.as<std::string>();
+          const std::string qkey = absl::StrCat(key, ".", qk);
+          uint64_t v = 0;
+          absl::Status qs;
+          if (qk == "pool_mb") {
+            qs = ReadUint(q.second, qkey, &v, 1, uint64_t{1} << 30);
+            t.pool_mb = v;
+          } else if (qk == "pinned_pages" || qk == "leases" || qk == "handles") {
+            qs = ReadUint(q.second, qkey, &v, 0, 10000000);
+            (qk == "pinned_pages" ? t.pinned_pages : qk == "leases" ? t.leases : t.handles) = v;
+          } else if (qk == "codecs") {
+            qs = ReadUint(q.second, qkey, &v, 0, 256);
+            t.codecs = v;
+          } else {
+            qs = absl::InvalidArgumentError(absl::StrCat(
+                "unknown quota '", qkey, "' (pool_mb, pinned_pages, leases, handles, codecs)"));
+          }
+          if (!qs.ok()) return AtLine(q.first, std::string(qs.message()));
+        }
+      } else {
+        s = absl::InvalidArgumentError(
+            absl::StrCat("unknown key '", key, "' (name, role, quota, uids, gids)"));
+      }
+      if (!s.ok()) return AtLine(kv.first, std::string(s.message()));
+    }
+    if (!named) return AtLine(item, absl::StrCat(where, " has no name"));
+    out.push_back(std::move(t));
+  }
+  c->tenants = std::move(out);
+  return absl::OkStatus();
+}
+
+// shared_namespaces: [{name, tenants: [a, b]}]
+absl::Status ApplySharedNamespaces(const YAML::Node& list, DaemonConfig* c) {
+  if (list.IsNull()) return absl::OkStatus();
+  if (!list.IsSequence()) {
+    return AtLine(list, "shared_namespaces must be a list of {name, tenants} entries");
+  }
+  std::vector<SharedNamespaceConfig> out;
+  for (const YAML::Node& item : list) {
+    const std::string where = absl::StrCat("shared_namespaces[", out.size(), "]");
+    if (!item.IsMap()) return AtLine(item, absl::StrCat(where, " must be a map"));
+    SharedNamespaceConfig ns;
+    for (const auto& kv : item) {
+      const std::string k = kv.first.as<std::string>();
+      if (k == "name" && kv.second.IsScalar()) {
+        ns.name = kv.second.Scalar();
+      } else if (k == "tenants" && kv.second.IsSequence()) {
+        for (const YAML::Node& m : kv.second) {
+          if (!m.IsScalar()) return AtLine(m, absl::StrCat(where, ".tenants: names only"));
+          ns.tenants.push_back(m.Scalar());
+        }
+      } else {
+        return AtLine(kv.first, absl::StrCat("'", where, ".", k, "': expected name (a string) "
+                                             "and tenants (a list of tenant names)"));
+      }
+    }
+    out.push_back(std::move(ns));
+  }
+  c->shared_namespaces = std::move(out);
+  return absl::OkStatus();
+}
+
 absl::Status ApplyMap(const YAML::Node& map, const std::string& prefix, DaemonConfig* c) {
   for (const auto& kv : map) {
     const std::string key = prefix + kv.first.as<std::string>();
@@ -185,6 +313,14 @@ absl::Status ApplyMap(const YAML::Node& map, const std::string& prefix, DaemonCo
     auto at_line = [&](const std::string& msg) {
       return absl::InvalidArgumentError(absl::StrCat("line ", m.line + 1, ": ", msg));
     };
+    if (prefix.empty() && key == "tenants") {
+      if (absl::Status s = ApplyTenants(kv.second, c); !s.ok()) return s;
+      continue;
+    }
+    if (prefix.empty() && key == "shared_namespaces") {
+      if (absl::Status s = ApplySharedNamespaces(kv.second, c); !s.ok()) return s;
+      continue;
+    }
     // A known section must hold a map; a key that is not a section must not.
     if (prefix.empty() && IsSection(key)) {
       if (kv.second.IsNull()) continue;  // an empty section changes nothing
@@ -280,6 +416,83 @@ bool IsLoopbackHost(const std::string& host) {
 }
 }  // namespace
 
+namespace {
+// A tenant or namespace name: what a certificate CN or URI SAN can hold, printable, no spaces.
+bool GoodName(const std::string& n) {
+  if (n.empty() || n.size() > 256) return false;
+  return std::all_of(n.begin(), n.end(), [](char ch) { return ch > ' ' && ch < 127; });
+}
+
+absl::Status ValidateTenants(const DaemonConfig& c) {
+  if (c.tenants.empty()) {
+    if (!c.shared_namespaces.empty()) {
+      return absl::InvalidArgumentError("shared_namespaces needs tenants: to share between");
+    }
+    return absl::OkStatus();
+  }
+  if (c.tenants.size() > kMaxTenants) {
+    return absl::InvalidArgumentError(absl::StrCat("tenants: at most ", kMaxTenants));
+  }
+  if (c.tls_client_ca.empty()) {
+    return absl::InvalidArgumentError(
+        "tenants: need mTLS (tls.cert, tls.key and tls.client_ca / --tls-client-ca): a gRPC "
+        "caller's tenant is the subject CN or URI SAN of its client certificate");
+  }
+  std::vector<std::string> names;
+  uint64_t codecs = 0;
+  std::vector<uint32_t> uids, gids;
+  for (const TenantConfig& t : c.tenants) {
+    if (!GoodName(t.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tenants: name '", t.name.substr(0, 64), "' must be 1..256 printable characters, "
+          "no spaces (a certificate CN or URI SAN)"));
+    }
+    names.push_back(t.name);
+    codecs += t.codecs.value_or(kDefaultQuotaCodecs);
+    uids.insert(uids.end(), t.uids.begin(), t.uids.end());
+    gids.insert(gids.end(), t.gids.begin(), t.gids.end());
+  }
+  for (const SharedNamespaceConfig& s : c.shared_namespaces) {
+    if (!GoodName(s.name)) {
+      return absl::InvalidArgumentError(absl::StrCat("shared_namespaces: name '",
+                                                     s.name.substr(0, 64), "' is not valid"));
+    }
+    if (s.tenants.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shared_namespaces: '", s.name, "' lists no tenants"));
+    }
+    for (const std::string& m : s.tenants) {
+      if (std::find(names.begin(), names.end(), m) == names.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("shared_namespaces: '", s.name,
+                                                       "' names unknown tenant '", m, "'"));
+      }
+    }
+    names.push_back(s.name);
+  }
+  std::sort(names.begin(), names.end());
+  if (auto it = std::adjacent_find(names.begin(), names.end()); it != names.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenants/shared_namespaces: the name '", *it, "' is used twice"));
+  }
+  for (auto* ids : {&uids, &gids}) {
+    std::sort(ids->begin(), ids->end());
+    if (auto it = std::adjacent_find(ids->begin(), ids->end()); it != ids->end()) {
+      return absl::InvalidArgumentError(absl::StrCat("tenants: ", ids == &uids ? "uid " : "gid ",
+                                                     *it, " is mapped to two tenants"));
+    }
+  }
+  // Every tenant's codec quota must fit the daemon's codec table at once, so one tenant filling
+  // its quota never leaves another without room (registrations in a shared namespace count
+  // against the registering tenant's quota).
+  if (codecs > 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenants: the codec quotas add up to ", codecs,
+        "; the daemon holds at most 256 codec registrations"));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 absl::Status DaemonConfig::Validate() const {
   if (auto a = ParseListenAddress(listen, false, true); !a.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("listen: ", a.status().message()));
@@ -324,6 +537,7 @@ absl::Status DaemonConfig::Validate() const {
   if (!tls_client_ca.empty() && tls_cert.empty()) {
     return absl::InvalidArgumentError("tls: client_ca needs the server's cert and key too");
   }
+  if (absl::Status s = ValidateTenants(*this); !s.ok()) return s;
   if (tls_cert.empty() && !allow_plaintext) {
     auto a = ParseListenAddress(listen, false, true);
     if (a->unix_path.empty() && !IsLoopbackHost(a->host)) {

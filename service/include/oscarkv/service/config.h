@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,28 @@
 #include "absl/status/statusor.h"
 
 namespace oscarkv::service {
+
+// One entry of `tenants:` (service/README.md "Tenants"). A quota left out takes its default:
+// pool_mb = the pool divided evenly among the tenants, pinned_pages 4096, leases 1024,
+// handles 256, codecs 8.
+struct TenantConfig {
+  std::string name;    // the client certificate's subject CN or a URI SAN
+  bool admin = false;  // role: admin -- clear every tenant's pages, everyone's stats
+  std::optional<uint64_t> pool_mb;
+  std::optional<uint64_t> pinned_pages, leases, handles, codecs;
+  std::vector<uint32_t> uids, gids;  // local-socket peers (SO_PEERCRED) that are this tenant
+};
+inline constexpr uint64_t kDefaultQuotaPinnedPages = 4096;
+inline constexpr uint64_t kDefaultQuotaLeases = 1024;
+inline constexpr uint64_t kDefaultQuotaHandles = 256;
+inline constexpr uint64_t kDefaultQuotaCodecs = 8;
+inline constexpr size_t kMaxTenants = 1024;
+
+// One entry of `shared_namespaces:`: keys its member tenants may store and look up together.
+struct SharedNamespaceConfig {
+  std::string name;
+  std::vector<std::string> tenants;
+};
 
 struct DaemonConfig {
   std::string listen = "127.0.0.1:50051";       // HOST:PORT (port 0 = any free port) or unix:/path
@@ -68,6 +91,10 @@ struct DaemonConfig {
   // The files are re-read on SIGHUP and every tls_reload_s seconds (0 = on SIGHUP only); new
   // connections get what changed, a bad new file is logged and the old ones keep serving.
   uint32_t tls_reload_s = 10;
+  // Tenants (tenants.h): empty = one default tenant with the admin role (single-user mode).
+  // Configured tenants need mTLS (tls.client_ca): a gRPC caller is its client certificate.
+  std::vector<TenantConfig> tenants;
+  std::vector<SharedNamespaceConfig> shared_namespaces;
 
   // Range and format checks across fields (listen addresses, log level, lease bounds).
   absl::Status Validate() const;
