@@ -109,7 +109,12 @@ class GrpcClient final : public Client {
       source_ = std::make_unique<StreamPageSource>(*rpc_, /*by_key=*/true);
     }
     server_.local_socket = resp.local_socket();
-    if (options_.lookup_path != LookupPath::kGrpc) {
+    if (!options_.shared_namespace.empty() && options_.lookup_path == LookupPath::kLocal) {
+      return absl::InvalidArgumentError(
+          "a shared_namespace client looks up over gRPC: the local socket serves a tenant's own "
+          "namespace only (use lookup_path kAuto or kGrpc)");
+    }
+    if (options_.lookup_path != LookupPath::kGrpc && options_.shared_namespace.empty()) {
       if (server_.local_socket.empty()) {
         if (options_.lookup_path == LookupPath::kLocal) {
           return absl::FailedPreconditionError(absl::StrCat(
@@ -118,6 +123,13 @@ class GrpcClient final : public Client {
       } else {
         auto ch = LocalChannel::Open(server_.local_socket, options_.client_name, resp.instance_id(),
                                      options_.rpc_timeout_ms, !options_.dedicated_connection);
+        if (ch.ok() && (*ch)->tenant() != resp.tenant()) {
+          // Tenants: the socket knows this process by its uid, gRPC by its certificate. Lookups
+          // must act for the tenant the stores act for.
+          ch = absl::FailedPreconditionError(absl::StrCat(
+              "the daemon serves this process's uid as tenant '", (*ch)->tenant(),
+              "' but its certificate as tenant '", resp.tenant(), "'"));
+        }
         if (ch.ok()) {
           local_ = std::move(*ch);
         } else if (options_.lookup_path == LookupPath::kLocal) {

@@ -140,7 +140,7 @@ void RequestShortSlice() { (void)RequestSchedulerSlice(kReaderSliceUs); }  // be
 
 }  // namespace
 
-absl::StatusOr<int> LocalChannel::Dial(int64_t recv_timeout_ms) {
+absl::StatusOr<int> LocalChannel::Dial(int64_t recv_timeout_ms, std::string* tenant) {
   sockaddr_un addr{};
   if (path_.empty() || path_.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("bad local socket path '", path_, "'"));
@@ -191,6 +191,7 @@ absl::StatusOr<int> LocalChannel::Dial(int64_t recv_timeout_ms) {
         "local socket ", path_, " belongs to another oscarkvd than the one at the gRPC address")));
   }
   if (recv_timeout_ms != timeout_ms_) SetTimeout(fd, SO_RCVTIMEO, recv_timeout_ms);
+  if (tenant != nullptr) *tenant = resp.tenant();
   return fd;
 }
 
@@ -212,7 +213,8 @@ absl::StatusOr<std::shared_ptr<LocalChannel>> LocalChannel::Open(const std::stri
   }
   std::shared_ptr<LocalChannel> ch(
       new LocalChannel(path, client_name, expect_instance, timeout_ms));
-  auto fd = ch->Dial(timeout_ms);  // proves the path works; becomes the first idle connection
+  // Proves the path works; becomes the first idle connection.
+  auto fd = ch->Dial(timeout_ms, &ch->tenant_);
   if (!fd.ok()) return fd.status();
   ch->PutIdle(*fd);
   if (shared) (*registry)[key] = ch;

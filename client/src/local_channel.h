@@ -53,6 +53,9 @@ class LocalChannel {
                  const char* what, Done done);
 
   const std::string& path() const { return path_; }
+  // The tenant the daemon serves this process as on the socket (its uid's; "" without tenants):
+  // the client uses the socket only when it is the tenant of its gRPC certificate too.
+  const std::string& tenant() const { return tenant_; }
 
  private:
   LocalChannel(std::string path, std::string client_name, uint64_t instance, int64_t timeout_ms)
@@ -61,7 +64,7 @@ class LocalChannel {
         instance_(instance),
         timeout_ms_(timeout_ms) {}
   // A connected, handshaken socket.
-  absl::StatusOr<int> Dial(int64_t recv_timeout_ms);
+  absl::StatusOr<int> Dial(int64_t recv_timeout_ms, std::string* tenant = nullptr);
   int TakeIdle();
   void PutIdle(int fd);
   void ReadLoop(int fd);
@@ -78,6 +81,7 @@ class LocalChannel {
   const std::string path_;
   const std::string client_name_;
   const uint64_t instance_;
+  std::string tenant_;  // set once, by Open
   const int64_t timeout_ms_;
 
   // std::mutex, not absl::Mutex: no per-acquisition deadlock-graph work (Debian's Abseil) on a

@@ -18,7 +18,8 @@ std::shared_ptr<RpcCore> RpcCore::Dial(const ConnectOptions& options) {
   auto channel =
       grpc::CreateCustomChannel(options.address, ChannelCredentialsOrFail(options, &args), args);
   return std::shared_ptr<RpcCore>(
-      new RpcCore(std::move(channel), options.address, options.rpc_timeout_ms));
+      new RpcCore(std::move(channel), options.address, options.rpc_timeout_ms,
+                  options.shared_namespace));
 }
 
 }  // namespace oscarkv::client

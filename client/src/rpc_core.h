@@ -23,6 +23,8 @@ using ::oscarkv::FromGrpc;
 
 class RpcCore {
  public:
+  // The gRPC metadata key that selects a shared namespace (ConnectOptions::shared_namespace).
+  static constexpr const char* kNamespaceMetadata = "oscarkv-namespace";
   // A channel to options.address (gRPC connects lazily, on the first call). Shared by the
   // Clients of a process dialing the same address unless options.dedicated_connection. Calls are
   // never retried transparently; reconnects back off at most 1 s, so a restarted daemon on the
@@ -34,22 +36,26 @@ class RpcCore {
   std::unique_ptr<grpc::ClientContext> Context() const {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
+    if (!shared_namespace_.empty()) ctx->AddMetadata(kNamespaceMetadata, shared_namespace_);
     return ctx;
   }
   const std::string& address() const { return address_; }
   int64_t timeout_ms() const { return timeout_ms_; }
 
  private:
-  RpcCore(std::shared_ptr<grpc::Channel> channel, std::string address, int64_t timeout_ms)
+  RpcCore(std::shared_ptr<grpc::Channel> channel, std::string address, int64_t timeout_ms,
+          std::string shared_namespace)
       : channel_(std::move(channel)),
         stub_(v1::KvCache::NewStub(channel_)),
         address_(std::move(address)),
-        timeout_ms_(timeout_ms) {}
+        timeout_ms_(timeout_ms),
+        shared_namespace_(std::move(shared_namespace)) {}
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::KvCache::Stub> stub_;
   const std::string address_;
   const int64_t timeout_ms_;
+  const std::string shared_namespace_;
 };
 
 }  // namespace oscarkv::client

@@ -44,6 +44,7 @@ absl::Status ControlCalls::Handshake(const Caller& caller, const pb::HandshakeRe
   if (s.ok()) {
     resp->set_local_socket(local_socket_);
     resp->set_instance_id(instance_id_);
+    if (cache_->tenants().configured()) resp->set_tenant(caller.tenant);
   }
   // Every pooled local connection handshakes: those are debug lines, gRPC clients info lines.
   const LogLevel level = !s.ok() ? LogLevel::kWarn
@@ -54,8 +55,41 @@ absl::Status ControlCalls::Handshake(const Caller& caller, const pb::HandshakeRe
            {{"client", req.client_name().substr(0, 128)},
             {"peer", peer},
             {"via", front_end},
+            {"tenant", caller.tenant},
             {"wire_version", absl::StrCat(req.wire_version())}});
   return t.Done(std::move(s));
+}
+
+namespace {
+Caller CallerOf(const Tenant& t, uint32_t ns) {
+  Caller c;
+  c.tenant = t.name();
+  c.admin = t.admin();
+  c.tenant_id = t.id();
+  c.ns = ns;
+  return c;
+}
+}  // namespace
+
+absl::StatusOr<Caller> ControlCalls::CallerFor(const std::vector<std::string>& cert_names,
+                                               absl::string_view shared) const {
+  const TenantRegistry& reg = cache_->tenants();
+  auto t = reg.FromCertificate(cert_names);
+  if (!t.ok()) return t.status();
+  if (!reg.configured() && !shared.empty()) {
+    return absl::PermissionDeniedError(
+        "this daemon has no tenants and no shared namespaces (oscarkv-namespace / "
+        "shared_namespace set)");
+  }
+  auto ns = reg.NamespaceFor(**t, shared);
+  if (!ns.ok()) return ns.status();
+  return CallerOf(**t, *ns);
+}
+
+absl::StatusOr<Caller> ControlCalls::LocalCallerFor(uint32_t uid, uint32_t gid) const {
+  auto t = cache_->tenants().FromPeer(uid, gid, ::geteuid());
+  if (!t.ok()) return t.status();
+  return CallerOf(**t, (*t)->id());
 }
 
 }  // namespace oscarkv::service

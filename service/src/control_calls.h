@@ -32,6 +32,9 @@ class RpcTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
+// The gRPC metadata key that selects a shared namespace (client: ConnectOptions::shared_namespace).
+inline constexpr const char* kNamespaceMetadata = "oscarkv-namespace";
+
 class ControlCalls {
  public:
   // `cache` and `metrics` must outlive this object.
@@ -56,6 +59,14 @@ class ControlCalls {
     RpcTimer t(metrics_, Rpc::kRelease);
     return t.Done(wire::Release(*cache_, caller, req, resp));
   }
+
+  // The Caller of a gRPC call whose verified certificate offers `cert_names` (subject CN, URI
+  // SANs) and that selects shared namespace `shared` ("" = its own): UNAUTHENTICATED /
+  // PERMISSION_DENIED when it is no tenant or no member (tenants.h).
+  absl::StatusOr<Caller> CallerFor(const std::vector<std::string>& cert_names,
+                                   absl::string_view shared) const;
+  // The Caller of a local-socket peer with these credentials (SO_PEERCRED).
+  absl::StatusOr<Caller> LocalCallerFor(uint32_t uid, uint32_t gid) const;
 
   PageCache* cache() const { return cache_; }
   Metrics* metrics() const { return metrics_; }

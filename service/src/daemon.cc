@@ -290,6 +290,9 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   co.index_shards = config.index_shards;
   co.max_codecs = config.max_codecs;
   co.node_id = config.node_id.empty() ? HostName() : config.node_id;
+  auto tenants = TenantRegistry::Create(config, pool->get()->capacity_bytes());
+  if (!tenants.ok()) return tenants.status();
+  co.tenants = tenants->get();  // outlives the cache
   std::unique_ptr<PageTier> tier;  // outlives the cache
   PageCache cache(pool->get(), SystemClock::Default(), co);
   std::string tier_str = "off";
@@ -447,6 +450,8 @@ absl::Status RunDaemon(const DaemonConfig& config) {
             {"cuda_registered", cuda ? "yes" : "no"},
             {"node_id", co.node_id},
             {"tier", tier_str},
+            {"tenants", (*tenants)->configured() ? absl::StrCat((*tenants)->size())
+                                                 : std::string("off")},
             {"max_batch", absl::StrCat(co.max_batch)},
             {"cpus", config.cpus.empty() ? std::string("any") : config.cpus},
             {"ucx", data_plane && data_plane->Info().ok()

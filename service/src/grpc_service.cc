@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "tenant_identity.h"
 
 namespace oscarkv::service {
 
@@ -91,9 +92,24 @@ class Admission {
 
 namespace {
 
-// Who a gRPC call acts for: today every call gets the default Caller (caller.h); the peer's
-// identity (TLS client certificate) is where a tenant would come from.
-Caller CallerOf(const grpc::ServerContextBase*) { return Caller{}; }
+// Who a gRPC call acts for: the tenant its verified client certificate names, in the shared
+// namespace its `oscarkv-namespace` metadata selects (tenants.h). Without configured tenants
+// and without that metadata: the default Caller, at no cost per call.
+absl::StatusOr<Caller> CallerOf(const ControlCalls& calls, const grpc::ServerContextBase* ctx) {
+  const auto& md = ctx->client_metadata();
+  const auto ns = md.find(kNamespaceMetadata);
+  const absl::string_view shared =
+      ns == md.end() ? absl::string_view() : absl::string_view(ns->second.data(), ns->second.size());
+  if (!calls.cache()->tenants().configured() && shared.empty()) return Caller{};
+  std::vector<std::string> names;
+  if (calls.cache()->tenants().configured()) names = CertificateNames(ctx->auth_context().get());
+  return calls.CallerFor(names, shared);
+}
+
+// A call refused before it reached the cache (its caller is no tenant), counted like the others.
+grpc::Status Refused(Metrics* m, Rpc rpc, const absl::Status& s) {
+  return ToGrpc(RpcTimer(m, rpc).Done(s));
+}
 
 // gRPC's view of a call timed by RpcTimer.
 class CallTimer {
@@ -117,7 +133,9 @@ class CallTimer {
       return reactor;                                                                  \
     }                                                                                  \
     CallTimer t(metrics_, Rpc::k##Name);                                               \
-    reactor->Finish(t.Done(wire::Name(*cache_, CallerOf(ctx), *req, resp)));          \
+    const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);                       \
+    reactor->Finish(t.Done(caller.ok() ? wire::Name(*cache_, *caller, *req, resp)      \
+                                       : caller.status()));                            \
     return reactor;                                                                    \
   }
 #define OSCARKV_UNARY(Name, Req, Resp)                                                       \
@@ -126,7 +144,8 @@ class CallTimer {
     Admission admitted(this);                                                                \
     if (!admitted) return kDraining;                                                         \
     CallTimer t(metrics_, Rpc::k##Name);                                                     \
-    return t.Done(wire::Name(*cache_, CallerOf(ctx), *req, resp));                          \
+    const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);                             \
+    return t.Done(caller.ok() ? wire::Name(*cache_, *caller, *req, resp) : caller.status()); \
   }
 
 grpc::ServerUnaryReactor* KvCacheService::Handshake(grpc::CallbackServerContext* ctx,
@@ -134,9 +153,13 @@ grpc::ServerUnaryReactor* KvCacheService::Handshake(grpc::CallbackServerContext*
                                                     pb::HandshakeResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Admission admitted(this);
-  reactor->Finish(!admitted ? kDraining
-                            : ToGrpc(calls_.Handshake(CallerOf(ctx), *req, resp, ctx->peer(),
-                                                      "grpc")));
+  if (!admitted) {
+    reactor->Finish(kDraining);
+    return reactor;
+  }
+  const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);
+  reactor->Finish(caller.ok() ? ToGrpc(calls_.Handshake(*caller, *req, resp, ctx->peer(), "grpc"))
+                              : Refused(metrics_, Rpc::kHandshake, caller.status()));
   return reactor;
 }
 // Lookup and Release: the calls the local socket serves too, through the same ControlCalls.
@@ -145,7 +168,13 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ct
                                                  pb::LookupResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Admission admitted(this);
-  reactor->Finish(!admitted ? kDraining : ToGrpc(calls_.Lookup(CallerOf(ctx), *req, resp)));
+  if (!admitted) {
+    reactor->Finish(kDraining);
+    return reactor;
+  }
+  const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);
+  reactor->Finish(caller.ok() ? ToGrpc(calls_.Lookup(*caller, *req, resp))
+                              : Refused(metrics_, Rpc::kLookup, caller.status()));
   return reactor;
 }
 grpc::ServerUnaryReactor* KvCacheService::Release(grpc::CallbackServerContext* ctx,
@@ -153,7 +182,13 @@ grpc::ServerUnaryReactor* KvCacheService::Release(grpc::CallbackServerContext* c
                                                   pb::ReleaseResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   Admission admitted(this);
-  reactor->Finish(!admitted ? kDraining : ToGrpc(calls_.Release(CallerOf(ctx), *req, resp)));
+  if (!admitted) {
+    reactor->Finish(kDraining);
+    return reactor;
+  }
+  const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);
+  reactor->Finish(caller.ok() ? ToGrpc(calls_.Release(*caller, *req, resp))
+                              : Refused(metrics_, Rpc::kRelease, caller.status()));
   return reactor;
 }
 OSCARKV_CALLBACK(RegisterCodec, RegisterCodecRequest, RegisterCodecResponse)
@@ -181,9 +216,12 @@ grpc::ServerUnaryReactor* KvCacheService::GetDataPlane(grpc::CallbackServerConte
   }
   CallTimer t(metrics_, Rpc::kGetDataPlane);
   absl::Status s;
-  if (!data_plane_) {
+  const absl::StatusOr<Caller> caller_or = CallerOf(calls_, ctx);
+  if (!caller_or.ok()) {
+    s = caller_or.status();
+  } else if (!data_plane_) {
     s = absl::FailedPreconditionError(no_data_plane_);
-  } else if (const Caller caller = CallerOf(ctx); !caller.admin && !share_pool_key_) {
+  } else if (const Caller& caller = *caller_or; !caller.admin && !share_pool_key_) {
     // A remote key is a capability over everything it covers: this one covers every tenant's
     // pages, so a tenant (who may read only its own) does not get it.
     s = absl::PermissionDeniedError(absl::StrCat(
@@ -206,7 +244,9 @@ grpc::Status KvCacheService::WritePages(grpc::ServerContext* ctx,
   Admission admitted(this);
   if (!admitted) return kDraining;
   CallTimer t(metrics_, Rpc::kWritePages);
-  const Caller caller = CallerOf(ctx);
+  const absl::StatusOr<Caller> caller_or = CallerOf(calls_, ctx);
+  if (!caller_or.ok()) return t.Done(caller_or.status());
+  const Caller& caller = *caller_or;
   pb::WriteChunk chunk;
   uint64_t total = 0;
   while (reader->Read(&chunk)) {
@@ -224,7 +264,9 @@ grpc::Status KvCacheService::ReadPages(grpc::ServerContext* ctx, const pb::ReadR
   Admission admitted(this);
   if (!admitted) return kDraining;
   CallTimer t(metrics_, Rpc::kReadPages);
-  auto plan = wire::PrepareRead(*cache_, CallerOf(ctx), *req);
+  const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);
+  if (!caller.ok()) return t.Done(caller.status());
+  auto plan = wire::PrepareRead(*cache_, *caller, *req);
   if (!plan.ok()) return t.Done(plan.status());
   pb::ReadChunk chunk;
   for (const ReadPlan::Page& page : (*plan)->pages()) {

@@ -29,7 +29,7 @@ struct LocalControlServer::Conn {
   bool want_out = false;  // waiting for EPOLLOUT: output queued, input paused
   std::deque<std::string> out;
   std::string peer;  // "pid=N uid=N" for logs
-  Caller caller;     // who the peer is (a default Caller: no tenant yet)
+  Caller caller;     // who the peer is: the tenant its uid/gid maps to (tenants.h)
 };
 
 struct LocalControlServer::Worker {
@@ -112,7 +112,10 @@ absl::StatusOr<std::unique_ptr<LocalControlServer>> LocalControlServer::Start(
   s->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (s->listen_fd_ < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   // The socket inode's mode becomes the file's mode at bind: no window where others may connect.
-  ::fchmod(s->listen_fd_, 0600);
+  // With tenants mapped by uid/gid, every local user may connect and each peer is decided at
+  // accept (SO_PEERCRED); else only the daemon's uid (and root) may.
+  const mode_t mode = calls->cache()->tenants().maps_local_peers() ? 0666 : 0600;
+  ::fchmod(s->listen_fd_, mode);
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, o.path.data(), o.path.size());
   if (::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
@@ -120,7 +123,7 @@ absl::StatusOr<std::unique_ptr<LocalControlServer>> LocalControlServer::Start(
         absl::StrCat("cannot bind local socket ", o.path, ": ", std::strerror(errno)));
   }
   s->stopped_ = false;
-  ::chmod(o.path.c_str(), 0600);
+  ::chmod(o.path.c_str(), mode);
   if (::listen(s->listen_fd_, 1024) != 0) {
     const int e = errno;
     ::unlink(o.path.c_str());
@@ -241,13 +244,15 @@ void LocalControlServer::Accept() {
     }
     ucred cred{};
     socklen_t len = sizeof(cred);
-    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 ||
-        (cred.uid != 0 && cred.uid != ::geteuid())) {
+    absl::StatusOr<Caller> caller =
+        ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0
+            ? absl::PermissionDeniedError("no peer credentials (SO_PEERCRED)")
+            : calls_->LocalCallerFor(cred.uid, cred.gid);
+    if (!caller.ok()) {
       LogEvent(LogLevel::kWarn, "local_socket_peer_refused",
-               {{"uid", absl::StrCat(cred.uid)}, {"pid", absl::StrCat(cred.pid)}});
-      SendRefusal(fd, absl::PermissionDeniedError(absl::StrCat(
-                          "uid ", cred.uid, " may not use this socket (only root and the "
-                          "daemon's uid ", ::geteuid(), " may); use the gRPC address")));
+               {{"uid", absl::StrCat(cred.uid)}, {"gid", absl::StrCat(cred.gid)},
+                {"pid", absl::StrCat(cred.pid)}});
+      SendRefusal(fd, caller.status());
       ::close(fd);
       continue;
     }
@@ -264,6 +269,7 @@ void LocalControlServer::Accept() {
     auto* c = new Conn;
     c->fd = fd;
     c->peer = absl::StrCat("local pid=", cred.pid, " uid=", cred.uid);
+    c->caller = *std::move(caller);
     Worker* w = workers_[next_worker_.fetch_add(1) % workers_.size()].get();
     {
       absl::MutexLock lock(&w->mu);

@@ -6,7 +6,9 @@
 //
 // Access: the socket file is created with mode 0600 (like the pool segment) and each accepted
 // peer's SO_PEERCRED uid must be root or the daemon's own, so whoever may map the pool may use
-// the socket and nobody else.
+// the socket and nobody else. With tenants that map uids/gids (tenants.h) the file is mode 0666
+// and each peer is the tenant its uid (else gid) maps to; an unmapped peer is refused. A refused
+// peer reads one PERMISSION_DENIED frame saying why before the connection is closed.
 #pragma once
 
 #include <atomic>

@@ -22,6 +22,12 @@ PageCache::PageCache(PagePool* pool, const Clock* clock, CacheOptions options)
   // Ids start at a random point so ids from a previous daemon process are not accepted.
   std::random_device rd;
   next_id_.store((uint64_t{rd()} << 24) | 1);
+  if (options_.tenants == nullptr) {
+    own_tenants_ = TenantRegistry::SingleTenant(options_.max_codecs, options_.max_handles);
+    tenants_ = own_tenants_.get();
+  } else {
+    tenants_ = options_.tenants;
+  }
 }
 
 PageCache::~PageCache() = default;
@@ -49,16 +55,24 @@ absl::StatusOr<LookupResult> PageCache::Lookup(const Caller& caller, const Looku
   return out;
 }
 
-absl::Status PageCache::LookupInto(const Caller&, const LookupQuery& query, LookupResult* out) {
+absl::Status PageCache::LookupInto(const Caller& caller, const LookupQuery& query,
+                                  LookupResult* out) {
   out->matched = 0;
   out->lease_id = 0;
   out->lease_deadline_unix_ms = 0;
   out->pages.clear();
-  auto codec = FindCodec(query.codec);
+  auto tenant_or = TenantOf(caller);
+  if (!tenant_or.ok()) return tenant_or.status();
+  Tenant& tenant = **tenant_or;
+  auto codec = FindCodec(caller, query.codec);
   if (!codec.ok()) return codec.status();
   if (absl::Status s = CheckBatch(query.keys.size(), "keys"); !s.ok()) return s;
-  counters_.lookups.fetch_add(1, std::memory_order_relaxed);
   const bool pin = query.pin;
+  if (pin) {
+    if (absl::Status s = tenant.Charge(Quota::kLeases, 1); !s.ok()) return s;
+  }
+  counters_.lookups.fetch_add(1, std::memory_order_relaxed);
+  tenant.lookups.fetch_add(1, std::memory_order_relaxed);
   const int n = static_cast<int>(query.keys.size());
   Lease lease;
   if (pin) lease.pages.reserve(n);
@@ -90,8 +104,21 @@ absl::Status PageCache::LookupInto(const Caller&, const LookupQuery& query, Look
   }
   counters_.hits.fetch_add(matched, std::memory_order_relaxed);
   counters_.misses.fetch_add(n - matched, std::memory_order_relaxed);
+  tenant.hits.fetch_add(matched, std::memory_order_relaxed);
+  tenant.misses.fetch_add(n - matched, std::memory_order_relaxed);
+  if (pin && matched > 0) {
+    if (absl::Status s = tenant.Charge(Quota::kPinnedPages, lease.pages.size()); !s.ok()) {
+      for (const PinnedPage& p : lease.pages) UnpinPage(p);
+      tenant.Refund(Quota::kLeases, 1);
+      out->pages.clear();
+      return s;
+    }
+  } else if (pin) {
+    tenant.Refund(Quota::kLeases, 1);
+  }
   out->matched = matched;
   if (pin && matched > 0) {
+    lease.tenant = tenant.id();
     uint32_t ms = query.lease_ms == 0 ? options_.default_lease_ms : query.lease_ms;
     ms = std::min(ms, options_.max_lease_ms);
     const int64_t now = clock_->NowMs();
@@ -107,7 +134,7 @@ absl::Status PageCache::LookupInto(const Caller&, const LookupQuery& query, Look
   return absl::OkStatus();
 }
 
-bool PageCache::EvictOne(SizeClassId want) {
+bool PageCache::EvictOne(SizeClassId want, const uint32_t* owner) {
   // Visit shards round-robin; in each, run its clock hand for at most one revolution. Two full
   // rounds without a victim mean nothing is evictable.
   const size_t nshards = options_.index_shards;
@@ -130,7 +157,7 @@ bool PageCache::EvictOne(SizeClassId want) {
           continue;
         }
         Entry& e = it->second;
-        if (e.pins > 0) {
+        if (e.pins > 0 || (owner != nullptr && e.owner != *owner)) {
           ++shard.hand;
           continue;
         }
@@ -150,7 +177,9 @@ bool PageCache::EvictOne(SizeClassId want) {
     }
     if (found) {
       SpanInfo span;
-      const bool other_class = pool_->SpanOfSlot(victim, &span).ok() && span.cls != want;
+      // Evicting for a tenant's quota frees bytes of that tenant, not memory of a size class.
+      const bool other_class =
+          owner == nullptr && pool_->SpanOfSlot(victim, &span).ok() && span.cls != want;
       DemoteEvicted(victim_key, victim, victim_bytes, victim_in_tier);
       pool_->Unref(victim);
       counters_.evictions.fetch_add(1, std::memory_order_relaxed);
@@ -198,6 +227,10 @@ void PageCache::EraseCommittedLocked(Shard& shard,
                                      absl::flat_hash_map<IndexKey, Entry>::iterator it) {
   if (it->second.pins > 0) counters_.pinned_pages.fetch_sub(1, std::memory_order_relaxed);
   counters_.pages.fetch_sub(1, std::memory_order_relaxed);
+  if (Tenant* t = tenants_->tenant(it->second.owner)) {
+    t->Refund(Quota::kPoolBytes, it->second.page_bytes);
+    t->pages.fetch_sub(1, std::memory_order_relaxed);
+  }
   {
     absl::MutexLock lock(&offsets_mu_);
     auto k = key_at_.find(it->second.offset);
@@ -222,7 +255,24 @@ absl::StatusOr<uint64_t> PageCache::AllocateSlot(SizeClassId cls) {
   }
 }
 
-absl::StatusOr<std::unique_ptr<ReadPlan>> PageCache::PrepareRead(const Caller&,
+absl::Status PageCache::ChargePool(Tenant& t, uint64_t bytes) {
+  absl::Status s = t.Charge(Quota::kPoolBytes, bytes);
+  if (s.ok() || t.limit(Quota::kPoolBytes) == kUnlimited) return s;
+  // Over its quota: make room among the tenant's own unpinned pages (each eviction refunds its
+  // bytes), never another tenant's. Bounded: every round evicts one page or gives up.
+  absl::MutexLock lock(&evict_mu_);
+  const uint32_t owner = t.id();
+  while (!s.ok()) {
+    if (!EvictOne(SizeClassId{}, &owner)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          s.message(), ": every page of the tenant is pinned or being stored"));
+    }
+    s = t.Charge(Quota::kPoolBytes, bytes);
+  }
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<ReadPlan>> PageCache::PrepareRead(const Caller& caller,
                                                                   const ReadArgs& args) {
   if (absl::Status s = CheckBatch(args.keys.size(), "keys"); !s.ok()) return s;
   std::vector<ReadPlan::Page> pages;
@@ -230,7 +280,8 @@ absl::StatusOr<std::unique_ptr<ReadPlan>> PageCache::PrepareRead(const Caller&,
   LeaseShard& ls = LeaseShardFor(args.lease_id);
   absl::MutexLock lock(&ls.mu);
   auto it = ls.map.find(args.lease_id);
-  if (it == ls.map.end() || it->second.deadline_ms < clock_->NowMs()) {
+  if (it == ls.map.end() || it->second.deadline_ms < clock_->NowMs() ||
+      it->second.tenant != caller.tenant_id) {
     return absl::NotFoundError(
         absl::StrCat("lease ", args.lease_id, " is unknown, expired or released"));
   }
@@ -272,15 +323,20 @@ void PageCache::UnpinPage(const PinnedPage& p) {
 void PageCache::ReleaseLease(Lease& lease) {
   for (const PinnedPage& p : lease.pages) UnpinPage(p);
   counters_.leases.fetch_sub(1, std::memory_order_relaxed);
+  if (Tenant* t = tenants_->tenant(lease.tenant)) {
+    t->Refund(Quota::kLeases, 1);
+    t->Refund(Quota::kPinnedPages, lease.pages.size());
+  }
 }
 
-absl::Status PageCache::Release(const Caller&, uint64_t lease_id) {
+absl::Status PageCache::Release(const Caller& caller, uint64_t lease_id) {
   Lease lease;
   {
     LeaseShard& ls = LeaseShardFor(lease_id);
     absl::MutexLock lock(&ls.mu);
     auto it = ls.map.find(lease_id);
-    if (it == ls.map.end()) return absl::OkStatus();
+    // Another tenant's lease is as unknown as a released one: nothing to do.
+    if (it == ls.map.end() || it->second.tenant != caller.tenant_id) return absl::OkStatus();
     lease = std::move(it->second);
     ls.map.erase(it);
   }
@@ -288,12 +344,14 @@ absl::Status PageCache::Release(const Caller&, uint64_t lease_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> PageCache::RenewLease(const Caller&, const RenewLeaseArgs& args) {
+absl::StatusOr<uint64_t> PageCache::RenewLease(const Caller& caller,
+                                               const RenewLeaseArgs& args) {
   LeaseShard& ls = LeaseShardFor(args.lease_id);
   absl::MutexLock lock(&ls.mu);
   auto it = ls.map.find(args.lease_id);
   const int64_t now = clock_->NowMs();
-  if (it == ls.map.end() || it->second.deadline_ms < now) {
+  if (it == ls.map.end() || it->second.deadline_ms < now ||
+      it->second.tenant != caller.tenant_id) {
     return absl::NotFoundError(
         absl::StrCat("lease ", args.lease_id, " is unknown, expired or released"));
   }
@@ -303,9 +361,10 @@ absl::StatusOr<uint64_t> PageCache::RenewLease(const Caller&, const RenewLeaseAr
   return static_cast<uint64_t>(clock_->UnixMs() + ms);
 }
 
-absl::StatusOr<std::vector<absl::Status>> PageCache::Delete(const Caller&,
+absl::StatusOr<std::vector<absl::Status>> PageCache::Delete(const Caller& caller,
                                                             const DeleteArgs& args) {
-  auto codec = FindCodec(args.codec);
+  if (auto t = TenantOf(caller); !t.ok()) return t.status();
+  auto codec = FindCodec(caller, args.codec);
   if (!codec.ok()) return codec.status();
   if (absl::Status s = CheckBatch(args.keys.size(), "keys"); !s.ok()) return s;
   std::vector<absl::Status> results;
@@ -348,16 +407,21 @@ absl::StatusOr<std::vector<absl::Status>> PageCache::Delete(const Caller&,
   return results;
 }
 
-absl::StatusOr<uint64_t> PageCache::Clear(const Caller&, const ClearArgs& args) {
-  int64_t only = -1;
-  if (args.codec.has_value()) {
-    auto codec = FindCodec(*args.codec);
-    if (!codec.ok()) {
-      if (codec.status().code() == absl::StatusCode::kNotFound) return uint64_t{0};
-      return codec.status();
-    }
-    only = (*codec)->index;
+absl::StatusOr<uint64_t> PageCache::Clear(const Caller& caller, const ClearArgs& args) {
+  if (auto t = TenantOf(caller); !t.ok()) return t.status();
+  // Which codec registrations go: a tenant's are those of its namespace; an admin's Clear reaches
+  // every namespace (all codecs, or the registrations of one codec id in each).
+  bool selected[kMaxCodecs] = {};
+  bool any = false;
+  const size_t ncodecs = num_codecs_.load(std::memory_order_acquire);
+  for (size_t i = 0; i < ncodecs; ++i) {
+    const Codec& c = *codecs_[i];
+    if (!caller.admin && c.ns != caller.ns) continue;
+    if (args.codec.has_value() && c.id != *args.codec) continue;
+    selected[i] = any = true;
   }
+  if (!any) return uint64_t{0};  // an unknown codec removes nothing
+  const bool all = caller.admin && !args.codec.has_value();
   uint64_t removed = 0;
   std::vector<uint64_t> unref;
   for (uint32_t s = 0; s < options_.index_shards; ++s) {
@@ -368,7 +432,7 @@ absl::StatusOr<uint64_t> PageCache::Clear(const Caller&, const ClearArgs& args) 
       for (auto it = shard.map.begin(); it != shard.map.end();) {
         const Entry& e = it->second;
         auto cur = it++;
-        if (!e.committed || (only >= 0 && cur->first.codec != only)) continue;
+        if (!e.committed || !selected[cur->first.codec]) continue;
         if (e.pins > 0 && !args.include_pinned) continue;
         unref.push_back(e.offset);
         EraseCommittedLocked(shard, cur);
@@ -382,7 +446,15 @@ absl::StatusOr<uint64_t> PageCache::Clear(const Caller&, const ClearArgs& args) 
     for (uint64_t off : unref) pool_->Unref(off);
     removed += unref.size();
   }
-  if (tier_ != nullptr) removed += ClearTier(only);
+  if (tier_ != nullptr) {
+    if (all) {
+      removed += ClearTier(-1);
+    } else {
+      for (size_t i = 0; i < ncodecs; ++i) {
+        if (selected[i]) removed += ClearTier(static_cast<int64_t>(i));
+      }
+    }
+  }
   return removed;
 }
 

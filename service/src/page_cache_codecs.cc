@@ -9,16 +9,28 @@
 #include "page_cache_internal.h"
 
 namespace oscarkv::service {
-absl::StatusOr<const PageCache::Codec*> PageCache::FindCodec(const CodecId& codec_id) const {
+absl::StatusOr<const PageCache::Codec*> PageCache::FindCodec(const Caller& caller,
+                                                             const CodecId& codec_id) const {
   const size_t n = num_codecs_.load(std::memory_order_acquire);
   for (size_t i = 0; i < n; ++i) {
-    if (codecs_[i]->id == codec_id) return codecs_[i].get();
+    if (codecs_[i]->ns == caller.ns && codecs_[i]->id == codec_id) return codecs_[i].get();
   }
   return absl::NotFoundError(absl::StrCat("unknown codec ", codec_id.Hex(),
                                           "; register it with RegisterCodec first"));
 }
 
-absl::StatusOr<HandshakeInfo> PageCache::Handshake(const Caller&, const HandshakeArgs& args) {
+absl::StatusOr<Tenant*> PageCache::TenantOf(const Caller& caller) const {
+  Tenant* t = tenants_->tenant(caller.tenant_id);
+  if (t == nullptr || !tenants_->MayUse(*t, caller.ns)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "caller of tenant id ", caller.tenant_id, " may not use namespace ", caller.ns));
+  }
+  return t;
+}
+
+absl::StatusOr<HandshakeInfo> PageCache::Handshake(const Caller& caller,
+                                                   const HandshakeArgs& args) {
+  if (auto t = TenantOf(caller); !t.ok()) return t.status();
   if (args.wire_version != kWireVersion) {
     return absl::FailedPreconditionError(
         absl::StrCat("wire version mismatch: client speaks ", args.wire_version,
@@ -34,8 +46,10 @@ absl::StatusOr<HandshakeInfo> PageCache::Handshake(const Caller&, const Handshak
   return info;
 }
 
-absl::StatusOr<CodecRegistration> PageCache::RegisterCodec(const Caller&,
+absl::StatusOr<CodecRegistration> PageCache::RegisterCodec(const Caller& caller,
                                                             const CodecProfile& prof) {
+  auto tenant = TenantOf(caller);
+  if (!tenant.ok()) return tenant.status();
   if (absl::Status s = prof.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("unsupported codec profile: ", s.message()));
   }
@@ -47,14 +61,20 @@ absl::StatusOr<CodecRegistration> PageCache::RegisterCodec(const Caller&,
   absl::MutexLock lock(&codec_mu_);
   const size_t n = num_codecs_.load(std::memory_order_acquire);
   for (size_t i = 0; i < n; ++i) {
-    if (codecs_[i]->id == id) return reg;
+    if (codecs_[i]->ns == caller.ns && codecs_[i]->id == id) return reg;
   }
-  if (n >= std::min<size_t>(kMaxCodecs, options_.max_codecs)) {
+  // Configured tenants' codec quotas add up to at most kMaxCodecs (config validation): a tenant
+  // at its quota never leaves another without a slot.
+  const size_t cap = tenants_->configured() ? kMaxCodecs
+                                            : std::min<size_t>(kMaxCodecs, options_.max_codecs);
+  if (n >= cap) {
     return absl::ResourceExhaustedError(
         absl::StrCat("this daemon already holds ", n, " codecs (max_codecs)"));
   }
+  if (absl::Status s = (*tenant)->Charge(Quota::kCodecs, 1); !s.ok()) return s;
   auto c = std::make_unique<Codec>();
   c->index = static_cast<uint32_t>(n);
+  c->ns = caller.ns;
   c->id = id;
   c->profile = prof;
   v1::CodecProfile wire;  // the tier persists registrations in their wire form
@@ -66,6 +86,7 @@ absl::StatusOr<CodecRegistration> PageCache::RegisterCodec(const Caller&,
     for (size_t i = 0; i < n; ++i) all.push_back(codecs_[i]->profile_proto);
     all.push_back(c->profile_proto);
     if (absl::Status s = tier_->SaveCodecs(all); !s.ok()) {
+      (*tenant)->Refund(Quota::kCodecs, 1);
       return absl::UnavailableError(
           absl::StrCat("cannot persist the codec in the SSD tier: ", s.message()));
     }

@@ -20,7 +20,21 @@ absl::Status CheckHandleName(const std::string& name) {
   return absl::OkStatus();
 }
 
+// Handle names are per tenant: the table's key is the tenant id, then the name.
+std::string HandleKey(uint32_t tenant, const std::string& name) {
+  std::string k(reinterpret_cast<const char*>(&tenant), sizeof(tenant));
+  k += name;
+  return k;
+}
+
 }  // namespace
+
+void PageCache::RefundHandle(const Handle& h) {
+  if (Tenant* t = tenants_->tenant(h.tenant)) {
+    t->Refund(Quota::kHandles, 1);
+    t->Refund(Quota::kPinnedPages, h.pages.size());
+  }
+}
 
 bool PageCache::PinCommitted(const IndexKey& k, PinnedPage* out, PageKind* kind,
                              uint16_t* tokens) {
@@ -57,10 +71,14 @@ uint64_t PageCache::InsertLease(Lease lease) {
   return id;
 }
 
-absl::StatusOr<uint64_t> PageCache::PublishHandle(const Caller&,
+absl::StatusOr<uint64_t> PageCache::PublishHandle(const Caller& caller,
                                                   const PublishHandleArgs& args) {
   if (absl::Status s = CheckHandleName(args.name); !s.ok()) return s;
-  auto codec = FindCodec(args.codec);
+  auto tenant_or = TenantOf(caller);
+  if (!tenant_or.ok()) return tenant_or.status();
+  Tenant& tenant = **tenant_or;
+  const std::string name = HandleKey(tenant.id(), args.name);
+  auto codec = FindCodec(caller, args.codec);
   if (!codec.ok()) return codec.status();
   if (absl::Status s = CheckBatch(args.keys.size(), "keys"); !s.ok()) return s;
   if (args.metadata.size() > kMaxHandleMetadata) {
@@ -78,7 +96,7 @@ absl::StatusOr<uint64_t> PageCache::PublishHandle(const Caller&,
   };
   {
     absl::MutexLock lock(&handles_mu_);
-    auto it = handles_.find(args.name);
+    auto it = handles_.find(name);
     if (it != handles_.end() && it->second.deadline_ms >= clock_->NowMs()) {
       if (!same_pages(it->second)) {
         return absl::AlreadyExistsError(
@@ -86,12 +104,20 @@ absl::StatusOr<uint64_t> PageCache::PublishHandle(const Caller&,
       }
       return it->second.deadline_unix_ms;
     }
-    if (handles_.size() >= options_.max_handles) {
+    // With tenants, each tenant's handles quota bounds the table (so one tenant's handles never
+    // block another's); without, the daemon-wide max_handles does.
+    if (!tenants_->configured() && handles_.size() >= options_.max_handles) {
       return absl::ResourceExhaustedError(
           absl::StrCat("this daemon already holds ", handles_.size(), " handles"));
     }
   }
+  if (absl::Status s = tenant.Charge(Quota::kHandles, 1); !s.ok()) return s;
+  if (absl::Status s = tenant.Charge(Quota::kPinnedPages, keys.size()); !s.ok()) {
+    tenant.Refund(Quota::kHandles, 1);
+    return s;
+  }
   Handle h;
+  h.tenant = tenant.id();
   h.codec = (*codec)->index;
   h.codec_id = args.codec;
   h.metadata = args.metadata;
@@ -103,6 +129,8 @@ absl::StatusOr<uint64_t> PageCache::PublishHandle(const Caller&,
     uint16_t tokens;
     if (!PinCommitted(keys[i], &p, &kind, &tokens)) {
       for (const PinnedPage& q : h.pages) UnpinPage(q);
+      tenant.Refund(Quota::kHandles, 1);
+      tenant.Refund(Quota::kPinnedPages, keys.size());
       return absl::NotFoundError(absl::StrCat("keys[", i, "] (", keys[i].key.Hex(),
                                               ") is not committed; store it before publishing"));
     }
@@ -118,7 +146,7 @@ absl::StatusOr<uint64_t> PageCache::PublishHandle(const Caller&,
   bool have_replaced = false;
   {
     absl::ReleasableMutexLock lock(&handles_mu_);
-    auto it = handles_.find(args.name);
+    auto it = handles_.find(name);
     if (it != handles_.end()) {
       if (it->second.deadline_ms >= clock_->NowMs()) {
         // A concurrent publish of the same name won.
@@ -126,6 +154,7 @@ absl::StatusOr<uint64_t> PageCache::PublishHandle(const Caller&,
         const uint64_t deadline = it->second.deadline_unix_ms;
         lock.Release();
         for (const PinnedPage& q : h.pages) UnpinPage(q);
+        RefundHandle(h);
         if (!same) {
           return absl::AlreadyExistsError(
               absl::StrCat("handle '", args.name, "' already holds other pages"));
@@ -137,26 +166,38 @@ absl::StatusOr<uint64_t> PageCache::PublishHandle(const Caller&,
       handles_.erase(it);
     }
     deadline_unix_ms = h.deadline_unix_ms;
-    handles_.emplace(args.name, std::move(h));
+    handles_.emplace(name, std::move(h));
   }
   if (have_replaced) {
     for (const PinnedPage& q : replaced.pages) UnpinPage(q);
+    RefundHandle(replaced);
   }
   return deadline_unix_ms;
 }
 
-absl::StatusOr<OpenedHandle> PageCache::OpenHandle(const Caller&, const OpenHandleArgs& args) {
+absl::StatusOr<OpenedHandle> PageCache::OpenHandle(const Caller& caller,
+                                                   const OpenHandleArgs& args) {
   if (absl::Status s = CheckHandleName(args.name); !s.ok()) return s;
+  auto tenant_or = TenantOf(caller);
+  if (!tenant_or.ok()) return tenant_or.status();
+  Tenant& tenant = **tenant_or;
   OpenedHandle out;
   Lease lease;
+  lease.tenant = tenant.id();
   {
     absl::MutexLock lock(&handles_mu_);
-    auto it = handles_.find(args.name);
+    auto it = handles_.find(HandleKey(tenant.id(), args.name));
     if (it == handles_.end() || it->second.deadline_ms < clock_->NowMs()) {
       return absl::NotFoundError(
           absl::StrCat("handle '", args.name, "' is unknown, closed or expired"));
     }
     const Handle& h = it->second;
+    // The reader's lease is charged like a pinning Lookup's.
+    if (absl::Status s = tenant.Charge(Quota::kLeases, 1); !s.ok()) return s;
+    if (absl::Status s = tenant.Charge(Quota::kPinnedPages, h.pages.size()); !s.ok()) {
+      tenant.Refund(Quota::kLeases, 1);
+      return s;
+    }
     // The handle holds its pins, so every page is still allocated: add the lease's own.
     lease.pages = h.pages;
     for (const PinnedPage& p : h.pages) RepinPage(p);
@@ -177,17 +218,19 @@ absl::StatusOr<OpenedHandle> PageCache::OpenHandle(const Caller&, const OpenHand
   return out;
 }
 
-absl::Status PageCache::CloseHandle(const Caller&, const std::string& name) {
+absl::Status PageCache::CloseHandle(const Caller& caller, const std::string& name) {
   if (absl::Status s = CheckHandleName(name); !s.ok()) return s;
   Handle h;
   {
     absl::MutexLock lock(&handles_mu_);
-    auto it = handles_.find(name);
+    // Another tenant's handle of this name is not this caller's to close.
+    auto it = handles_.find(HandleKey(caller.tenant_id, name));
     if (it == handles_.end()) return absl::OkStatus();
     h = std::move(it->second);
     handles_.erase(it);
   }
   for (const PinnedPage& p : h.pages) UnpinPage(p);
+  RefundHandle(h);
   return absl::OkStatus();
 }
 
@@ -211,6 +254,7 @@ void PageCache::ReapHandles() {
   }
   for (const Handle& h : expired) {
     for (const PinnedPage& p : h.pages) UnpinPage(p);
+    RefundHandle(h);
   }
 }
 

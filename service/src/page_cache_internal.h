@@ -11,6 +11,7 @@ namespace oscarkv::service {
 
 struct PageCache::Codec {
   uint32_t index = 0;
+  uint32_t ns = 0;  // the namespace it was registered in (tenants.h)
   CodecId id;
   CodecProfile profile;
   std::string profile_proto;  // the registration, serialized (persisted in the SSD tier)
@@ -37,6 +38,7 @@ struct PageCache::Reservation {
     bool hash_broken = false;
   };
   uint64_t id = 0;
+  uint32_t tenant = 0;
   const Codec* codec = nullptr;
   int64_t deadline_ms = 0;
   // Serializes WritePages copies, Commit verification and Abort/expiry of this reservation, so a

@@ -7,8 +7,11 @@
 
 namespace oscarkv::service {
 
-absl::StatusOr<ReserveResult> PageCache::Reserve(const Caller&, const ReserveArgs& args) {
-  auto codec_or = FindCodec(args.codec);
+absl::StatusOr<ReserveResult> PageCache::Reserve(const Caller& caller, const ReserveArgs& args) {
+  auto tenant_or = TenantOf(caller);
+  if (!tenant_or.ok()) return tenant_or.status();
+  Tenant& tenant = **tenant_or;
+  auto codec_or = FindCodec(caller, args.codec);
   if (!codec_or.ok()) return codec_or.status();
   const Codec* codec = *codec_or;
   if (absl::Status s = CheckBatch(args.items.size(), "items"); !s.ok()) return s;
@@ -16,6 +19,7 @@ absl::StatusOr<ReserveResult> PageCache::Reserve(const Caller&, const ReserveArg
   result.items.resize(args.items.size());
   auto res = std::make_shared<Reservation>();
   res->id = NewId();
+  res->tenant = tenant.id();
   res->codec = codec;
   uint32_t ttl = args.ttl_ms == 0 ? options_.reservation_ttl_ms : args.ttl_ms;
   ttl = std::min(ttl, options_.max_reservation_ttl_ms);
@@ -70,10 +74,15 @@ absl::StatusOr<ReserveResult> PageCache::Reserve(const Caller&, const ReserveArg
       }
       it->second.gen = gen;
       it->second.reservation_id = res->id;
+      it->second.owner = tenant.id();
       it->second.kind = kind;
       it->second.page_bytes = codec->page_bytes[kind_index];
     }
-    auto off = AllocateSlot(*codec->cls[kind_index]);
+    // The tenant's pool quota first (which may evict its own pages), then a slot.
+    const absl::Status charge = ChargePool(tenant, codec->page_bytes[kind_index]);
+    const bool charged = charge.ok();
+    absl::StatusOr<uint64_t> off =
+        charged ? AllocateSlot(*codec->cls[kind_index]) : absl::StatusOr<uint64_t>(charge);
     {
       absl::MutexLock lock(&shard.mu);
       auto it = shard.map.find(k);
@@ -90,6 +99,7 @@ absl::StatusOr<ReserveResult> PageCache::Reserve(const Caller&, const ReserveArg
       }
     }
     if (!off.ok()) {
+      if (charged) tenant.Refund(Quota::kPoolBytes, codec->page_bytes[kind_index]);
       out->status = off.status();
       counters_.reserve_failures.fetch_add(1, std::memory_order_relaxed);
       continue;
@@ -117,7 +127,7 @@ absl::StatusOr<ReserveResult> PageCache::Reserve(const Caller&, const ReserveArg
   return result;
 }
 
-absl::StatusOr<std::vector<absl::Status>> PageCache::Commit(const Caller&,
+absl::StatusOr<std::vector<absl::Status>> PageCache::Commit(const Caller& caller,
                                                             const CommitArgs& args) {
   if (!args.all_items) {
     if (absl::Status s = CheckBatch(args.keys.size(), "keys"); !s.ok()) return s;
@@ -127,7 +137,7 @@ absl::StatusOr<std::vector<absl::Status>> PageCache::Commit(const Caller&,
     ReservationShard& rs = ResShardFor(args.reservation_id);
     absl::MutexLock lock(&rs.mu);
     auto it = rs.map.find(args.reservation_id);
-    if (it != rs.map.end()) res = it->second;
+    if (it != rs.map.end() && it->second->tenant == caller.tenant_id) res = it->second;
   }
   if (res == nullptr) {
     return absl::NotFoundError(absl::StrCat("reservation ", args.reservation_id,
@@ -192,6 +202,9 @@ absl::StatusOr<std::vector<absl::Status>> PageCache::Commit(const Caller&,
     item.committed = true;
     --res->pending;
     counters_.pages.fetch_add(1, std::memory_order_relaxed);
+    if (Tenant* t = tenants_->tenant(it->second.owner)) {
+      t->pages.fetch_add(1, std::memory_order_relaxed);
+    }
     counters_.reserved_pages.fetch_sub(1, std::memory_order_relaxed);
     counters_.commits.fetch_add(1, std::memory_order_relaxed);
     return absl::OkStatus();
@@ -227,16 +240,19 @@ void PageCache::ReleaseItemLocked(Reservation& res, uint32_t i) {
   item.hash.reset();
   --res.pending;
   bool erased = false;
+  uint32_t owner = 0;
   {
     Shard& shard = ShardFor(item.key);
     absl::MutexLock lock(&shard.mu);
     auto it = shard.map.find(item.key);
     if (it != shard.map.end() && it->second.gen == item.gen && !it->second.committed) {
+      owner = it->second.owner;
       shard.map.erase(it);
       erased = true;
     }
   }
   if (erased) {
+    if (Tenant* t = tenants_->tenant(owner)) t->Refund(Quota::kPoolBytes, item.page_bytes);
     pool_->Unref(item.offset);
     counters_.reserved_pages.fetch_sub(1, std::memory_order_relaxed);
     counters_.aborted_pages.fetch_add(1, std::memory_order_relaxed);
@@ -249,13 +265,14 @@ void PageCache::AbortReservation(Reservation& res, bool expired) {
   if (expired) counters_.reservations_expired.fetch_add(1, std::memory_order_relaxed);
 }
 
-absl::Status PageCache::Abort(const Caller&, uint64_t reservation_id) {
+absl::Status PageCache::Abort(const Caller& caller, uint64_t reservation_id) {
   std::shared_ptr<Reservation> res;
   {
     ReservationShard& rs = ResShardFor(reservation_id);
     absl::MutexLock lock(&rs.mu);
     auto it = rs.map.find(reservation_id);
-    if (it == rs.map.end()) return absl::OkStatus();
+    // Another tenant's reservation is as unknown as an aborted one.
+    if (it == rs.map.end() || it->second->tenant != caller.tenant_id) return absl::OkStatus();
     res = std::move(it->second);
     rs.map.erase(it);
   }
@@ -263,14 +280,15 @@ absl::Status PageCache::Abort(const Caller&, uint64_t reservation_id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> PageCache::WriteChunk(const Caller&, const WriteChunkArgs& chunk) {
+absl::StatusOr<uint64_t> PageCache::WriteChunk(const Caller& caller,
+                                               const WriteChunkArgs& chunk) {
   const BlockKey& key = chunk.key;
   std::shared_ptr<Reservation> res;
   {
     ReservationShard& rs = ResShardFor(chunk.reservation_id);
     absl::MutexLock lock(&rs.mu);
     auto it = rs.map.find(chunk.reservation_id);
-    if (it != rs.map.end()) res = it->second;
+    if (it != rs.map.end() && it->second->tenant == caller.tenant_id) res = it->second;
   }
   if (res == nullptr) {
     return absl::NotFoundError(absl::StrCat("reservation ", chunk.reservation_id,

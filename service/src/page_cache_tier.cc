@@ -116,6 +116,8 @@ absl::Status PageCache::Promote(const IndexKey& key) {
     e.token_count = hdr->token_count;
     e.referenced = true;
     e.in_tier = true;
+    // The tier runs only without configured tenants (config validation): the default tenant's.
+    e.owner = 0;
     shard.ring.push_back({key, gen});
     {
       absl::MutexLock off_lock(&offsets_mu_);
@@ -123,6 +125,10 @@ absl::Status PageCache::Promote(const IndexKey& key) {
     }
   }
   counters_.pages.fetch_add(1, std::memory_order_relaxed);
+  if (Tenant* t = tenants_->tenant(0)) {
+    (void)t->Charge(Quota::kPoolBytes, page.size());  // unlimited: only counted
+    t->pages.fetch_add(1, std::memory_order_relaxed);
+  }
   TierCounters& tc = tier_->mutable_counters();
   tc.promotions.fetch_add(1, std::memory_order_relaxed);
   tc.promoted_bytes.fetch_add(*size, std::memory_order_relaxed);
@@ -157,8 +163,28 @@ uint64_t PageCache::DemoteAll(absl::Time deadline) {
   return tier_->counters().demotions.load() - before;
 }
 
-absl::StatusOr<CacheStats> PageCache::Stats(const Caller&) {
+absl::StatusOr<CacheStats> PageCache::Stats(const Caller& caller) {
+  auto tenant = TenantOf(caller);
+  if (!tenant.ok()) return tenant.status();
   CacheStats st;
+  if (!caller.admin) {
+    // A tenant's own figures: what it holds and what its quota allows, nothing of the others.
+    const Tenant& t = **tenant;
+    st.pool_bytes = t.limit(Quota::kPoolBytes) == kUnlimited ? pool_->capacity_bytes()
+                                                              : t.limit(Quota::kPoolBytes);
+    st.pool_used_bytes = t.used(Quota::kPoolBytes);
+    st.pages = t.pages.load();
+    st.pinned_pages = t.used(Quota::kPinnedPages);
+    st.leases = t.used(Quota::kLeases);
+    st.handles = t.used(Quota::kHandles);
+    st.codecs = static_cast<uint32_t>(t.used(Quota::kCodecs));
+    st.lookups = t.lookups.load();
+    st.hits = t.hits.load();
+    st.misses = t.misses.load();
+    st.node_id = options_.node_id;
+    st.server_version = kServerVersion;
+    return st;
+  }
   st.pool_bytes = pool_->capacity_bytes();
   st.pool_used_bytes = pool_->bytes_used();
   st.pages = std::max<int64_t>(0, counters_.pages.load());

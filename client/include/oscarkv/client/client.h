@@ -93,6 +93,12 @@ struct ConnectOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_server_name;
+  // A daemon with tenants (service/README.md "Tenants"): "" = this client's own tenant's
+  // namespace; else a shared namespace the daemon's config lets this client's tenant use
+  // (shared_namespaces:), whose pages every member tenant may store and look up. Connect fails
+  // with PERMISSION_DENIED when the tenant is no member. Sent with every gRPC call; lookups of
+  // such a client go over gRPC (the local socket serves own namespaces only).
+  std::string shared_namespace;
 };
 
 // What the daemon said in the handshake.

@@ -17,6 +17,13 @@
 // * Pages stay readable while referenced: Delete/Clear/eviction drop the index entry's pool
 //   reference; a lease or an in-flight ReadPages keeps its own until it ends.
 //
+// * Tenants (tenants.h): codec registrations belong to a namespace (Caller::ns), so an index key
+//   (codec registration, block key) is never shared by two namespaces. Leases, reservations and
+//   handles belong to the tenant that made them: another tenant's ids and handle names are
+//   NOT_FOUND (Release/Abort/CloseHandle of them: a no-op). Pool bytes, pins, leases, handles and
+//   codecs are charged to the caller's tenant; over a quota is RESOURCE_EXHAUSTED naming it. A
+//   Reserve over the pool quota evicts the tenant's own unpinned pages first.
+//
 // Methods take plain structs (cache_types.h) and return absl::StatusOr<result> (or a Status
 // where there is no result); the code is the gRPC code of the call, one to one, and per-item
 // results carry their own codes. The front ends translate their wire messages (cache_wire.h).
@@ -42,6 +49,7 @@
 #include "oscarkv/kernels/page_format.h"
 #include "oscarkv/service/cache_types.h"
 #include "oscarkv/service/caller.h"
+#include "oscarkv/service/tenants.h"
 #include "oscarkv/util/clock.h"
 
 namespace oscarkv::service {
@@ -58,6 +66,9 @@ struct CacheOptions {
   uint32_t max_handle_ttl_ms = 3600000;
   uint32_t max_handles = 65536;
   std::string node_id = "oscarkvd";
+  // The daemon's tenants (must outlive the cache). nullptr: one default tenant, admin, whose
+  // only quotas are max_codecs and max_handles (a daemon without `tenants:`, unit tests).
+  const TenantRegistry* tenants = nullptr;
 };
 
 // Monotonic counters (exported as Prometheus counters) and live gauges.
@@ -165,6 +176,7 @@ class PageCache {
   // INVALID_ARGUMENT when a batch of `n` `what`s exceeds max_batch.
   absl::Status CheckBatch(size_t n, const char* what) const;
   size_t codecs() const { return num_codecs_.load(std::memory_order_acquire); }
+  const TenantRegistry& tenants() const { return *tenants_; }
   // Reservations that still have uncommitted slots.
   size_t OpenReservations() const;
 
@@ -187,6 +199,7 @@ class PageCache {
     uint64_t page_bytes = 0;
     uint64_t gen = 0;
     uint64_t reservation_id = 0;  // owner while reserved
+    uint32_t owner = 0;           // tenant charged for its bytes (Quota::kPoolBytes)
     uint32_t pins = 0;
     uint16_t token_count = 0;
     PageKind kind = PageKind::kInt2;
@@ -208,6 +221,7 @@ class PageCache {
     uint64_t page_bytes;
   };
   struct Lease {
+    uint32_t tenant = 0;
     int64_t deadline_ms = 0;
     std::vector<PinnedPage> pages;
   };
@@ -216,6 +230,7 @@ class PageCache {
     absl::flat_hash_map<uint64_t, Lease> map ABSL_GUARDED_BY(mu);
   };
   struct Handle {
+    uint32_t tenant = 0;
     uint32_t codec = 0;
     CodecId codec_id;
     int64_t deadline_ms = 0;
@@ -230,7 +245,13 @@ class PageCache {
     absl::flat_hash_map<uint64_t, std::shared_ptr<Reservation>> map ABSL_GUARDED_BY(mu);
   };
 
-  absl::StatusOr<const Codec*> FindCodec(const CodecId& codec_id) const;
+  // The codec registration of `codec_id` in the caller's namespace.
+  absl::StatusOr<const Codec*> FindCodec(const Caller& caller, const CodecId& codec_id) const;
+  // The caller's tenant; PERMISSION_DENIED when its ids name no tenant or a namespace it may not
+  // use (front ends never build such a Caller).
+  absl::StatusOr<Tenant*> TenantOf(const Caller& caller) const;
+  // Charges `bytes` of pool quota to `t`, evicting t's own unpinned pages while it is over.
+  absl::Status ChargePool(Tenant& t, uint64_t bytes);
   Shard& ShardFor(const IndexKey& k);
   LeaseShard& LeaseShardFor(uint64_t id) { return lease_shards_[id % kLeaseShards]; }
   ReservationShard& ResShardFor(uint64_t id) { return res_shards_[id % kLeaseShards]; }
@@ -238,7 +259,9 @@ class PageCache {
   absl::StatusOr<uint64_t> AllocateSlot(SizeClassId cls);
   // Evicts one CLOCK victim; if it belongs to another size class than `want`, also evicts the
   // unpinned pages sharing its span, so the span's chunks return to the pool for `want`.
-  bool EvictOne(SizeClassId want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
+  // With `owner`, only that tenant's pages are candidates.
+  bool EvictOne(SizeClassId want, const uint32_t* owner = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(evict_mu_);
   void EvictSpanMates(const SpanInfo& span, uint64_t victim);
   // Before an evicted page's slot is freed: queue it for the SSD tier (when there is one and it
   // does not hold the page already).
@@ -263,6 +286,8 @@ class PageCache {
   void RepinPage(const PinnedPage& p);
   uint64_t InsertLease(Lease lease);
   void ReapHandles();
+  // Gives a closed or expired handle's handles and pinned_pages quota back to its tenant.
+  void RefundHandle(const Handle& h);
   // Removes a committed entry (caller holds the shard lock); returns the offset to Unref.
   void EraseCommittedLocked(Shard& shard, absl::flat_hash_map<IndexKey, Entry>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
@@ -296,6 +321,8 @@ class PageCache {
   size_t evict_shard_ ABSL_GUARDED_BY(evict_mu_) = 0;
 
   PageTier* tier_ = nullptr;
+  std::unique_ptr<TenantRegistry> own_tenants_;  // when options_.tenants is null
+  const TenantRegistry* tenants_ = nullptr;
 };
 
 }  // namespace oscarkv::service

@@ -1,0 +1,571 @@
+// Tenants against a real daemon: identity from mTLS client certificates (subject CN or URI SAN)
+// made by openssl at test time and from local-socket peer credentials (children that setuid to
+// mapped uids), isolation of pages, leases and handles between tenants over gRPC and the local
+// socket, the admin role, and every quota exhausted by one tenant while another keeps working.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+
+#include "oscarkv/client/handles.h"
+#include "oscarkv/v1/local_control.h"
+#include "oscarkv/v1/oscarkv.pb.h"
+#include "test_util.h"
+
+namespace oscarkv::testing {
+namespace {
+
+namespace pb = ::oscarkv::v1;
+using absl::StatusCode;
+
+constexpr uint32_t kUidA = 64001, kUidB = 64002, kUidStranger = 64003;
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A CA, a server certificate for 127.0.0.1, and client certificates: tenant-a, tenant-b, admin
+// (subject CNs), "uri" (CN some-workload, URI SAN spiffe://oscarkv.test/tenant-c) and mallory
+// (the right CA, a CN no tenant has).
+class Pki {
+ public:
+  Pki() : dir_(::testing::TempDir() + "/tenants_test_" + std::to_string(::getpid())) {
+    const std::string d = dir_;
+    const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
+    std::filesystem::create_directories(d);
+    std::ofstream(d + "/san.cnf") << "subjectAltName = IP:127.0.0.1, DNS:localhost\n";
+    std::ofstream(d + "/uri.cnf") << "subjectAltName = URI:spiffe://oscarkv.test/tenant-c\n";
+    const std::string script =
+        "set -e; cd " + d + ";"
+        " openssl req -x509" + ec + "-days 2 -subj /CN=test-ca -keyout ca.key -out ca.pem;"
+        " openssl req" + ec + "-subj /CN=127.0.0.1 -keyout server.key -out server.csr;"
+        " openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -set_serial 2 -days 2"
+        " -extfile san.cnf -out server.pem;"
+        " n=10; for c in tenant-a tenant-b admin mallory; do n=$((n+1));"
+        "  openssl req" + ec + "-subj /CN=$c -keyout $c.key -out $c.csr;"
+        "  openssl x509 -req -in $c.csr -CA ca.pem -CAkey ca.key -set_serial $n -days 2"
+        "   -out $c.pem; done;"
+        " openssl req" + ec + "-subj /CN=some-workload -keyout uri.key -out uri.csr;"
+        " openssl x509 -req -in uri.csr -CA ca.pem -CAkey ca.key -set_serial 20 -days 2"
+        "  -extfile uri.cnf -out uri.pem";
+    ok_ = std::system(("bash -c '" + script + "' > " + d + "/openssl.log 2>&1").c_str()) == 0;
+  }
+  ~Pki() { std::filesystem::remove_all(dir_); }
+  bool ok() const { return ok_; }
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string log() const { return ReadFile(path("openssl.log")); }
+
+ private:
+  std::string dir_;
+  bool ok_ = false;
+};
+
+// The daemon's tenants. tenant-a's quotas are small so each can be exhausted quickly.
+std::string TenantsYaml(const Pki& pki) {
+  return "tls:\n  cert: " + pki.path("server.pem") + "\n  key: " + pki.path("server.key") +
+         "\n  client_ca: " + pki.path("ca.pem") +
+         "\ntenants:\n"
+         "  - name: tenant-a\n"
+         "    quota: {pool_mb: 1, pinned_pages: 16, leases: 4, handles: 2, codecs: 2}\n"
+         "    uids: [" + std::to_string(kUidA) + "]\n"
+         "  - name: tenant-b\n"
+         "    uids: [" + std::to_string(kUidB) + "]\n"
+         "  - name: spiffe://oscarkv.test/tenant-c\n"
+         "  - name: admin\n"
+         "    role: admin\n"
+         "shared_namespaces:\n"
+         "  - {name: common, tenants: [tenant-a, tenant-b]}\n";
+}
+
+class TenantsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { pki_ = new Pki; }
+  static void TearDownTestSuite() {
+    delete pki_;
+    pki_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(pki_->ok()) << pki_->log();
+    const std::string cfg = pki_->path("tenants.yaml");
+    std::ofstream(cfg) << TenantsYaml(*pki_);
+    daemon_ = StartDaemon({"--config", cfg});
+    ASSERT_NE(daemon_, nullptr);
+  }
+
+  client::ConnectOptions Options(const std::string& cert, const std::string& ns = "") const {
+    client::ConnectOptions o;
+    o.address = daemon_->address();
+    o.rpc_timeout_ms = 5000;
+    o.tls_ca_file = pki_->path("ca.pem");
+    if (!cert.empty()) {
+      o.tls_cert_file = pki_->path(cert + ".pem");
+      o.tls_key_file = pki_->path(cert + ".key");
+    }
+    o.shared_namespace = ns;
+    return o;
+  }
+  std::unique_ptr<client::Client> As(const std::string& cert, const std::string& ns = "") {
+    auto c = client::Client::Connect(Options(cert, ns));
+    EXPECT_TRUE(c.ok()) << cert << ": " << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  static Pki* pki_;
+  std::unique_ptr<client::LocalDaemon> daemon_;
+};
+Pki* TenantsTest::pki_ = nullptr;
+
+// `n` real pages of `codec` (seeds seed..seed+n-1), each its own one-block request.
+struct Pages {
+  std::vector<BlockKey> keys;
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<client::PageWrite> writes;
+};
+Pages MakePages(const client::Codec& codec, uint64_t seed, size_t n) {
+  Pages p;
+  for (size_t i = 0; i < n; ++i) {
+    const auto tokens = Tokens(seed + i, codec.profile.page_tokens);
+    p.keys.push_back(client::Client::BlockKeys(codec, tokens)[0]);
+    p.bytes.push_back(MakePage(codec.profile, PageKind::kInt2, seed + i));
+  }
+  for (size_t i = 0; i < n; ++i) p.writes.push_back({p.keys[i], PageKind::kInt2, p.bytes[i]});
+  return p;
+}
+
+uint32_t Found(client::Client& c, const client::Codec& codec, std::span<const BlockKey> keys) {
+  uint32_t hits = 0;
+  for (const BlockKey& k : keys) {
+    auto r = c.Lookup(codec, std::span<const BlockKey>(&k, 1));
+    EXPECT_TRUE(r.ok()) << r.status();
+    hits += r.ok() ? r->matched : 0;
+  }
+  return hits;
+}
+
+TEST_F(TenantsTest, TenantBCannotFindLoadDeleteClearOrReleaseTenantAsPagesOverGrpc) {
+  auto a = As("tenant-a"), b = As("tenant-b");
+  ASSERT_TRUE(a && b);
+  const client::Codec codec = RegisterRefmodel(*a);
+  const client::Codec codec_b = RegisterRefmodel(*b);
+  Pages p = MakePages(codec, 100, 3);
+  auto stored = a->Store(codec, p.writes);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->stored, 3u);
+
+  // Same codec, same keys: B finds nothing and loads nothing.
+  EXPECT_EQ(Found(*b, codec_b, p.keys), 0u);
+  auto loaded = b->Load(codec_b, p.keys);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->matched, 0u);
+  // Delete and clear touch only B's own pages.
+  auto del = b->Delete(codec_b, p.keys);
+  ASSERT_TRUE(del.ok()) << del.status();
+  for (const absl::Status& s : *del) EXPECT_EQ(s.code(), StatusCode::kNotFound) << s;
+  auto cleared = b->Clear(nullptr, /*include_pinned=*/true);
+  ASSERT_TRUE(cleared.ok()) << cleared.status();
+  EXPECT_EQ(*cleared, 0u);
+  cleared = b->Clear(&codec_b.id, true);
+  ASSERT_TRUE(cleared.ok());
+  EXPECT_EQ(*cleared, 0u);
+  EXPECT_EQ(Found(*a, codec, p.keys), 3u);
+
+  // Equal block keys of two tenants never deduplicate: B stores its own copy.
+  stored = b->Store(codec_b, p.writes);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->stored, 3u);
+  EXPECT_EQ(stored->deduplicated, 0u);
+
+  // A's lease: B can neither release, renew nor read through it.
+  auto lease = a->Lookup(codec, p.keys, {.pin = true});
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_EQ(lease->lease_ids.size(), 1u);
+  const uint64_t id = lease->lease_ids[0];
+  EXPECT_TRUE(b->Release(id).ok());  // unknown leases are OK (idempotent) ...
+  auto renewed = b->RenewLease(id, 1000);
+  EXPECT_EQ(renewed.status().code(), StatusCode::kNotFound) << renewed.status();
+  // ... and A's lease is still there.
+  EXPECT_TRUE(a->RenewLease(id, 5000).ok());
+  EXPECT_TRUE(a->Release(*lease).ok());
+
+  auto stats_b = b->GetStats();
+  ASSERT_TRUE(stats_b.ok()) << stats_b.status();
+  EXPECT_EQ(stats_b->pages, 3u);  // its own copies only
+}
+
+TEST_F(TenantsTest, HandlesOpenAndCloseOnlyForTheirTenant) {
+  auto ha = client::HandleClient::Connect(Options("tenant-a"));
+  auto hb = client::HandleClient::Connect(Options("tenant-b"));
+  ASSERT_TRUE(ha.ok() && hb.ok()) << ha.status() << hb.status();
+  const client::Codec codec = RegisterRefmodel((*ha)->client());
+  RegisterRefmodel((*hb)->client());
+  Pages p = MakePages(codec, 200, 2);
+  ASSERT_TRUE((*ha)->client().Store(codec, p.writes).ok());
+  ASSERT_TRUE((*ha)->PublishKeys(codec, "req-1", p.keys, "meta").ok());
+
+  auto opened = (*hb)->Open("req-1");
+  EXPECT_EQ(opened.status().code(), StatusCode::kNotFound) << opened.status();
+  absl::Status closed = (*hb)->Close("req-1");
+  EXPECT_TRUE(closed.ok() || closed.code() == StatusCode::kNotFound) << closed;
+  // Still A's, still open.
+  auto mine = (*ha)->Open("req-1");
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->pages.size(), 2u);
+  // Names are per tenant: B may use the same name for its own handle.
+  Pages q = MakePages(codec, 300, 1);
+  ASSERT_TRUE((*hb)->client().Store(codec, q.writes).ok());
+  EXPECT_TRUE((*hb)->PublishKeys(codec, "req-1", q.keys, "").ok());
+  EXPECT_TRUE((*ha)->Close("req-1").ok());
+  EXPECT_TRUE((*hb)->Open("req-1").ok());
+}
+
+TEST_F(TenantsTest, CertificatesThatNameNoTenantAreRefused) {
+  auto m = client::Client::Connect(Options("mallory"));
+  EXPECT_EQ(m.status().code(), StatusCode::kPermissionDenied) << m.status();
+  EXPECT_NE(m.status().message().find("names no tenant"), absl::string_view::npos) << m.status();
+  // No certificate at all: the TLS handshake itself refuses it (mTLS).
+  EXPECT_FALSE(client::Client::Connect(Options("")).ok());
+  // A URI SAN names a tenant too.
+  auto c = As("uri");
+  ASSERT_NE(c, nullptr);
+  const client::Codec codec = RegisterRefmodel(*c);
+  Pages p = MakePages(codec, 400, 1);
+  auto stored = c->Store(codec, p.writes);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->stored, 1u);
+}
+
+TEST_F(TenantsTest, AdminClearsEveryTenantAndSeesEveryonesStats) {
+  auto a = As("tenant-a"), b = As("tenant-b"), admin = As("admin");
+  ASSERT_TRUE(a && b && admin);
+  const client::Codec ca = RegisterRefmodel(*a), cb = RegisterRefmodel(*b);
+  ASSERT_TRUE(a->Store(ca, MakePages(ca, 500, 2).writes).ok());
+  Pages pb_pages = MakePages(cb, 600, 3);
+  ASSERT_TRUE(b->Store(cb, pb_pages.writes).ok());
+  auto pinned = b->Lookup(cb, pb_pages.keys, {.pin = true});
+  ASSERT_TRUE(pinned.ok());
+
+  auto sa = a->GetStats(), sadmin = admin->GetStats();
+  ASSERT_TRUE(sa.ok() && sadmin.ok());
+  EXPECT_EQ(sa->pages, 2u);
+  EXPECT_EQ(sadmin->pages, 5u);
+  // A tenant's "clear --all" is its own pages only; the admin's is everyone's.
+  auto cleared = a->Clear(nullptr, true);
+  ASSERT_TRUE(cleared.ok());
+  EXPECT_EQ(*cleared, 2u);
+  cleared = admin->Clear(nullptr, /*include_pinned=*/true);
+  ASSERT_TRUE(cleared.ok()) << cleared.status();
+  EXPECT_EQ(*cleared, 3u);
+  EXPECT_EQ(Found(*b, cb, pb_pages.keys), 0u);
+  EXPECT_TRUE(b->Release(*pinned).ok());
+}
+
+// The one way to share: a configured shared namespace, chosen by the client option.
+TEST_F(TenantsTest, SharedNamespaceIsSharedByItsMembersOnly) {
+  auto a = As("tenant-a", "common"), b = As("tenant-b", "common");
+  ASSERT_TRUE(a && b);
+  const client::Codec ca = RegisterRefmodel(*a), cb = RegisterRefmodel(*b);
+  Pages p = MakePages(ca, 700, 2);
+  ASSERT_TRUE(a->Store(ca, p.writes).ok());
+  EXPECT_EQ(Found(*b, cb, p.keys), 2u);
+  auto loaded = b->Load(cb, p.keys);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->matched, 2u);
+  EXPECT_EQ(loaded->pages[1], p.bytes[1]);
+  // Outside the namespace, B's own keys do not see them.
+  auto own = As("tenant-b");
+  const client::Codec co = RegisterRefmodel(*own);
+  EXPECT_EQ(Found(*own, co, p.keys), 0u);
+  // A non-member cannot select it.
+  auto c = client::Client::Connect(Options("uri", "common"));
+  EXPECT_EQ(c.status().code(), StatusCode::kPermissionDenied) << c.status();
+}
+
+// ---- the local socket, as children that setuid to a mapped (or unmapped) uid ----
+
+std::string Frame(v1::local::Method m, uint64_t id, const google::protobuf::MessageLite& msg) {
+  v1::local::RequestHeader h;
+  h.method = static_cast<uint16_t>(m);
+  h.id = id;
+  std::string f(reinterpret_cast<const char*>(&h), sizeof(h));
+  f += msg.SerializeAsString();
+  return f;
+}
+
+struct LocalAnswer {
+  uint32_t code = 99;
+  std::string message, body;
+};
+
+// Connects to `path` as `uid`, sends each frame and reads one answer per frame (stops at the
+// first refusal). The frames are built before the fork: the child only makes system calls.
+std::vector<LocalAnswer> LocalExchange(const std::string& path, uint32_t uid,
+                                       const std::vector<std::string>& frames) {
+  int pipefd[2];
+  EXPECT_EQ(::pipe(pipefd), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    if (::setgid(uid) != 0 || ::setuid(uid) != 0) ::_exit(3);
+    const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof(a.sun_path), "%s", path.c_str());
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) ::_exit(4);
+    static char buf[v1::local::kMaxFrameBytes];
+    for (const std::string& f : frames) {
+      // A refused peer's send may fail (the daemon already closed); its refusal frame is still
+      // there to read.
+      const bool sent = ::send(fd, f.data(), f.size(), MSG_NOSIGNAL) >= 0;
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (!sent && n <= 0) break;
+      if (n <= 0) break;
+      const uint32_t len = static_cast<uint32_t>(n);
+      (void)!::write(pipefd[1], &len, 4);
+      (void)!::write(pipefd[1], buf, len);
+      v1::local::ResponseHeader h;
+      std::memcpy(&h, buf, sizeof(h));
+      if (h.code != 0) break;
+    }
+    ::_exit(0);
+  }
+  ::close(pipefd[1]);
+  std::string all;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(pipefd[0], buf, sizeof(buf))) > 0;) all.append(buf, n);
+  ::close(pipefd[0]);
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "child status " << st;
+  std::vector<LocalAnswer> out;
+  for (size_t at = 0; at + 4 <= all.size();) {
+    uint32_t len;
+    std::memcpy(&len, all.data() + at, 4);
+    at += 4;
+    v1::local::ResponseHeader h;
+    if (len < sizeof(h) || at + len > all.size()) break;
+    std::memcpy(&h, all.data() + at, sizeof(h));
+    LocalAnswer ans;
+    ans.code = h.code;
+    ans.message.assign(all.data() + at + sizeof(h), std::min<uint32_t>(h.message_bytes,
+                                                                       len - sizeof(h)));
+    ans.body.assign(all.data() + at + sizeof(h) + ans.message.size(),
+                    len - sizeof(h) - ans.message.size());
+    out.push_back(std::move(ans));
+    at += len;
+  }
+  return out;
+}
+
+TEST_F(TenantsTest, LocalSocketPeersAreTheTenantsTheirUidsMapTo) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to connect as other uids";
+  auto a = As("tenant-a"), b = As("tenant-b");
+  ASSERT_TRUE(a && b);
+  const client::Codec codec = RegisterRefmodel(*a);
+  RegisterRefmodel(*b);
+  Pages p = MakePages(codec, 800, 2);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  const std::string path = daemon_->local_socket();
+  ASSERT_FALSE(path.empty());
+
+  pb::HandshakeRequest hs;
+  hs.set_wire_version(pb::WIRE_VERSION_1);
+  pb::LookupRequest lookup;
+  lookup.set_codec_id(std::string(reinterpret_cast<const char*>(codec.id.bytes.data()), 16));
+  for (const BlockKey& k : p.keys) {
+    lookup.add_keys(std::string(reinterpret_cast<const char*>(k.bytes.data()), 16));
+  }
+  lookup.set_pin(true);
+  const std::string hs_frame = Frame(v1::local::Method::kHandshake, 1, hs);
+  const std::string lookup_frame = Frame(v1::local::Method::kLookup, 2, lookup);
+
+  // uid kUidA is tenant-a: it finds and pins its pages.
+  auto ans = LocalExchange(path, kUidA, {hs_frame, lookup_frame});
+  ASSERT_EQ(ans.size(), 2u);
+  ASSERT_EQ(ans[1].code, 0u) << ans[1].message;
+  pb::LookupResponse found;
+  ASSERT_TRUE(found.ParseFromString(ans[1].body));
+  EXPECT_EQ(found.matched(), 2);
+  ASSERT_NE(found.lease_id(), 0u);
+
+  // uid kUidB is tenant-b: the same lookup finds nothing; releasing A's lease does nothing.
+  pb::ReleaseRequest release;
+  release.set_lease_id(found.lease_id());
+  ans = LocalExchange(path, kUidB,
+                      {hs_frame, lookup_frame, Frame(v1::local::Method::kRelease, 3, release)});
+  ASSERT_EQ(ans.size(), 3u);
+  ASSERT_EQ(ans[1].code, 0u) << ans[1].message;
+  pb::LookupResponse not_found;
+  ASSERT_TRUE(not_found.ParseFromString(ans[1].body));
+  EXPECT_EQ(not_found.matched(), 0);
+  EXPECT_EQ(not_found.pages_size(), 0);
+  EXPECT_TRUE(a->RenewLease(found.lease_id(), 5000).ok()) << "B's Release ended A's lease";
+  EXPECT_TRUE(a->Release(found.lease_id()).ok());
+
+  // An unmapped uid reads one PERMISSION_DENIED frame.
+  ans = LocalExchange(path, kUidStranger, {hs_frame});
+  ASSERT_EQ(ans.size(), 1u);
+  EXPECT_EQ(ans[0].code, static_cast<uint32_t>(StatusCode::kPermissionDenied));
+  EXPECT_NE(ans[0].message.find("is no tenant"), std::string::npos) << ans[0].message;
+}
+
+// ---- quotas: tenant-a exhausts each; tenant-b keeps working ----
+
+TEST_F(TenantsTest, CodecQuota) {
+  auto a = As("tenant-a"), b = As("tenant-b");
+  ASSERT_TRUE(a && b);
+  CodecProfile prof = *BuiltinProfile("refmodel");
+  for (const char* rev : {"r1", "r2"}) {
+    prof.model_revision = rev;
+    ASSERT_TRUE(a->RegisterCodec(prof).ok());
+  }
+  ASSERT_TRUE(a->RegisterCodec(prof).ok());  // idempotent: no new slot
+  prof.model_revision = "r3";
+  auto over = a->RegisterCodec(prof);
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("codecs quota"), absl::string_view::npos);
+  EXPECT_TRUE(b->RegisterCodec(prof).ok());
+}
+
+TEST_F(TenantsTest, LeaseAndPinnedPageQuotas) {
+  auto a = As("tenant-a"), b = As("tenant-b");
+  ASSERT_TRUE(a && b);
+  const client::Codec ca = RegisterRefmodel(*a), cb = RegisterRefmodel(*b);
+  Pages p = MakePages(ca, 900, 8);
+  ASSERT_TRUE(a->Store(ca, p.writes).ok());
+  Pages q = MakePages(cb, 950, 2);
+  ASSERT_TRUE(b->Store(cb, q.writes).ok());
+  // pinned_pages 16: two leases of 8 pages fill it; a third page is over.
+  std::vector<client::LookupResult> held;
+  for (int i = 0; i < 2; ++i) {
+    auto l = a->Lookup(ca, p.keys, {.pin = true});
+    ASSERT_TRUE(l.ok()) << l.status();
+    held.push_back(*l);
+  }
+  auto over = a->Lookup(ca, std::span<const BlockKey>(p.keys.data(), 1), {.pin = true});
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("pinned_pages quota"), absl::string_view::npos);
+  EXPECT_TRUE(b->Lookup(cb, q.keys, {.pin = true}).ok());
+  // A probe (no pin) still works for A.
+  EXPECT_EQ(Found(*a, ca, p.keys), 8u);
+  for (auto& l : held) ASSERT_TRUE(a->Release(l).ok());
+  held.clear();
+  // leases 4: four one-page leases, the fifth is over.
+  for (int i = 0; i < 4; ++i) {
+    auto l = a->Lookup(ca, std::span<const BlockKey>(&p.keys[i], 1), {.pin = true});
+    ASSERT_TRUE(l.ok()) << l.status();
+    held.push_back(*l);
+  }
+  over = a->Lookup(ca, std::span<const BlockKey>(&p.keys[5], 1), {.pin = true});
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("leases quota"), absl::string_view::npos);
+  EXPECT_TRUE(b->Lookup(cb, q.keys, {.pin = true}).ok());
+  ASSERT_TRUE(a->Release(held.back()).ok());
+  EXPECT_TRUE(a->Lookup(ca, std::span<const BlockKey>(&p.keys[5], 1), {.pin = true}).ok());
+}
+
+TEST_F(TenantsTest, HandleQuota) {
+  auto ha = client::HandleClient::Connect(Options("tenant-a"));
+  auto hb = client::HandleClient::Connect(Options("tenant-b"));
+  ASSERT_TRUE(ha.ok() && hb.ok());
+  const client::Codec ca = RegisterRefmodel((*ha)->client());
+  const client::Codec cb = RegisterRefmodel((*hb)->client());
+  Pages p = MakePages(ca, 1000, 1);
+  ASSERT_TRUE((*ha)->client().Store(ca, p.writes).ok());
+  ASSERT_TRUE((*hb)->client().Store(cb, p.writes).ok());
+  ASSERT_TRUE((*ha)->PublishKeys(ca, "h1", p.keys, "").ok());
+  ASSERT_TRUE((*ha)->PublishKeys(ca, "h2", p.keys, "").ok());
+  auto over = (*ha)->PublishKeys(ca, "h3", p.keys, "");
+  EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("handles quota"), absl::string_view::npos);
+  EXPECT_TRUE((*hb)->PublishKeys(cb, "h3", p.keys, "").ok());
+  ASSERT_TRUE((*ha)->Close("h1").ok());
+  EXPECT_TRUE((*ha)->PublishKeys(ca, "h3", p.keys, "").ok());
+}
+
+// pool_mb 1: tenant-a's stores beyond its MiB evict its own older pages, never tenant-b's; with
+// all of its pages pinned, a store is RESOURCE_EXHAUSTED. Meanwhile tenant-b's lookups are timed.
+TEST_F(TenantsTest, PoolQuotaAndAFloodingTenantLeaveTheOtherWorking) {
+  auto a = As("tenant-a"), b = As("tenant-b");
+  ASSERT_TRUE(a && b);
+  const client::Codec ca = RegisterRefmodel(*a), cb = RegisterRefmodel(*b);
+  const size_t fit = (size_t{1} << 20) / ca.int2_page_bytes;
+  ASSERT_GE(fit, 2u);
+  Pages mine = MakePages(cb, 5000, 16);
+  ASSERT_TRUE(b->Store(cb, mine.writes).ok());
+
+  // tenant-a floods: stores 3x its quota, pins to its limits, registers codecs, while tenant-b
+  // looks up its 16 pages.
+  Pages flood = MakePages(ca, 6000, 3 * fit);
+  std::atomic<bool> done{false};
+  std::atomic<int> flood_errors{0};
+  std::thread flooder([&] {
+    CodecProfile prof = *BuiltinProfile("refmodel");
+    for (int round = 0; round < 50 && !done.load(); ++round) {
+      for (size_t i = 0; i < flood.writes.size(); ++i) {
+        auto r = a->Store(ca, std::span<const client::PageWrite>(&flood.writes[i], 1));
+        if (!r.ok()) ++flood_errors;
+      }
+      (void)a->Lookup(ca, flood.keys, {.pin = true, .lease_ms = 200});
+      prof.model_revision = "flood-" + std::to_string(round);
+      (void)a->RegisterCodec(prof);
+    }
+  });
+  std::vector<double> ms;
+  for (int i = 0; i < 2000; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = b->Lookup(cb, mine.keys);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                     .count());
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->matched, 16u) << "tenant-b lost pages to tenant-a's flood";
+  }
+  done = true;
+  flooder.join();
+  std::sort(ms.begin(), ms.end());
+  std::printf("tenant-b lookup (16 keys) while tenant-a floods: p50 %.3f ms, p99 %.3f ms (%zu)\n",
+              ms[ms.size() / 2], ms[ms.size() * 99 / 100], ms.size());
+  EXPECT_EQ(flood_errors.load(), 0) << "stores over the pool quota evict the tenant's own pages";
+
+  // Within its quota, and only its own pages went.
+  auto sa = a->GetStats();
+  ASSERT_TRUE(sa.ok());
+  EXPECT_LE(sa->pool_used_bytes, uint64_t{1} << 20);
+  EXPECT_GE(sa->pages, 1u);
+  EXPECT_EQ(Found(*b, cb, mine.keys), 16u);
+
+  // Everything of tenant-a pinned: nothing of its own to evict, so over its quota.
+  Pages last = MakePages(ca, 7000, fit);
+  ASSERT_TRUE(a->Clear(nullptr, true).ok());
+  auto st = a->Store(ca, last.writes);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->stored, fit);
+  auto pinned = a->Lookup(ca, last.keys, {.pin = true});
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  Pages extra = MakePages(ca, 8000, 1);
+  st = a->Store(ca, extra.writes);
+  ASSERT_TRUE(st.ok()) << st.status();
+  ASSERT_EQ(st->item_status.size(), 1u);
+  EXPECT_EQ(st->item_status[0].code(), StatusCode::kResourceExhausted) << st->item_status[0];
+  EXPECT_NE(st->item_status[0].message().find("pool_mb quota"), absl::string_view::npos)
+      << st->item_status[0];
+  EXPECT_TRUE(b->Store(cb, MakePages(cb, 9000, 2).writes).ok());
+  EXPECT_TRUE(a->Release(*pinned).ok());
+}
+
+}  // namespace
+}  // namespace oscarkv::testing
