@@ -126,7 +126,7 @@ absl::Status PageCache::Promote(const IndexKey& key) {
   }
   counters_.pages.fetch_add(1, std::memory_order_relaxed);
   if (Tenant* t = tenants_->tenant(0)) {
-    (void)t->Charge(Quota::kPoolBytes, page.size());  // unlimited: only counted
+    (void)t->Charge(Quota::kPoolBytes, *size);  // unlimited: only counted
     t->pages.fetch_add(1, std::memory_order_relaxed);
   }
   TierCounters& tc = tier_->mutable_counters();
