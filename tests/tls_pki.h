@@ -1,5 +1,6 @@
 // A throwaway PKI made by the openssl tool at test time (tls_test, tls_reload_test):
-//   ca      -> server (CN=127.0.0.1, SAN IP:127.0.0.1), client, expired (2020-01-01..02)
+//   ca      -> server (CN=127.0.0.1, SAN IP:127.0.0.1), client, admin, expired (2020-01-01..02)
+//              (leaf CNs are tenant-<name>)
 //   other   -> stranger (another CA's client)
 //   rot     -> server2 (CN=127.0.0.1-rotated, serial 0x22), client2 (the rotated CA's client)
 #pragma once
@@ -44,7 +45,7 @@ class Pki {
         " openssl req" + ec + "-subj /CN=127.0.0.1-rotated -keyout server2.key -out server2.csr;"
         " openssl x509 -req -in server2.csr -CA rot.pem -CAkey rot.key -set_serial 34 -days 2"
         " -extfile san.cnf -out server2.pem;"
-        " for c in client expired stranger client2; do openssl req" + ec + "-subj /CN=tenant-$c"
+        " for c in client expired stranger client2 admin; do openssl req" + ec + "-subj /CN=tenant-$c"
         " -keyout $c.key -out $c.csr; done;"
         " openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -set_serial 3 -days 2"
         " -out client.pem;"
@@ -52,6 +53,8 @@ class Pki {
         " -days 2 -out stranger.pem;"
         " openssl x509 -req -in client2.csr -CA rot.pem -CAkey rot.key -set_serial 35 -days 2"
         " -out client2.pem;"
+        " openssl x509 -req -in admin.csr -CA ca.pem -CAkey ca.key -set_serial 36 -days 2"
+        " -out admin.pem;"
         " openssl ca -batch -config ca.cnf -cert ca.pem -keyfile ca.key -in expired.csr"
         " -out expired.pem -startdate 20200101000000Z -enddate 20200102000000Z -notext;"
         // Valid in its day: expiry is the only reason for refusing it.

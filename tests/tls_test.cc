@@ -190,6 +190,45 @@ TEST_F(TlsTest, CliOperatorCommandsOverMutualTls) {
 }
 #endif
 
+// The UCX pool key reads every tenant's pages: with tenants configured GetDataPlane gives it to
+// an admin, refuses a tenant (PERMISSION_DENIED) -- unless ucx.share_pool_key: true.
+TEST_F(TlsTest, PoolKeyGoesOnlyToAdminsWhenTenantsAreConfigured) {
+  for (const bool share : {false, true}) {
+    const std::string cfg = pki_->path(share ? "tenants_shared.yaml" : "tenants.yaml");
+    std::ofstream(cfg) << "tls:\n  cert: " << pki_->path("server.pem") << "\n  key: "
+                       << pki_->path("server.key") << "\n  client_ca: " << pki_->path("ca.pem")
+                       << "\nucx:\n  share_pool_key: " << (share ? "true" : "false")
+                       << "\ntenants:\n  - name: tenant-client\n  - name: tenant-admin\n"
+                          "    role: admin\n";
+    auto d = StartDaemon({"--config", cfg});
+    ASSERT_NE(d, nullptr);
+    auto get = [&](const std::string& who, pb::GetDataPlaneResponse* resp) {
+      grpc::SslCredentialsOptions o;
+      o.pem_root_certs = pki_->pem("ca.pem");
+      o.pem_private_key = pki_->pem(who + ".key");
+      o.pem_cert_chain = pki_->pem(who + ".pem");
+      auto stub = pb::KvCache::NewStub(grpc::CreateChannel(d->address(), grpc::SslCredentials(o)));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      return stub->GetDataPlane(&ctx, pb::GetDataPlaneRequest(), resp);
+    };
+    pb::GetDataPlaneResponse admin, tenant;
+    grpc::Status s = get("admin", &admin);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_FALSE(admin.pool_rkey().empty());
+    s = get("client", &tenant);
+    if (share) {
+      EXPECT_TRUE(s.ok()) << s.error_message();
+      EXPECT_EQ(tenant.pool_rkey(), admin.pool_rkey());
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+      EXPECT_NE(s.error_message().find("ucx.share_pool_key"), std::string::npos)
+          << s.error_message();
+      EXPECT_TRUE(tenant.pool_rkey().empty());
+    }
+  }
+}
+
 // Startup errors: the daemon exits 1 with one line that says why (nothing is bound).
 std::string FailedStart(const std::vector<std::string>& flags) {
   testing::LocalDaemonOptions o;
