@@ -19,7 +19,10 @@
 #include <string>
 #include <thread>
 
+#include <grpcpp/grpcpp.h>
+
 #include "oscarkv/client/handles.h"
+#include "oscarkv/v1/oscarkv.grpc.pb.h"
 #include "oscarkv/v1/local_control.h"
 #include "oscarkv/v1/oscarkv.pb.h"
 #include "test_util.h"
@@ -270,6 +273,31 @@ TEST_F(TenantsTest, AdminClearsEveryTenantAndSeesEveryonesStats) {
   EXPECT_EQ(*cleared, 3u);
   EXPECT_EQ(Found(*b, cb, pb_pages.keys), 0u);
   EXPECT_TRUE(b->Release(*pinned).ok());
+}
+
+// The UCX data plane's remote key covers the whole pool: only an admin tenant gets it.
+TEST_F(TenantsTest, OnlyTheAdminGetsTheWholePoolUcxKey) {
+  auto get = [&](const std::string& cert) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = ReadFile(pki_->path("ca.pem"));
+    o.pem_private_key = ReadFile(pki_->path(cert + ".key"));
+    o.pem_cert_chain = ReadFile(pki_->path(cert + ".pem"));
+    auto stub = pb::KvCache::NewStub(
+        grpc::CreateChannel(daemon_->address(), grpc::SslCredentials(o)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::GetDataPlaneResponse resp;
+    return stub->GetDataPlane(&ctx, pb::GetDataPlaneRequest(), &resp);
+  };
+  grpc::Status s = get("tenant-a");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  s = get("mallory");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_NE(s.error_message().find("names no tenant"), std::string::npos) << s.error_message();
+  // The admin: the key, or FAILED_PRECONDITION where this machine's UCX did not start.
+  s = get("admin");
+  EXPECT_TRUE(s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
+      << s.error_code() << ": " << s.error_message();
 }
 
 // The one way to share: a configured shared namespace, chosen by the client option.
