@@ -139,13 +139,15 @@ uint64_t MemoryAvailableBytes() {
 
 class ShmArena final : public Arena {
  public:
-  ShmArena(std::string name, int fd, uint8_t* base, size_t size, bool huge, bool cuda,
-           pid_t stale_owner)
-      : name_(std::move(name)), fd_(fd), base_(base), size_(size), huge_(huge), cuda_(cuda),
-        stale_owner_(stale_owner) {}
+  // `mem_fd` is the sealed memfd holding the bytes, or -1 when they are in the file of `fd`.
+  ShmArena(std::string name, int fd, int mem_fd, uint8_t* base, size_t size, bool huge,
+           bool cuda)
+      : name_(std::move(name)), fd_(fd), mem_fd_(mem_fd), base_(base), size_(size), huge_(huge),
+        cuda_(cuda) {}
   ~ShmArena() override {
     if (cuda_) CudaUnregister(base_);
     munmap(base_, size_);
+    if (mem_fd_ >= 0) close(mem_fd_);
     shm_unlink(name_.c_str());  // while still holding the owner lock
     close(fd_);
   }
@@ -153,18 +155,29 @@ class ShmArena final : public Arena {
   void set_took_over(bool v) { took_over_ = v; }
   uint8_t* base() const override { return base_; }
   size_t size() const override { return size_; }
-  std::string shm_path() const override { return absl::StrCat("/dev/shm", name_); }
+  std::string shm_path() const override { return mem_fd_ >= 0 ? "" : owner_path(); }
+  std::string owner_path() const override { return absl::StrCat("/dev/shm", name_); }
+  bool sealed() const override { return mem_fd_ >= 0; }
+  absl::StatusOr<int> OpenReadOnly() const override {
+    // A new open file description, read-only: a dup() would share the owner's O_RDWR one.
+    const std::string self = absl::StrCat("/proc/self/fd/", mem_fd_ >= 0 ? mem_fd_ : fd_);
+    const int fd = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return absl::InternalError(absl::StrCat("shm arena: reopening ", self, ": ", Errno(errno)));
+    }
+    return fd;
+  }
   bool huge_pages() const override { return huge_; }
   bool cuda_registered() const override { return cuda_; }
 
  private:
   std::string name_;  // "/<name>", as shm_open wants it
   int fd_;            // holds the owner lock
+  int mem_fd_;        // sealed memfd, or -1
   uint8_t* base_;
   size_t size_;
   bool huge_;
   bool cuda_;
-  [[maybe_unused]] pid_t stale_owner_;
   bool took_over_ = false;
 };
 
@@ -237,7 +250,8 @@ absl::StatusOr<std::unique_ptr<Arena>> CreateShmArena(const ShmArenaOptions& o) 
   }
   if (o.check_free_space) {
     struct statvfs vfs;
-    if (statvfs("/dev/shm", &vfs) == 0) {
+    // A sealed arena's memfd is not charged to /dev/shm's size limit; memory is checked below.
+    if (!o.sealed && statvfs("/dev/shm", &vfs) == 0) {
       const unsigned long long avail =
           static_cast<unsigned long long>(vfs.f_bavail) * vfs.f_frsize;
       if (avail < o.bytes) {
@@ -255,23 +269,47 @@ absl::StatusOr<std::unique_ptr<Arena>> CreateShmArena(const ShmArenaOptions& o) 
           mem >> 20, " MiB of memory available (MemAvailable + SwapFree); use a smaller pool")));
     }
   }
-  if (ftruncate(fd, static_cast<off_t>(o.bytes)) != 0) {
+  // Sealed: the bytes live in a memfd that no path leads to; the /dev/shm file stays empty.
+  int mem_fd = -1;
+  if (o.sealed) {
+    mem_fd = memfd_create(absl::StrCat("oscarkv-pool-", o.name).c_str(),
+                          MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (mem_fd < 0) {
+      return fail(absl::InternalError(absl::StrCat("shm arena: memfd_create: ", Errno(errno))));
+    }
+  }
+  const int data_fd = o.sealed ? mem_fd : fd;
+  auto fail_mem = [&](absl::Status s) {
+    if (mem_fd >= 0) close(mem_fd);
+    return fail(std::move(s));
+  };
+  if (ftruncate(data_fd, static_cast<off_t>(o.bytes)) != 0) {
     const int err = errno;
-    return fail(absl::ResourceExhaustedError(
+    return fail_mem(absl::ResourceExhaustedError(
         absl::StrCat("shm arena: ftruncate to ", o.bytes, " bytes: ", Errno(err))));
   }
   bool huge = false;
-  void* p = MapAdvised(o.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, o.try_huge_pages, &huge);
+  void* p =
+      MapAdvised(o.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, data_fd, o.try_huge_pages, &huge);
   const int map_err = errno;
   if (p == MAP_FAILED) {
-    shm_unlink(shm_name.c_str());
-    close(fd);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("shm arena: mmap of ", o.bytes, " bytes: ", Errno(map_err)));
+    return fail_mem(absl::ResourceExhaustedError(
+        absl::StrCat("shm arena: mmap of ", o.bytes, " bytes: ", Errno(map_err))));
+  }
+  if (o.sealed) {
+    // From here on only this mapping can change the bytes: no new writable mapping, no write(),
+    // no resize, and the seals themselves cannot be lifted -- whoever holds a descriptor.
+    const int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL;
+    if (fcntl(mem_fd, F_ADD_SEALS, seals) != 0) {
+      const int err = errno;
+      munmap(p, o.bytes);
+      return fail_mem(absl::InternalError(
+          absl::StrCat("shm arena: sealing the pool memfd (Linux >= 5.1 needed): ", Errno(err))));
+    }
   }
   const bool cuda = o.try_cuda_register && TryCudaRegister(p, o.bytes);
-  auto arena = std::make_unique<ShmArena>(shm_name, fd, static_cast<uint8_t*>(p), o.bytes, huge,
-                                          cuda, 0);
+  auto arena = std::make_unique<ShmArena>(shm_name, fd, mem_fd, static_cast<uint8_t*>(p),
+                                          o.bytes, huge, cuda);
   arena->set_took_over(!created);
   return std::unique_ptr<Arena>(std::move(arena));
 }

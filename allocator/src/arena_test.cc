@@ -74,6 +74,58 @@ TEST(ShmArena, SharedWithASecondMappingAndUnlinkedOnDestroy) {
   EXPECT_FALSE(FileExists(path));
 }
 
+// Whatever a client does with the descriptor it is given (or with the paths it can find), it
+// cannot write a sealed arena; the owner's mapping stays writable and the client sees its bytes.
+TEST(ShmArena, SealedArenaIsReadOnlyForEveryoneButItsOwner) {
+  ShmArenaOptions o;
+  o.name = UniqueName("sealed");
+  o.bytes = 2 << 20;
+  o.sealed = true;
+  auto a = CreateShmArena(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE((*a)->sealed());
+  EXPECT_EQ((*a)->shm_path(), "");  // nothing to open by path
+  const std::string lock_path = (*a)->owner_path();
+  EXPECT_EQ(lock_path, "/dev/shm/" + o.name);
+  struct stat st;
+  ASSERT_EQ(stat(lock_path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);  // the owner lock only: mapping it gives nothing
+  EXPECT_EQ(st.st_mode & 077, 0u);
+
+  auto fd = (*a)->OpenReadOnly();
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_EQ(fcntl(*fd, F_GETFL) & O_ACCMODE, O_RDONLY);
+  EXPECT_EQ(mmap(nullptr, o.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0), MAP_FAILED);
+  void* ro = mmap(nullptr, o.bytes, PROT_READ, MAP_SHARED, *fd, 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  EXPECT_NE(mprotect(ro, o.bytes, PROT_READ | PROT_WRITE), 0);
+  // Re-opening the descriptor's /proc link read-write is possible (same uid), but the seal
+  // refuses every writable mapping and write() through it.
+  const std::string link = "/proc/self/fd/" + std::to_string(*fd);
+  const int rw = open(link.c_str(), O_RDWR);
+  if (rw >= 0) {
+    errno = 0;
+    EXPECT_EQ(mmap(nullptr, o.bytes, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0), MAP_FAILED);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_LT(pwrite(rw, "x", 1, 0), 0);
+    EXPECT_NE(ftruncate(rw, 0), 0);
+    EXPECT_NE(fcntl(rw, F_ADD_SEALS, 0), 0);
+    close(rw);
+  }
+  EXPECT_LT(pwrite(*fd, "x", 1, 0), 0);
+  // The owner writes; the reader sees it.
+  std::memcpy((*a)->base() + 4096, "page", 4);
+  EXPECT_EQ(std::memcmp(static_cast<uint8_t*>(ro) + 4096, "page", 4), 0);
+  munmap(ro, o.bytes);
+  close(*fd);
+
+  // The name is owned like an unsealed arena's.
+  auto dup = CreateShmArena(o);
+  EXPECT_EQ(dup.status().code(), absl::StatusCode::kAlreadyExists) << dup.status();
+  a->reset();
+  EXPECT_FALSE(FileExists(lock_path));
+}
+
 TEST(ShmArena, TakesOverAFileWhoseOwnerIsDead) {
   ShmArenaOptions o;
   o.name = UniqueName("stale");

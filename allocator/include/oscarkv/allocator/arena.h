@@ -7,6 +7,11 @@
 //                 kernel refuses; when built with CUDA and a GPU is present the mapping is
 //                 registered with cudaHostRegister so GPU copies from it run at pinned speed.
 //                 The destructor unmaps, unregisters and unlinks the file.
+//                 A *sealed* ShmArena (ShmArenaOptions::sealed) keeps its bytes in a memfd
+//                 instead: no path can be opened to map it, the file is sealed against new
+//                 writable mappings and writes (F_SEAL_FUTURE_WRITE) once the owner mapped it,
+//                 and clients get read-only descriptors from OpenReadOnly(), passed to them over
+//                 a unix socket (SCM_RIGHTS). /dev/shm/<name> then only holds the owner lock.
 //  * HeapArena -- private anonymous memory, for unit tests and benchmarks.
 //
 // An Arena is owned by exactly one PagePool; base() and size() never change and are safe to call
@@ -34,6 +39,16 @@ class Arena {
   virtual bool cuda_registered() const { return false; }
   // True when a shared-memory arena reused the file of a dead owner (see CreateShmArena).
   virtual bool took_over_stale() const { return false; }
+  // /dev/shm/<name> of a shared-memory arena (the mappable file, or for a sealed arena the
+  // owner-lock file), "" for private memory.
+  virtual std::string owner_path() const { return shm_path(); }
+  // True for a sealed arena: only this process can write it; others map it read-only.
+  virtual bool sealed() const { return false; }
+  // A new read-only descriptor of the arena's memory (the caller owns it), for a client to map
+  // PROT_READ. FAILED_PRECONDITION for private memory.
+  virtual absl::StatusOr<int> OpenReadOnly() const {
+    return absl::FailedPreconditionError("this arena cannot be shared");
+  }
 };
 
 // Private memory (mmap anonymous). Bytes are zero.
@@ -52,9 +67,11 @@ struct ShmArenaOptions {
   // If the file already exists: replace it unconditionally (true), or (false) take it over when
   // its owner is dead and fail with ALREADY_EXISTS "in use by pid N" when it is alive.
   bool replace_existing = false;
+  // Bytes in a sealed memfd instead of the /dev/shm file (see the file comment).
+  bool sealed = false;
 };
 
-// Creates /dev/shm/<name> (mode 0600), sizes and maps it, and holds an owner lock on it (a POSIX
+// Creates /dev/shm/<name> (mode 0600; empty when sealed), sizes and maps it, and holds an owner lock on it (a POSIX
 // write lock on the file, released by the kernel when this process dies) until the arena is
 // destroyed. A file left by a dead owner (kill -9) is taken over: emptied and reused
 // (took_over_stale()). Errors: INVALID_ARGUMENT (bad name or size), ALREADY_EXISTS (a live
