@@ -111,7 +111,7 @@ TEST_P(HandleTest, PublishOpenLoadClose) {
 // A handle page corrupted in the pool after it was published is DATA_LOSS on load (the one
 // load path verifies every page, on either data path); no page of that load is returned.
 TEST_P(HandleTest, CorruptedPageIsDataLossOnLoad) {
-  auto d = StartDaemon();
+  auto d = StartDaemon({"--shm-mode", "trusted"});  // a pool file this test can write
   ASSERT_NE(d, nullptr);
   auto prefill = ConnectHandles(d->address(), DataPath::kAuto);
   auto decode = ConnectHandles(d->address(), GetParam());

@@ -152,7 +152,8 @@ INSTANTIATE_TEST_SUITE_P(Paths, RoundTripTest,
 // A page corrupted inside the pool after commit is caught by the load-side checksum; with
 // verification off the (corrupt) bytes come through, which is what the switch means.
 TEST(LoadVerificationTest, CorruptedPoolPageIsDataLossOnLoad) {
-  auto daemon = StartDaemon();
+  // Trusted mode: the pool file can be written (an isolated pool cannot: shm_isolation_test).
+  auto daemon = StartDaemon({"--shm-mode", "trusted"});
   ASSERT_NE(daemon, nullptr);
   auto c = Connect(daemon->address(), DataPath::kSharedMemory);
   auto unchecked = Connect(daemon->address(), DataPath::kGrpc, /*verify=*/false);

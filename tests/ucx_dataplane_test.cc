@@ -71,7 +71,11 @@ class UcxDataPlaneTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(UcxDataPlaneTest, LoadAndHandleByRma) {
   const std::string tls = GetParam();
-  auto d = StartDaemon(DaemonFlags(tls));
+  // Trusted mode: the test corrupts a page through the pool file (and the data plane runs in
+  // its own process, which maps that file).
+  std::vector<std::string> flags = DaemonFlags(tls);
+  flags.insert(flags.end(), {"--shm-mode", "trusted"});
+  auto d = StartDaemon(flags);
   ASSERT_NE(d, nullptr);
   auto c = Connect(d->address());
   ASSERT_NE(c, nullptr);

@@ -22,6 +22,7 @@
 #include "page_fetch.h"
 #include "rpc_core.h"
 #include "shm_mapping.h"
+#include "shm_staging.h"
 #include "store_path.h"
 #include "task_pool.h"
 
@@ -94,19 +95,13 @@ class GrpcClient final : public Client {
     server_.shm_path = resp.shm_path();
     server_.shm_bytes = resp.shm_bytes();
     server_.max_batch = resp.max_batch() ? resp.max_batch() : 1024;
-    if (options_.data_path != DataPath::kGrpc) {
+    if (options_.data_path != DataPath::kGrpc && !resp.shm_isolated()) {
       auto m = ShmMapping::Map(server_.shm_path, server_.shm_bytes);
       if (m.ok()) {
         shm_ = std::move(*m);
       } else if (options_.data_path == DataPath::kSharedMemory) {
         return m.status();
       }
-    }
-    server_.data_path = shm_ ? DataPath::kSharedMemory : DataPath::kGrpc;
-    if (shm_) {
-      source_ = std::make_unique<ShmPageSource>(*shm_);
-    } else {
-      source_ = std::make_unique<StreamPageSource>(*rpc_, /*by_key=*/true);
     }
     server_.local_socket = resp.local_socket();
     if (!options_.shared_namespace.empty() && options_.lookup_path == LookupPath::kLocal) {
@@ -140,12 +135,50 @@ class GrpcClient final : public Client {
       }
     }
     server_.lookup_path = local_ ? LookupPath::kLocal : LookupPath::kGrpc;
+    if (options_.data_path != DataPath::kGrpc && resp.shm_isolated()) {
+      // Isolated pool: mapped read-only from a descriptor the local socket passes; stores go
+      // through a staging region of ours. Needs the local socket (same host).
+      absl::Status why = absl::FailedPreconditionError(
+          "the daemon's isolated pool needs its local socket, which this client could not use");
+      std::shared_ptr<LocalChannel> ch = local_;
+      if (ch == nullptr && !server_.local_socket.empty()) {
+        auto opened = LocalChannel::Open(server_.local_socket, options_.client_name,
+                                         resp.instance_id(), options_.rpc_timeout_ms,
+                                         /*shared=*/false);
+        if (opened.ok()) {
+          ch = std::move(*opened);
+        } else {
+          why = opened.status();
+        }
+      }
+      if (ch != nullptr) {
+        auto st = ShmStaging::Open(*ch, server_.shm_bytes);
+        if (st.ok()) {
+          staging_ = std::move(*st);
+        } else {
+          why = st.status();
+        }
+      }
+      if (staging_ == nullptr && options_.data_path == DataPath::kSharedMemory) {
+        return absl::Status(why.code(), absl::StrCat("shared memory of oscarkvd at ",
+                                                     options_.address, ": ", why.message()));
+      }
+    }
+    const ShmMapping* pool = staging_ ? &staging_->pool() : shm_.get();
+    server_.data_path = pool != nullptr ? DataPath::kSharedMemory : DataPath::kGrpc;
+    if (pool != nullptr) {
+      source_ = std::make_unique<ShmPageSource>(*pool);
+    } else {
+      source_ = std::make_unique<StreamPageSource>(*rpc_, /*by_key=*/true);
+    }
     pool_ = std::make_unique<TaskPool>(options_.async_threads);
     return absl::OkStatus();
   }
 
   const ServerInfo& server() const override { return server_; }
-  ClientCore core() { return ClientCore{rpc_, source_.get(), shm_.get()}; }
+  ClientCore core() {
+    return ClientCore{rpc_, source_.get(), staging_ ? &staging_->pool() : shm_.get()};
+  }
   const ConnectOptions& options() const override { return options_; }
 
   absl::StatusOr<uint64_t> RenewLease(uint64_t lease_id, uint32_t lease_ms) override {
@@ -325,7 +358,9 @@ class GrpcClient final : public Client {
 
   absl::StatusOr<StoreResult> Store(const Codec& codec,
                                     std::span<const PageWrite> pages) override {
-    return StorePages(StoreTarget{*rpc_, shm_.get(), server_.max_batch, options_}, codec, pages);
+    return StorePages(StoreTarget{*rpc_, staging_ ? &staging_->pool() : shm_.get(),
+                                  staging_.get(), server_.max_batch, options_},
+                      codec, pages);
   }
 
   absl::StatusOr<LoadResult> Load(const Codec& codec, std::span<const BlockKey> keys) override {
@@ -536,7 +571,8 @@ class GrpcClient final : public Client {
   const ConnectOptions options_;
   const std::shared_ptr<RpcCore> rpc_;
   ServerInfo server_;
-  std::unique_ptr<ShmMapping> shm_;
+  std::unique_ptr<ShmMapping> shm_;         // trusted mode: the pool file, read-write
+  std::unique_ptr<ShmStaging> staging_;     // isolated mode: read-only pool + staging
   std::unique_ptr<PageSource> source_;  // shared memory or gRPC streaming: the data path
   std::shared_ptr<LocalChannel> local_;  // set: Lookup/Release go over the local socket
   std::unique_ptr<TaskPool> pool_;

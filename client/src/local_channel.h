@@ -56,6 +56,9 @@ class LocalChannel {
   // The tenant the daemon serves this process as on the socket (its uid's; "" without tenants):
   // the client uses the socket only when it is the tenant of its gRPC certificate too.
   const std::string& tenant() const { return tenant_; }
+  // A new connection of its own (handshaken, instance checked) for the caller to own and close:
+  // the staging connection of isolated shared memory (shm_staging.h).
+  absl::StatusOr<int> DialDedicated() { return Dial(timeout_ms_); }
 
  private:
   LocalChannel(std::string path, std::string client_name, uint64_t instance, int64_t timeout_ms)

@@ -37,7 +37,21 @@ absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Map(const std::string& p
     return absl::FailedPreconditionError(
         absl::StrCat("cannot map ", path, ": ", std::strerror(err)));
   }
-  return std::unique_ptr<ShmMapping>(new ShmMapping(static_cast<uint8_t*>(p), bytes));
+  return std::unique_ptr<ShmMapping>(new ShmMapping(static_cast<uint8_t*>(p), bytes, true));
+}
+
+absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::MapReadOnlyFd(int fd, uint64_t bytes) {
+  struct stat st {};
+  if (bytes == 0 || ::fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the pool descriptor the daemon passed is smaller than ", bytes, " bytes"));
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot map the pool read-only: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<ShmMapping>(new ShmMapping(static_cast<uint8_t*>(p), bytes, false));
 }
 
 ShmMapping::~ShmMapping() { ::munmap(base_, size_); }

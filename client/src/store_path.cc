@@ -10,6 +10,7 @@
 #include "oscarkv/util/status_macros.h"
 #include "rpc_core.h"
 #include "shm_mapping.h"
+#include "shm_staging.h"
 
 namespace oscarkv::client {
 namespace {
@@ -149,7 +150,14 @@ class StoreCall {
     // Over shared memory each page is copied into its slot and hashed in the same pass; a page
     // whose bytes do not match its checksum is not committed (DATA_LOSS to this caller).
     std::vector<size_t> to_commit;
-    if (t_.shm != nullptr) {
+    if (t_.staging != nullptr) {
+      // Isolated: the daemon copies each page out of the staging region and hashes what it
+      // copied; only the pages it confirmed are committed.
+      (void)t_.staging->StagePages(reservation, pages, reserved, status);
+      for (size_t i : reserved) {
+        if ((*status)[i].ok()) to_commit.push_back(i);
+      }
+    } else if (t_.shm != nullptr) {
       for (size_t j = 0; j < reserved.size(); ++j) {
         absl::Status w = WriteShmVerified(pages[reserved[j]].bytes, slots[j]);
         if (w.ok()) {
@@ -173,9 +181,10 @@ class StoreCall {
     pb::CommitRequest commit;
     commit.set_reservation_id(reservation);
     for (size_t i : to_commit) commit.add_keys(KeyBytes(pages[i].key));
-    // Shared-memory pages were hashed here over the slot's bytes: the daemon checks their
-    // headers without a second pass over the bytes. Streamed pages it verifies itself.
-    commit.set_checksums_verified(t_.shm != nullptr);
+    // Trusted shared memory: pages were hashed here over the slot's bytes, and the daemon
+    // checks their headers without a second pass. Staged pages the daemon hashed itself;
+    // streamed pages it verifies at Commit.
+    commit.set_checksums_verified(t_.shm != nullptr && t_.staging == nullptr);
     pb::CommitResponse cresp;
     grpc::Status gs;
     {

@@ -1,5 +1,6 @@
 // The store path of the client library (Client::Store): client-side checks, Reserve, the page
-// bytes into their slots (shared memory: copied and hashed in one pass; or WritePages), Commit,
+// bytes into their slots (isolated shared memory: through the staging region, copied and hashed
+// by the daemon; trusted shared memory: copied and hashed here in one pass; or WritePages), Commit,
 // and Abort of whatever was reserved and not committed. A page is reported as cached only when
 // the daemon committed it (OK) or had committed it before (ALREADY_EXISTS).
 #pragma once
@@ -14,10 +15,12 @@ namespace oscarkv::client {
 
 class RpcCore;
 class ShmMapping;
+class ShmStaging;
 
 struct StoreTarget {
   const RpcCore& rpc;
   const ShmMapping* shm;  // null: the gRPC data path
+  ShmStaging* staging;    // isolated shared memory: pages go through it (shm is read-only)
   uint32_t max_batch;     // the daemon's
   const ConnectOptions& options;
 };

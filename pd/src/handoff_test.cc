@@ -41,7 +41,11 @@ class HandoffTest : public ::testing::Test {
   }
   void SetUp() override {
     if (model_ == nullptr) GTEST_SKIP() << "reference model not found (set OSCARKV_REFMODEL)";
-    auto d = testing::StartDaemon();
+    // The corruption test writes the pool through its file: only a trusted-mode pool has one
+    // that can be mapped read-write (isolated pools are tested in tests/shm_isolation_test).
+    const bool corrupts = std::string(::testing::UnitTest::GetInstance()->current_test_info()
+                                          ->name()) == "CorruptedPageIsDetected";
+    auto d = corrupts ? testing::StartDaemon({"--shm-mode", "trusted"}) : testing::StartDaemon();
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = std::move(*d);
     auto p = testing::Connect(daemon_->address(), client::DataPath::kAuto);

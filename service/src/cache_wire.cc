@@ -74,6 +74,7 @@ absl::Status Handshake(PageCache& cache, const Caller& caller, const pb::Handsha
   resp->set_node_id(info->node_id);
   resp->set_shm_path(info->shm_path);
   resp->set_shm_bytes(info->shm_bytes);
+  resp->set_shm_isolated(info->shm_isolated);
   resp->set_max_batch(info->max_batch);
   return absl::OkStatus();
 }

@@ -25,6 +25,7 @@ const std::string& DefaultConfigYaml() {
 #   --listen                 listen                --metrics-listen        metrics_listen
 #   --node-id                node_id               --log-level             log_level
 #   --pool-mb                pool.mb               --shm-name              pool.shm_name
+#   --shm-mode               pool.shm_mode
 #   --default-lease-ms       leases.default_ms     --max-lease-ms          leases.max_ms
 #   --reservation-ttl-ms     leases.reservation_ttl_ms
 #   --reaper-interval-ms     leases.reaper_interval_ms
@@ -39,7 +40,8 @@ const std::string& DefaultConfigYaml() {
 #   --tls-cert               tls.cert              --tls-key               tls.key
 #   --tls-client-ca          tls.client_ca         --allow-plaintext       tls.allow_plaintext
 #   --tls-reload-s           tls.reload_s
-# Keys without a flag: pool.huge_pages, pool.cuda_register, limits.max_message_mb,
+# Keys without a flag: pool.huge_pages, pool.cuda_register, pool.staging_max_mb,
+# limits.max_message_mb,
 # limits.max_codecs, server.index_shards, tier.sync_writes.
 listen: 127.0.0.1:50051         # gRPC: HOST:PORT (port 0 = any free port) or unix:/path
 metrics_listen: 127.0.0.1:9464  # Prometheus GET /metrics: HOST:PORT (0 = any free port) or off
@@ -50,6 +52,10 @@ pool:
   shm_name: ""                  # pool file /dev/shm/<name>; "" = oscarkvd-<port>-<pid>
   huge_pages: true              # ask for transparent huge pages (ignored when unavailable)
   cuda_register: true           # cudaHostRegister the pool when a GPU is present
+  shm_mode: isolated            # isolated: clients map the pool read-only and store through a
+                                # staging region the daemon copies and hashes; trusted: clients
+                                # map it read-write (any process of this uid can rewrite pages)
+  staging_max_mb: 64            # largest staging region one local connection may attach
 leases:
   default_ms: 30000             # lease of a pinning Lookup when the client asks for 0
   max_ms: 600000                # longest lease a client may ask for
@@ -157,6 +163,8 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "pool.shm_name") return ReadString(v, key, &c->shm_name);
   if (key == "pool.huge_pages") return ReadBool(v, key, &c->huge_pages);
   if (key == "pool.cuda_register") return ReadBool(v, key, &c->cuda_register);
+  if (key == "pool.shm_mode") return ReadString(v, key, &c->shm_mode);
+  if (key == "pool.staging_max_mb") return ReadUint(v, key, &c->staging_max_mb, 1, 4096);
   if (key == "leases.default_ms") return ReadUint(v, key, &c->default_lease_ms, 1, kU32);
   if (key == "leases.max_ms") return ReadUint(v, key, &c->max_lease_ms, 1, kU32);
   if (key == "leases.reservation_ttl_ms") return ReadUint(v, key, &c->reservation_ttl_ms, 1, kU32);
@@ -507,6 +515,13 @@ absl::Status DaemonConfig::Validate() const {
   if (auto a = ParseListenAddress(metrics_listen, true, false); !a.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("metrics_listen: ", a.status().message()));
   }
+  if (shm_mode != "isolated" && shm_mode != "trusted") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool.shm_mode: '", shm_mode, "' is not isolated or trusted"));
+  }
+  if (staging_max_mb < 1 || staging_max_mb > 4096) {
+    return absl::InvalidArgumentError("pool.staging_max_mb must be 1..4096");
+  }
   if (log_level != "debug" && log_level != "info" && log_level != "warn" && log_level != "error") {
     return absl::InvalidArgumentError(
         absl::StrCat("log_level: '", log_level, "' is not debug, info, warn or error"));
@@ -600,6 +615,9 @@ Args MakeArgs() {
                                     "(default 127.0.0.1:9464)")
       .Option("pool-mb", "", "page pool size in MiB (default 25% of RAM, at most 64 GiB)")
       .Option("shm-name", "", "pool file name under /dev/shm (default oscarkvd-<port>-<pid>)")
+      .Option("shm-mode", "", "isolated (default: clients map the pool read-only and store "
+                              "through staging the daemon verifies) or trusted (clients map it "
+                              "read-write)")
       .Option("default-lease-ms", "", "lease of a pinning Lookup that asks for 0 (default 30000)")
       .Option("max-lease-ms", "", "longest lease a client may ask for (default 600000)")
       .Option("reservation-ttl-ms", "", "uncommitted reservations expire after (default 30000)")
@@ -691,6 +709,7 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
   str("listen", &c.listen);
   str("metrics-listen", &c.metrics_listen);
   str("shm-name", &c.shm_name);
+  str("shm-mode", &c.shm_mode);
   str("node-id", &c.node_id);
   str("log-level", &c.log_level);
   str("ucx-tls", &c.ucx_tls);

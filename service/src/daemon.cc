@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/statvfs.h>
 #include <sys/un.h>
@@ -264,6 +265,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   ao.try_huge_pages = config.huge_pages;
   ao.try_cuda_register = config.cuda_register;
   ao.name = config.shm_name;
+  ao.sealed = config.shm_mode == "isolated";
   if (ao.name.empty()) {
     ao.name = absl::StrCat("oscarkvd-", listen->unix_path.empty() ? absl::StrCat(listen->port)
                                                                    : std::string("unix"),
@@ -275,7 +277,14 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   if (!arena.ok()) return arena.status();
   if ((*arena)->took_over_stale()) {
     // kill -9 / OOM kill of the previous daemon on this name: its file had no live owner.
-    LogEvent(LogLevel::kWarn, "stale_pool_taken_over", {{"path", (*arena)->shm_path()}});
+    LogEvent(LogLevel::kWarn, "stale_pool_taken_over", {{"path", (*arena)->owner_path()}});
+  }
+  if (ao.sealed) {
+    // A sealed pool keeps clients from writing it; a process of the same uid could still write
+    // the daemon's memory through ptrace or /proc/<pid>/mem unless the daemon is not dumpable.
+    if (::prctl(PR_SET_DUMPABLE, 0) != 0) {
+      return absl::InternalError(absl::StrCat("prctl(PR_SET_DUMPABLE): ", std::strerror(errno)));
+    }
   }
   const bool huge = (*arena)->huge_pages(), cuda = (*arena)->cuda_registered();
   auto pool = PagePool::Create(std::move(*arena));
@@ -362,10 +371,12 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   std::string local_str = "off";
   if (config.local_socket != "off") {
     LocalControlOptions lo;
-    lo.path = config.local_socket.empty() ? pool->get()->arena().shm_path() + ".sock"
+    lo.path = config.local_socket.empty() ? pool->get()->arena().owner_path() + ".sock"
                                           : config.local_socket;
     lo.threads = static_cast<int>(config.local_threads);
     lo.slice_us = config.local_slice_us;
+    if (pool->get()->arena().sealed()) lo.isolated_pool = &pool->get()->arena();
+    lo.staging_max_bytes = uint64_t{config.staging_max_mb} << 20;
     auto ls = LocalControlServer::Start(lo, &service.calls());
     if (!ls.ok()) {
       if (!config.local_socket.empty()) return ls.status();  // asked for explicitly: an error
@@ -431,7 +442,8 @@ absl::Status RunDaemon(const DaemonConfig& config) {
     }
   });
 
-  const std::string shm_path = pool->get()->arena().shm_path();
+  // The pool's file under /dev/shm: the mappable pool (trusted mode) or its owner lock.
+  const std::string shm_path = pool->get()->arena().owner_path();
   std::printf("oscarkvd ready listen=%s metrics=%s shm=%s pool_bytes=%zu local=%s\n",
               listen_str.c_str(), metrics_str.c_str(), shm_path.c_str(),
               pool->get()->capacity_bytes(), local_str.c_str());
@@ -442,6 +454,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
             {"tls", tls->mode()},
             {"tls_cert", tls->Describe()},
             {"shm", shm_path},
+            {"shm_mode", config.shm_mode},
             {"local_socket", local_str},
             {"local_threads", absl::StrCat(config.local_threads)},
             {"local_slice_us", absl::StrCat(config.local_slice_us)},

@@ -44,7 +44,7 @@ using testing::StopAndWait;
 using testing::WaitExit;
 
 TEST(DaemonSmoke, StoreLookupLoadAndCleanShutdown) {
-  Daemon d = Start({});
+  Daemon d = Start({"--shm-mode", "trusted"});  // this test writes pages into the pool file
   ASSERT_GT(d.pid, 0);
   ASSERT_EQ(d.line.rfind("oscarkvd ready ", 0), 0u) << "no ready line: '" << d.line << "'";
   ASSERT_TRUE(d.ready.count("listen") && d.ready.count("metrics") && d.ready.count("shm"));
@@ -366,7 +366,10 @@ TEST(DaemonSmoke, BadFlagsAndBusyPortFailClearly) {
     auto stub = v1::KvCache::NewStub(channel);
     v1::HandshakeResponse resp;
     ASSERT_TRUE(GrpcHandshake(*stub, &resp).ok());
-    EXPECT_EQ(resp.shm_path(), on_unix.ready["shm"]);
+    // Isolated (default): no pool path to map; the pool comes over the local socket.
+    EXPECT_TRUE(resp.shm_isolated());
+    EXPECT_EQ(resp.shm_path(), "");
+    EXPECT_EQ(resp.shm_bytes(), uint64_t{std::stoull(on_unix.ready["pool_bytes"])});
   }
   EXPECT_EQ(StopAndWait(on_unix.pid), 0);
   struct stat st;

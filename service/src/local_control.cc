@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "local_staging.h"
 #include "oscarkv/service/log.h"
 #include "oscarkv/util/sched_slice.h"
 #include "oscarkv/v1/local_control.h"
@@ -30,6 +31,7 @@ struct LocalControlServer::Conn {
   std::deque<std::string> out;
   std::string peer;  // "pid=N uid=N" for logs
   Caller caller;     // who the peer is: the tenant its uid/gid maps to (tenants.h)
+  std::unique_ptr<StagingRegion> staging;  // AttachStaging: unmapped when the connection closes
 };
 
 struct LocalControlServer::Worker {
@@ -46,6 +48,11 @@ struct LocalControlServer::Worker {
   pb::LookupResponse lookup_resp;
   pb::ReleaseRequest release_req;
   pb::ReleaseResponse release_resp;
+  pb::AttachStagingRequest attach_req;
+  pb::AttachStagingResponse attach_resp;
+  pb::StageWriteRequest stage_req;
+  pb::StageWriteResponse stage_resp;
+  alignas(cmsghdr) char control[kFdControlBytes];  // descriptors passed with a frame
 };
 
 namespace {
@@ -109,6 +116,8 @@ absl::StatusOr<std::unique_ptr<LocalControlServer>> LocalControlServer::Start(
   s->path_ = o.path;
   s->calls_ = calls;
   s->slice_us_ = o.slice_us;
+  s->isolated_pool_ = o.isolated_pool;
+  s->staging_max_bytes_ = o.staging_max_bytes;
   s->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (s->listen_fd_ < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   // The socket inode's mode becomes the file's mode at bind: no window where others may connect.
@@ -338,7 +347,8 @@ bool LocalControlServer::Flush(Worker* w, Conn* c) {
 }
 
 bool LocalControlServer::Reply(Worker* w, Conn* c, uint16_t method, uint64_t id,
-                               const absl::Status& s, const google::protobuf::MessageLite* msg) {
+                               const absl::Status& s, const google::protobuf::MessageLite* msg,
+                               int fd) {
   local::ResponseHeader h;
   h.method = method;
   h.id = id;
@@ -362,7 +372,57 @@ bool LocalControlServer::Reply(Worker* w, Conn* c, uint16_t method, uint64_t id,
     msg->SerializeWithCachedSizesToArray(
         reinterpret_cast<uint8_t*>(p + sizeof(h) + h.message_bytes));
   }
+  if (fd >= 0) {  // a descriptor cannot wait in the output queue: the answer goes now or never
+    return c->out.empty() && SendFrameWithFd(c->fd, w->out.data(), w->out.size(), fd);
+  }
   return Send(w, c, w->out.data(), w->out.size());
+}
+
+bool LocalControlServer::AttachStaging(Worker* w, Conn* c, uint64_t id, const char* body,
+                                       int body_bytes, int passed_fd) {
+  const uint16_t method = static_cast<uint16_t>(local::Method::kAttachStaging);
+  w->attach_req.Clear();
+  w->attach_resp.Clear();
+  if (!w->attach_req.ParseFromArray(body, body_bytes)) {
+    if (passed_fd >= 0) ::close(passed_fd);
+    Reply(w, c, method, id, absl::InvalidArgumentError("unparsable AttachStagingRequest"),
+          nullptr);
+    return false;
+  }
+  if (isolated_pool_ == nullptr) {
+    if (passed_fd >= 0) ::close(passed_fd);
+    return Reply(w, c, method, id,
+                 absl::FailedPreconditionError(
+                     "this daemon's pool is not isolated (pool.shm_mode: trusted): map "
+                     "HandshakeResponse.shm_path instead"),
+                 nullptr);
+  }
+  if (!c->caller.admin) {
+    // One arena holds every tenant's pages: a mapping of it would let this tenant read the
+    // others'. Tenants use the gRPC data path until the pool has per-tenant arenas.
+    if (passed_fd >= 0) ::close(passed_fd);
+    return Reply(w, c, method, id,
+                 absl::PermissionDeniedError(absl::StrCat(
+                     "tenant '", c->caller.tenant, "' may not map the pool: it holds every "
+                     "tenant's pages (one arena); use the gRPC data path")),
+                 nullptr);
+  }
+  if (passed_fd < 0) {
+    return Reply(w, c, method, id,
+                 absl::InvalidArgumentError("AttachStaging carries no staging descriptor"),
+                 nullptr);
+  }
+  auto region = StagingRegion::Map(passed_fd, w->attach_req.staging_bytes(), staging_max_bytes_,
+                                   *isolated_pool_);
+  if (!region.ok()) return Reply(w, c, method, id, region.status(), nullptr);
+  auto pool_fd = isolated_pool_->OpenReadOnly();
+  if (!pool_fd.ok()) return Reply(w, c, method, id, pool_fd.status(), nullptr);
+  c->staging = std::move(*region);
+  w->attach_resp.set_pool_bytes(isolated_pool_->size());
+  w->attach_resp.set_staging_max_bytes(staging_max_bytes_);
+  const bool sent = Reply(w, c, method, id, absl::OkStatus(), &w->attach_resp, *pool_fd);
+  ::close(*pool_fd);
+  return sent;
 }
 
 bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
@@ -372,12 +432,28 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
     msghdr mh{};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
-    const ssize_t n = ::recvmsg(c->fd, &mh, MSG_DONTWAIT);
+    mh.msg_control = w->control;
+    mh.msg_controllen = sizeof(w->control);
+    const ssize_t n = ::recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0) {
       if (errno == EINTR) continue;
       return errno == EAGAIN || errno == EWOULDBLOCK;
     }
+    // A descriptor the client sent: AttachStaging takes it, any other frame closes it unread.
+    int passed_fd = TakeReceivedFd(mh);
+    struct FdCloser {
+      int* fd;
+      ~FdCloser() {
+        if (*fd >= 0) ::close(*fd);
+      }
+    } fd_closer{&passed_fd};
     if (n == 0) return false;  // the client closed
+    if (mh.msg_flags & MSG_CTRUNC) {
+      m->LocalMalformed();
+      Reply(w, c, 0, 0, absl::InvalidArgumentError("too many descriptors with one frame"),
+            nullptr);
+      return false;
+    }
     auto malformed = [&](uint64_t id, std::string why) {
       m->LocalMalformed();
       LogEvent(LogLevel::kWarn, "local_socket_bad_frame", {{"peer", c->peer}, {"error", why}});
@@ -451,6 +527,34 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
         m->RecordLocalCall(Rpc::kRelease);
         absl::Status s = calls_->Release(c->caller, w->release_req, &w->release_resp);
         if (!Reply(w, c, h.method, h.id, s, &w->release_resp)) return false;
+        break;
+      }
+      case local::Method::kAttachStaging: {
+        if (!c->handshaken) {
+          Reply(w, c, h.method, h.id,
+                absl::FailedPreconditionError("Handshake first on a local connection"), nullptr);
+          return false;
+        }
+        m->RecordLocalCall(Rpc::kWritePages);
+        const int fd = passed_fd;
+        passed_fd = -1;  // AttachStaging owns it now
+        if (!AttachStaging(w, c, h.id, body, body_bytes, fd)) return false;
+        break;
+      }
+      case local::Method::kStageWrite: {
+        if (!c->handshaken) {
+          Reply(w, c, h.method, h.id,
+                absl::FailedPreconditionError("Handshake first on a local connection"), nullptr);
+          return false;
+        }
+        w->stage_req.Clear();
+        if (!w->stage_req.ParseFromArray(body, body_bytes)) {
+          return malformed(h.id, "unparsable StageWriteRequest");
+        }
+        m->RecordLocalCall(Rpc::kWritePages);
+        absl::Status s = StageChunk(*calls_->cache(), c->caller, w->stage_req,
+                                    c->staging ? c->staging->bytes() : std::span<const uint8_t>());
+        if (!Reply(w, c, h.method, h.id, s, &w->stage_resp)) return false;
         break;
       }
       default:

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "control_calls.h"
+#include "oscarkv/allocator/arena.h"
 
 namespace oscarkv::service {
 
@@ -28,6 +29,11 @@ struct LocalControlOptions {
   // Time slice each epoll thread asks the scheduler for (sched_setattr sched_runtime, honoured
   // by Linux >= 6.12), 100..100000 us; 0 = the kernel's default.
   uint32_t slice_us = 100;
+  // Isolated shared memory: the sealed pool whose read-only descriptor AttachStaging hands out,
+  // and the largest staging region a connection may attach. Null: AttachStaging and StageWrite
+  // are refused (FAILED_PRECONDITION).
+  const Arena* isolated_pool = nullptr;
+  uint64_t staging_max_bytes = uint64_t{64} << 20;
 };
 
 class LocalControlServer {
@@ -57,12 +63,18 @@ class LocalControlServer {
   bool Send(Worker* w, Conn* c, const char* data, size_t n);
   bool Flush(Worker* w, Conn* c);
   void Close(Worker* w, Conn* c);
+  // `fd` >= 0: sent with the frame (SCM_RIGHTS); the caller keeps owning it.
   bool Reply(Worker* w, Conn* c, uint16_t method, uint64_t id, const absl::Status& s,
-             const google::protobuf::MessageLite* msg);
+             const google::protobuf::MessageLite* msg, int fd = -1);
+  // AttachStaging (isolated shared memory); false when `c` must be closed.
+  bool AttachStaging(Worker* w, Conn* c, uint64_t id, const char* body, int body_bytes,
+                     int passed_fd);
 
   std::string path_;
   ControlCalls* calls_ = nullptr;
   uint32_t slice_us_ = 0;
+  const Arena* isolated_pool_ = nullptr;
+  uint64_t staging_max_bytes_ = 0;
   int listen_fd_ = -1;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<uint64_t> next_worker_{0};

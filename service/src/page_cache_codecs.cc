@@ -41,7 +41,8 @@ absl::StatusOr<HandshakeInfo> PageCache::Handshake(const Caller& caller,
   info.server_version = kServerVersion;
   info.node_id = options_.node_id;
   info.shm_path = pool_->arena().shm_path();
-  info.shm_bytes = info.shm_path.empty() ? 0 : pool_->arena().size();
+  info.shm_isolated = pool_->arena().sealed();  // read-only to clients: staged writes
+  info.shm_bytes = info.shm_path.empty() && !info.shm_isolated ? 0 : pool_->arena().size();
   info.max_batch = options_.max_batch;
   return info;
 }

@@ -157,9 +157,13 @@ absl::StatusOr<std::vector<absl::Status>> PageCache::Commit(const Caller& caller
     // with neither (a stream out of order, a client that did not verify) is hashed now. The
     // header is checked either way, and every load verifies the checksum again on the reader's
     // side.
+    // An isolated pool (sealed: clients map it read-only, pages arrive through StageWrite,
+    // which is WritePages from the client's staging region) ignores checksums_verified: no
+    // client wrote the slot, so none can vouch for it.
     const bool hashed_in_copy = item.streamed && !item.hash_broken && item.hash != nullptr &&
                                 item.hash->offset() == item.page_bytes;
-    const bool verify = !hashed_in_copy && (!args.checksums_verified || item.streamed);
+    const bool client_verified = args.checksums_verified && !pool_->arena().sealed();
+    const bool verify = !hashed_in_copy && (!client_verified || item.streamed);
     if (verify) counters_.commit_rehashes.fetch_add(1, std::memory_order_relaxed);
     auto hdr = ParsePageHeader(page, res->codec->profile, verify);
     absl::Status bad;

@@ -38,7 +38,16 @@ inline constexpr uint32_t kMaxFrameBytes = 384 * 1024;
 // page's PageRef at most 48 response bytes). Larger lookups go over gRPC.
 inline constexpr uint32_t kMaxLookupKeys = (kMaxFrameBytes - 4096) / 64;
 
-enum class Method : uint16_t { kHandshake = 1, kLookup = 2, kRelease = 3 };
+// kAttachStaging / kStageWrite: isolated shared memory (HandshakeResponse.shm_isolated); their
+// frames carry AttachStagingRequest/Response (with SCM_RIGHTS descriptors) and
+// StageWriteRequest/Response. A descriptor sent with any other frame is closed unread.
+enum class Method : uint16_t {
+  kHandshake = 1,
+  kLookup = 2,
+  kRelease = 3,
+  kAttachStaging = 4,
+  kStageWrite = 5
+};
 
 struct RequestHeader {
   uint32_t magic = kMagic;

@@ -42,6 +42,9 @@ struct HandshakeInfo {
   std::string node_id;
   std::string shm_path;  // "" when the pool is not shared memory (no fast path)
   uint64_t shm_bytes = 0;
+  // Isolated shared memory (pool.shm_mode: isolated): shm_path is "" and clients get the pool
+  // read-only over the local socket (AttachStaging), storing through staging.
+  bool shm_isolated = false;
   uint32_t max_batch = 0;
 };
 

@@ -45,6 +45,12 @@ struct DaemonConfig {
   std::string shm_name;                          // "" = oscarkvd-<port>-<pid>
   bool huge_pages = true;
   bool cuda_register = true;
+  // Same-host shared memory (service/README.md "Shared memory without trust"): "isolated" = the
+  // pool is a sealed memfd clients map read-only, and they store through a staging region the
+  // daemon copies and hashes; "trusted" = clients map the pool file read-write and the daemon
+  // trusts their checksums (faster stores; any process of the daemon's uid can rewrite pages).
+  std::string shm_mode = "isolated";
+  uint32_t staging_max_mb = 64;  // largest staging region one local connection may attach
   uint32_t default_lease_ms = 30000;
   uint32_t max_lease_ms = 600000;
   uint32_t reservation_ttl_ms = 30000;
