@@ -308,11 +308,25 @@ int ServiceBenchMain(int argc, char** argv) {
   const std::vector<client::PageRef> refs = pin->pages;
   (void)(*setup)->Release(*pin);
   const auto& info = (*setup)->server();
-  const int fd = ::open(info.shm_path.c_str(), O_RDONLY);
-  if (fd < 0) return fail("opening the pool", absl::NotFoundError(info.shm_path));
-  auto* pool = static_cast<const uint8_t*>(::mmap(nullptr, info.shm_bytes, PROT_READ, MAP_SHARED, fd, 0));
-  ::close(fd);
-  if (pool == MAP_FAILED) return fail("mapping the pool", absl::InternalError(info.shm_path));
+  // The memcpy's source: the pool itself when it has a file to map (trusted mode); an isolated
+  // pool is not mappable by path, so the same bytes at the same offsets in private memory.
+  const uint8_t* pool = nullptr;
+  std::vector<uint8_t> pool_copy;
+  if (!info.shm_path.empty()) {
+    const int fd = ::open(info.shm_path.c_str(), O_RDONLY);
+    if (fd < 0) return fail("opening the pool", absl::NotFoundError(info.shm_path));
+    pool = static_cast<const uint8_t*>(::mmap(nullptr, info.shm_bytes, PROT_READ, MAP_SHARED, fd, 0));
+    ::close(fd);
+    if (pool == MAP_FAILED) return fail("mapping the pool", absl::InternalError(info.shm_path));
+  } else {
+    uint64_t end = 0;
+    for (const auto& ref : refs) end = std::max<uint64_t>(end, ref.offset + ref.bytes);
+    pool_copy.resize(end);
+    for (size_t i = 0; i < refs.size(); ++i) {
+      std::memcpy(pool_copy.data() + refs[i].offset, pages[i].data(), refs[i].bytes);
+    }
+    pool = pool_copy.data();
+  }
   std::vector<std::vector<uint8_t>> bufs(batch_keys.size(), std::vector<uint8_t>(page_bytes, 1));
   std::vector<std::span<uint8_t>> dst(bufs.begin(), bufs.end());
   // Correctness first (outside any timing): both paths return the stored bytes.
@@ -331,7 +345,7 @@ int ServiceBenchMain(int argc, char** argv) {
   progress(absl::StrCat("batch loads over gRPC streaming (", *batch, " pages) vs memcpy").c_str());
   auto grpc = LoadVsMemcpy(env, *(*grpc_client)[0], pool, refs, dst, *duration);
   if (!grpc.ok()) return fail("gRPC loads", grpc.status());
-  ::munmap(const_cast<uint8_t*>(pool), info.shm_bytes);
+  if (pool_copy.empty()) ::munmap(const_cast<uint8_t*>(pool), info.shm_bytes);
   shm_client->clear();
   grpc_client->clear();
 
@@ -350,7 +364,14 @@ int ServiceBenchMain(int argc, char** argv) {
       **dflt, env.codec, fresh_keys,
       std::span<const std::vector<uint8_t>>(pages).first(static_cast<size_t>(*batch)), *duration);
   if (!sl.ok()) return fail("stores and verified loads", sl.status());
+  const std::string shm_mode = (*dflt)->server().shm_path.empty() ? "isolated" : "trusted";
   dflt->reset();
+  // What isolation costs: the same measurement in the same run against a trusted-mode daemon.
+  progress("stores and verified loads against a --shm-mode trusted daemon (isolation cost)");
+  auto sl_trusted = bench::MeasureStoreLoadOnOwnDaemon(
+      dopt, "trusted", profile, fresh_keys,
+      std::span<const std::vector<uint8_t>>(pages).first(static_cast<size_t>(*batch)), *duration);
+  if (!sl_trusted.ok()) return fail("stores and verified loads (trusted)", sl_trusted.status());
   setup->reset();
   auto stop = (*daemon)->Stop();
 
@@ -367,6 +388,8 @@ int ServiceBenchMain(int argc, char** argv) {
   r.shm = *shm;
   r.grpc = *grpc;
   r.store_load = *sl;
+  r.store_load_trusted = *sl_trusted;
+  r.shm_mode = shm_mode;
   r.daemon_stopped_cleanly = stop.ok() && *stop == 0 && tls_stop.ok() && *tls_stop == 0;
   PrintTable(a, r, as_json ? stderr : stdout);
   if (as_json) std::printf("%s\n", ToJson(a, r).dump(2).c_str());

@@ -137,7 +137,9 @@ struct Results {
   int max_clients = 0;
   std::vector<PathRun> runs;
   LoadStats shm, grpc;
-  StoreLoadVsMemcpy store_load;
+  StoreLoadVsMemcpy store_load;  // the default daemon (isolated shared memory)
+  StoreLoadVsMemcpy store_load_trusted;  // a daemon of its own with --shm-mode trusted
+  std::string shm_mode;                  // the default daemon's: "isolated" or "trusted"
   bool daemon_stopped_cleanly = false;
 };
 

@@ -133,4 +133,27 @@ absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadVsMemcpy(
   return r;
 }
 
+absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadOnOwnDaemon(
+    client::LocalDaemonOptions daemon, const std::string& shm_mode, const CodecProfile& profile,
+    std::span<const BlockKey> keys, std::span<const std::vector<uint8_t>> pages,
+    double duration_s) {
+  daemon.flags.insert(daemon.flags.end(), {"--shm-mode", shm_mode});
+  for (size_t i = 0; i + 1 < daemon.flags.size(); ++i) {
+    if (daemon.flags[i] == "--shm-name") daemon.flags[i + 1] += "-" + shm_mode;
+  }
+  OSCARKV_ASSIGN_OR_RETURN(std::unique_ptr<client::LocalDaemon> d,
+                           client::LocalDaemon::Start(daemon));
+  absl::StatusOr<StoreLoadVsMemcpy> r;
+  {
+    client::ConnectOptions defaults;
+    defaults.address = d->address();
+    OSCARKV_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(defaults));
+    OSCARKV_ASSIGN_OR_RETURN(client::Codec codec, c->RegisterCodec(profile));
+    r = MeasureStoreLoadVsMemcpy(*c, codec, keys, pages, duration_s);
+  }
+  auto stopped = d->Stop();
+  if (r.ok() && !stopped.ok()) return stopped.status();
+  return r;
+}
+
 }  // namespace oscarkv::bench

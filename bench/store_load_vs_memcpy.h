@@ -24,6 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "oscarkv/client/client.h"
+#include "oscarkv/client/local_daemon.h"
 
 namespace oscarkv::bench {
 
@@ -44,5 +45,15 @@ struct StoreLoadVsMemcpy {
 absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadVsMemcpy(
     client::Client& c, const client::Codec& codec, std::span<const BlockKey> keys,
     std::span<const std::vector<uint8_t>> pages, double duration_s);
+
+// The same measurement against a daemon of its own: `daemon` started with `--shm-mode
+// shm_mode` added (isolated: the pool is read-only to clients and stores go through staging the
+// daemon hashes; trusted: clients write the pool), a client connected with the library's
+// defaults, `profile` registered. Run beside the default daemon's figures, it says what
+// isolation costs.
+absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadOnOwnDaemon(
+    client::LocalDaemonOptions daemon, const std::string& shm_mode, const CodecProfile& profile,
+    std::span<const BlockKey> keys, std::span<const std::vector<uint8_t>> pages,
+    double duration_s);
 
 }  // namespace oscarkv::bench

@@ -356,7 +356,7 @@ TEST(ShmStagingTest, PageChangedInStagingIsRefusedOrStoredAsTheDaemonCopiedIt) {
     std::atomic<bool> stop{false};
     std::thread flipper([&] {
       volatile uint8_t* b = s.staging() + flip;
-      for (int n = 0; n < 2000000 && !stop.load(std::memory_order_relaxed); ++n) *b ^= 0x01;
+      for (int n = 0; n < 2000000 && !stop.load(std::memory_order_relaxed); ++n) *b = *b ^ 0x01;
     });
     ASSERT_TRUE(s.Stage(rr.reservation, race_keys[i], 0, 0, page.size()).ok());
     stop = true;

@@ -332,6 +332,14 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   KvCacheService service(&cache, &metrics);
   service.SharePoolKeyWithTenants(config.ucx_share_pool_key);
 #ifdef OSCARKV_HAVE_UCX
+  // The sealed pool's read-only descriptor the data-plane child inherits (closed at exit).
+  int data_plane_pool_fd = -1;
+  struct FdCloser {
+    int* fd;
+    ~FdCloser() {
+      if (*fd >= 0) ::close(*fd);
+    }
+  } data_plane_pool_fd_closer{&data_plane_pool_fd};
   std::unique_ptr<UcxDataPlane> data_plane;
   if (config.ucx) {
     UcxDataPlaneOptions dpo;
@@ -342,6 +350,11 @@ absl::Status RunDaemon(const DaemonConfig& config) {
     dpo.pool_base = pool->get()->arena().base();
     dpo.pool_bytes = pool->get()->arena().size();
     dpo.shm_path = pool->get()->arena().shm_path();  // shared file: isolated data-plane process
+    if (pool->get()->arena().sealed()) {  // sealed pool: the child maps a read-only descriptor
+      auto ro = pool->get()->arena().OpenReadOnly();
+      if (ro.ok()) data_plane_pool_fd = *ro;
+      dpo.shm_fd = data_plane_pool_fd;
+    }
     auto dp = devices.ok() ? UcxDataPlane::Start(dpo)
                            : absl::StatusOr<std::unique_ptr<UcxDataPlane>>(devices.status());
     if (dp.ok()) {

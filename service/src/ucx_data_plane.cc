@@ -114,7 +114,7 @@ absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(
     const UcxDataPlaneOptions& options) {
   auto dp = std::unique_ptr<UcxDataPlane>(new UcxDataPlane);
   dp->options_ = options;
-  if (options.shm_path.empty()) {
+  if (options.shm_path.empty() && options.shm_fd < 0) {
     OSCARKV_ASSIGN_OR_RETURN(dp->core_, Core::Start(options.tls, options.net_devices,
                                                     options.pool_base, options.pool_bytes));
     dp->info_ = dp->core_->info();
@@ -131,12 +131,15 @@ absl::Status UcxDataPlane::SpawnChild() {
   // The child's stdin is its lifeline (EOF: it tears its UCX state down and exits); its stdout
   // carries one length-prefixed GetDataPlaneResponse. No other descriptor of the daemon's is
   // inherited. The child sets its own parent-death signal (RunUcxDataPlaneChild).
-  SpawnOptions so({options_.self_exe, "--internal-ucx-data-plane", options_.shm_path,
+  const std::string pool_arg =
+      options_.shm_fd >= 0 ? absl::StrCat("fd:", options_.shm_fd) : options_.shm_path;
+  SpawnOptions so({options_.self_exe, "--internal-ucx-data-plane", pool_arg,
                    absl::StrCat(options_.pool_bytes), options_.tls, options_.net_devices,
                    absl::StrCat(::getpid())});
   so.stdin_mode = Stdio::kPipe;
   so.stdout_mode = Stdio::kPipe;
   so.close_other_fds = true;
+  if (options_.shm_fd >= 0) so.inherit_fds = {options_.shm_fd};
   so.parent_death_signal = 0;
   auto spawned = Subprocess::Spawn(so);
   if (!spawned.ok()) return spawned.status();
@@ -260,12 +263,21 @@ int RunUcxDataPlaneChild(int argc, char** argv) {
   }
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) return 1;  // the daemon is already gone
-  const int fd = ::open(argv[2], O_RDWR | O_CLOEXEC);
+  // "fd:N": an isolated pool's read-only descriptor, inherited; else the pool file's path.
+  const std::string pool_arg = argv[2];
+  int fd = -1;
+  int prot = PROT_READ | PROT_WRITE;
+  if (pool_arg.rfind("fd:", 0) == 0) {
+    if (!absl::SimpleAtoi(pool_arg.substr(3), &fd) || fd < 3) fd = -1;
+    prot = PROT_READ;
+  } else {
+    fd = ::open(argv[2], O_RDWR | O_CLOEXEC);
+  }
   if (fd < 0) {
     std::fprintf(stderr, "oscarkvd data plane: open %s: %s\n", argv[2], std::strerror(errno));
     return 1;
   }
-  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base = ::mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0);
   ::close(fd);
   if (base == MAP_FAILED) {
     std::fprintf(stderr, "oscarkvd data plane: mmap: %s\n", std::strerror(errno));

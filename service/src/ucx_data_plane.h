@@ -51,6 +51,10 @@ struct UcxDataPlaneOptions {
   size_t pool_bytes = 0;
   // The pool's shared-memory file; empty: run in-process (no isolation).
   std::string shm_path;
+  // Instead of shm_path, for a sealed (isolated) pool: a read-only descriptor of it, inherited
+  // by the child, which maps it PROT_READ (RMA gets only read the pool). Owned by the caller and
+  // kept open for the data plane's life (a restarted child inherits it again).
+  int shm_fd = -1;
   // The oscarkvd binary to re-execute for the child (default /proc/self/exe).
   std::string self_exe = "/proc/self/exe";
 };
