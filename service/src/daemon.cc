@@ -409,7 +409,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   int bound_port = 0;
   // The checked copies of the TLS files gRPC watches sit beside the pool file (its lock makes
   // the name this daemon's; a killed daemon's copies are replaced).
-  const std::string pool_file = pool->get()->arena().shm_path();
+  const std::string pool_file = pool->get()->arena().owner_path();
   auto tls_or = ServerTls::Create(config, pool_file.empty() ? "" : pool_file + ".tls");
   if (!tls_or.ok()) return tls_or.status();
   std::unique_ptr<ServerTls> tls = *std::move(tls_or);
