@@ -134,15 +134,15 @@ absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadVsMemcpy(
 }
 
 absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadOnOwnDaemon(
-    client::LocalDaemonOptions daemon, const std::string& shm_mode, const CodecProfile& profile,
+    testing::LocalDaemonOptions daemon, const std::string& shm_mode, const CodecProfile& profile,
     std::span<const BlockKey> keys, std::span<const std::vector<uint8_t>> pages,
     double duration_s) {
   daemon.flags.insert(daemon.flags.end(), {"--shm-mode", shm_mode});
   for (size_t i = 0; i + 1 < daemon.flags.size(); ++i) {
     if (daemon.flags[i] == "--shm-name") daemon.flags[i + 1] += "-" + shm_mode;
   }
-  OSCARKV_ASSIGN_OR_RETURN(std::unique_ptr<client::LocalDaemon> d,
-                           client::LocalDaemon::Start(daemon));
+  OSCARKV_ASSIGN_OR_RETURN(std::unique_ptr<testing::LocalDaemon> d,
+                           testing::LocalDaemon::Start(daemon));
   absl::StatusOr<StoreLoadVsMemcpy> r;
   {
     client::ConnectOptions defaults;

@@ -24,7 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "oscarkv/client/client.h"
-#include "oscarkv/client/local_daemon.h"
+#include "oscarkv/testing/local_daemon.h"
 
 namespace oscarkv::bench {
 
@@ -52,7 +52,7 @@ absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadVsMemcpy(
 // defaults, `profile` registered. Run beside the default daemon's figures, it says what
 // isolation costs.
 absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadOnOwnDaemon(
-    client::LocalDaemonOptions daemon, const std::string& shm_mode, const CodecProfile& profile,
+    testing::LocalDaemonOptions daemon, const std::string& shm_mode, const CodecProfile& profile,
     std::span<const BlockKey> keys, std::span<const std::vector<uint8_t>> pages,
     double duration_s);
 

@@ -181,7 +181,7 @@ bool TryWrite(volatile uint8_t* p, uint8_t v) {
 // `offset` of the pool. Exits 0 when all of them failed, else 10 + the first that wrote.
 // The attacker has the daemon's uid but no capabilities: when the test runs as root they are
 // dropped first (root's CAP_SYS_PTRACE reaches into any process; nothing defends against that).
-[[noreturn]] void AttackPool(const client::LocalDaemon& d, uint64_t offset) {
+[[noreturn]] void AttackPool(const testing::LocalDaemon& d, uint64_t offset) {
   __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct none[2] = {};
   if (syscall(SYS_capset, &hdr, none) != 0) _exit(2);
