@@ -145,7 +145,13 @@ class GrpcClient final : public Client {
         auto opened = LocalChannel::Open(server_.local_socket, options_.client_name,
                                          resp.instance_id(), options_.rpc_timeout_ms,
                                          /*shared=*/false);
-        if (opened.ok()) {
+        if (opened.ok() && (*opened)->tenant() != resp.tenant()) {
+          // Staged writes act for the socket's tenant (the uid's), Reserve and Commit for the
+          // certificate's: they must be the same tenant.
+          why = absl::FailedPreconditionError(absl::StrCat(
+              "the daemon serves this process's uid as tenant '", (*opened)->tenant(),
+              "' but its certificate as tenant '", resp.tenant(), "'"));
+        } else if (opened.ok()) {
           ch = std::move(*opened);
         } else {
           why = opened.status();
