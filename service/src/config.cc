@@ -80,7 +80,7 @@ ucx:
   share_pool_key: false         # hand the whole-pool RMA key to tenants too (default: admins only)
 tier:
   path: ""                      # SSD tier directory; "" = no tier (evicted pages are dropped)
-  capacity_mb: 0                # page bytes the tier may hold, MiB (LRU beyond); required with a path
+  capacity_mb: 0                # tier file bytes, MiB (oldest segment dropped beyond); required with a path
   queue_mb: 64                  # demotion queue bound (evictions wait for room, then drop)
   sync_writes: false            # fsync every demotion: survives a machine crash, not only kill -9
 tls:
@@ -639,7 +639,7 @@ Args MakeArgs() {
                                      "interface of the --listen address; all for 0.0.0.0)")
       .Option("tier-path", "", "SSD tier directory: evicted pages are demoted there and survive "
                                "restarts (default: no tier)")
-      .Option("tier-mb", "", "SSD tier capacity in MiB, LRU beyond it (required with --tier-path)")
+      .Option("tier-mb", "", "SSD tier capacity in MiB: its files never exceed it, the oldest segment goes first (required with --tier-path)")
       .Option("tier-queue-mb", "", "demotion queue bound in MiB (default 64)")
       .Option("log-level", "", "debug|info|warn|error (default info)")
       .Option("tls-cert", "", "gRPC over TLS: server certificate chain, PEM file (with --tls-key)")
