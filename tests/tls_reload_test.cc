@@ -214,11 +214,12 @@ TEST_F(TlsReloadTest, StagedCopiesGoWithTheDaemonEvenAfterKill9) {
   ASSERT_EQ(::waitpid(first->pid(), &status, 0), first->pid());
   (void)first->Running();  // its waitpid fails (ECHILD): it marks itself exited, never signals
                            // that (reusable) pid again
-  ASSERT_TRUE(std::filesystem::exists(staged));  // left behind, as the pool file is
+  // Left behind, as the pool file is. Any default-named daemon clears dead ones' files when it
+  // starts, and other tests start such daemons in parallel (ctest -j): one of them may be the
+  // daemon that clears these, so which daemon logs removed_dead_pool is not checked here.
   auto second = start(live_ + "/second.log");
   ASSERT_NE(second, nullptr);
   EXPECT_FALSE(std::filesystem::exists(staged)) << ReadFile(live_ + "/second.log");
-  EXPECT_NE(ReadFile(live_ + "/second.log").find("removed_dead_pool"), std::string::npos);
   const std::string own = second->shm_path() + ".tls";
   EXPECT_TRUE(std::filesystem::exists(own));
   second->Kill(SIGKILL);

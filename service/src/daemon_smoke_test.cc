@@ -321,15 +321,21 @@ TEST(DaemonSmoke, SigtermDrainsAnInFlightStream) {
   got[c.key()].resize(c.page_bytes());
   got[c.key()].replace(c.offset(), c.data().size(), c.data());
   kill(d.pid, SIGTERM);  // mid-stream; the reader is slow
-  usleep(200000);
   {
-    // A new call during the drain is refused.
-    auto fresh = v1::KvCache::NewStub(
-        grpc::CreateChannel(d.ready["listen"], grpc::InsecureChannelCredentials()));
-    grpc::ClientContext sctx;
-    sctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-    v1::StatsResponse st;
-    EXPECT_FALSE(fresh->Stats(&sctx, {}, &st).ok());
+    // A new call during the drain is refused. The drain starts when the daemon's signal thread
+    // runs, which on a loaded machine can take a while: poll (the stream is held open meanwhile,
+    // and the drain deadline is 20 s) instead of assuming it has begun after a fixed sleep.
+    bool refused = false;
+    for (int attempt = 0; attempt < 50 && !refused; ++attempt) {
+      usleep(100000);
+      auto fresh = v1::KvCache::NewStub(
+          grpc::CreateChannel(d.ready["listen"], grpc::InsecureChannelCredentials()));
+      grpc::ClientContext sctx;
+      sctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      v1::StatsResponse st;
+      refused = !fresh->Stats(&sctx, {}, &st).ok();
+    }
+    EXPECT_TRUE(refused) << "a new call was still served 5 s after SIGTERM";
   }
   while (reader->Read(&c)) {
     std::string& p = got[c.key()];
