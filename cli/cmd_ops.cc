@@ -1,7 +1,7 @@
 // Operator subcommands talking to a running oscarkvd through the client library:
 //   oscarkv stats | health | lookup | evict | clear
-// Each takes --addr (default 127.0.0.1:50051), --tls-ca/--tls-cert/--tls-key (gRPC over TLS)
-// and --json. Exit codes: 0 ok, 1 the operation failed (the daemon is down or answered an
+// Each takes --addr (default 127.0.0.1:50051), --tls-ca/--tls-cert/--tls-key (gRPC over TLS),
+// --shared-namespace (a tenant's shared namespace) and --json. Exit codes: 0 ok, 1 the operation failed (the daemon is down or answered an
 // error: one readable line on stderr), 2 usage (a bad flag or flag value, refused before
 // anything is sent).
 #if __has_include("oscarkv/client/client.h")  // built only with the client module
@@ -36,6 +36,9 @@ void AddCommon(Args& a) {
   a.Option("tls-key", "", "private key (PEM) of --tls-cert");
   a.Option("tls-server-name", "", "name checked against the daemon's certificate (default: the "
                                   "--addr host)");
+  a.Option("shared-namespace", "", "act in this shared namespace of the daemon's config "
+                                   "(shared_namespaces:) instead of the tenant's own; the "
+                                   "--tls-cert's tenant must be a member (else PERMISSION_DENIED)");
   a.Flag("json", "print JSON instead of text");
 }
 
@@ -114,6 +117,7 @@ absl::StatusOr<std::unique_ptr<Client>> Dial(const Args& a) {
   o.tls_cert_file = a.str("tls-cert");
   o.tls_key_file = a.str("tls-key");
   o.tls_server_name = a.str("tls-server-name");
+  o.shared_namespace = a.str("shared-namespace");
   auto c = Client::Connect(o);
   if (!c.ok()) {
     // The client's message already names the address; keep the one line short.

@@ -321,6 +321,60 @@ TEST_F(TenantsTest, SharedNamespaceIsSharedByItsMembersOnly) {
   EXPECT_EQ(c.status().code(), StatusCode::kPermissionDenied) << c.status();
 }
 
+// The same through the C ABI (liboscarkv_c.so's oscarkv_tls_options.shared_namespace):
+// client_c_abi_test ADDR --tenants DIR stores as tenant-a, finds and loads as tenant-b, and is
+// refused as the non-member tenant-c.
+TEST_F(TenantsTest, CAbiSharedNamespaceIsSharedByItsMembersOnly) {
+  const std::string dir = pki_->path("");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl(OSCARKV_C_ABI_TEST_PATH, OSCARKV_C_ABI_TEST_PATH, daemon_->address().c_str(),
+            "--tenants", dir.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+}
+
+#ifdef OSCARKV_CLI_PATH
+// `oscarkv <args>` through the shell: the exit code; stdout and stderr together in *out.
+int RunCli(const std::string& args, std::string* out) {
+  FILE* p = ::popen((std::string(OSCARKV_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  out->clear();
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
+  const int st = ::pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// The operator commands' --shared-namespace: tenant-b looks up what tenant-a stored there.
+TEST_F(TenantsTest, CliSharedNamespaceFlag) {
+  auto a = As("tenant-a", "common");
+  ASSERT_TRUE(a);
+  const client::Codec codec = RegisterRefmodel(*a);
+  Pages p = MakePages(codec, 800, 2);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  const std::string keys = " --shape refmodel --keys " + p.keys[0].Hex() + "," + p.keys[1].Hex();
+  auto as = [&](const std::string& who) {
+    return " --addr " + daemon_->address() + " --tls-ca " + pki_->path("ca.pem") +
+           " --tls-cert " + pki_->path(who + ".pem") + " --tls-key " + pki_->path(who + ".key");
+  };
+  std::string out;
+  EXPECT_EQ(RunCli("lookup" + as("tenant-b") + " --shared-namespace common" + keys, &out), 0)
+      << out;
+  EXPECT_NE(out.find("2 of 2 blocks cached"), std::string::npos) << out;
+  EXPECT_EQ(RunCli("lookup" + as("tenant-b") + keys, &out), 0) << out;
+  EXPECT_NE(out.find("0 of 2 blocks cached"), std::string::npos) << out;
+  EXPECT_EQ(RunCli("stats" + as("uri") + " --shared-namespace common", &out), 1) << out;
+  EXPECT_NE(out.find("PERMISSION_DENIED"), std::string::npos) << out;
+  EXPECT_EQ(RunCli("lookup --help", &out), 0) << out;
+  EXPECT_NE(out.find("--shared-namespace"), std::string::npos) << out;
+}
+#endif
+
 // ---- the local socket, as children that setuid to a mapped (or unmapped) uid ----
 
 std::string Frame(v1::local::Method m, uint64_t id, const google::protobuf::MessageLite& msg) {

@@ -1,6 +1,7 @@
 // The C ABI (oscarkv_c.h): the calls that talk to a daemon, over oscarkv::client::Client. The
 // daemon-free calls (profiles, rotations, the page builder) are in oscarkv_c_page.cc.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -100,17 +101,22 @@ int oscarkv_connect_tls(const oscarkv_connect_options* opts, const oscarkv_tls_o
   *out = nullptr;
   oscarkv::client::ConnectOptions o;
   if (tls != nullptr) {
-    if (tls->struct_size != sizeof(oscarkv_tls_options)) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("oscarkv_tls_options.struct_size is ", tls->struct_size,
-                       ", this library (C ABI ", OSCARKV_ABI_VERSION, ") knows ",
-                       sizeof(oscarkv_tls_options), ": call oscarkv_tls_options_init() first")));
+    // ABI 3 callers' struct ends before shared_namespace; read that field only when it is there.
+    constexpr size_t kAbi3Size = offsetof(oscarkv_tls_options, shared_namespace);
+    if (tls->struct_size != sizeof(oscarkv_tls_options) && tls->struct_size != kAbi3Size) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "oscarkv_tls_options.struct_size is ", tls->struct_size, ", this library (C ABI ",
+          OSCARKV_ABI_VERSION, ") knows ", sizeof(oscarkv_tls_options), " (or ", kAbi3Size,
+          " of ABI 3): call oscarkv_tls_options_init() first")));
     }
     auto str = [](const char* p) { return p == nullptr ? std::string() : std::string(p); };
     o.tls_ca_file = str(tls->ca_file);
     o.tls_cert_file = str(tls->cert_file);
     o.tls_key_file = str(tls->key_file);
     o.tls_server_name = str(tls->server_name);
+    if (tls->struct_size == sizeof(oscarkv_tls_options)) {
+      o.shared_namespace = str(tls->shared_namespace);
+    }
   }
   o.client_name = "oscarkv-c";
   if (opts != nullptr) {

@@ -1,7 +1,9 @@
 /* The C ABI compiled as C99. Without arguments: the daemon-free parts (block keys against the
  * golden vectors of docs/FORMAT.md §3.1, argument checks, connecting to nothing). With a daemon
  * address as argv[1] (tests/ runs it so): register, lookup, load of a miss, stats. With
- * `ADDR --tls DIR` (tests/tls_test): mTLS connects, refusals and calls. */
+ * `ADDR --tls DIR` (tests/tls_test): mTLS connects, refusals and calls. With
+ * `ADDR --tenants DIR` (tests/tenants_test): the shared namespace "common" of its members. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -258,10 +260,111 @@ static int with_tls_daemon(const char* addr, const char* dir) {
   return 0;
 }
 
+/* tenants_test's daemon (shared namespace "common" of tenant-a and tenant-b; `dir` holds its
+ * PKI: ca.pem, tenant-a/tenant-b/uri .pem/.key, uri being a tenant outside "common"). */
+static oscarkv_client* tenant_client(const char* addr, const char* dir, const char* who,
+                                     const char* ns, size_t struct_size, int* code) {
+  char ca[512], cert[512], key[512];
+  oscarkv_connect_options opts;
+  oscarkv_tls_options tls;
+  oscarkv_client* c = NULL;
+  snprintf(ca, sizeof ca, "%s/ca.pem", dir);
+  snprintf(cert, sizeof cert, "%s/%s.pem", dir, who);
+  snprintf(key, sizeof key, "%s/%s.key", dir, who);
+  oscarkv_connect_options_init(&opts);
+  opts.address = addr;
+  opts.rpc_timeout_ms = 5000;
+  oscarkv_tls_options_init(&tls);
+  tls.ca_file = ca;
+  tls.cert_file = cert;
+  tls.key_file = key;
+  tls.shared_namespace = ns;
+  tls.struct_size = struct_size;
+  *code = oscarkv_connect_tls(&opts, &tls, &c);
+  return c;
+}
+
+static int with_tenants_daemon(const char* addr, const char* dir) {
+  const size_t abi3_size = offsetof(oscarkv_tls_options, shared_namespace);
+  oscarkv_client *a, *b, *own, *c;
+  oscarkv_codec codec;
+  oscarkv_codec_profile prof;
+  oscarkv_page page;
+  oscarkv_store_result res;
+  uint32_t tokens[64];
+  uint8_t key[16];
+  uint64_t bytes = 0;
+  uint32_t matched = 99;
+  float* rows;
+  void* buf;
+  void* dst;
+  size_t n = 0, cap, nrows;
+  int code = -1;
+  unsigned i;
+
+  a = tenant_client(addr, dir, "tenant-a", "common", sizeof(oscarkv_tls_options), &code);
+  CHECK(code == OSCARKV_OK && a != NULL);
+  b = tenant_client(addr, dir, "tenant-b", "common", sizeof(oscarkv_tls_options), &code);
+  CHECK(code == OSCARKV_OK && b != NULL);
+  /* An ABI 3 caller's struct (no shared_namespace field): its tenant's own namespace. */
+  own = tenant_client(addr, dir, "tenant-b", "ignored-past-abi3-size", abi3_size, &code);
+  CHECK(code == OSCARKV_OK && own != NULL);
+  if (a == NULL || b == NULL || own == NULL) return 1;
+
+  CHECK(oscarkv_builtin_profile("refmodel", &prof) == OSCARKV_OK);
+  CHECK(oscarkv_page_size(&prof, OSCARKV_PAGE_INT2, &bytes) == OSCARKV_OK);
+  CHECK(oscarkv_register_builtin_codec(a, "refmodel", &codec) == OSCARKV_OK);
+  nrows = (size_t)prof.num_layers * 2 * prof.page_tokens * prof.num_kv_heads * prof.head_dim;
+  rows = malloc(nrows * sizeof *rows);
+  buf = malloc((size_t)bytes);
+  dst = malloc((size_t)bytes);
+  if (rows == NULL || buf == NULL || dst == NULL) return 1;
+  for (i = 0; i < nrows; ++i) rows[i] = (float)((int)(i % 17) - 8) / 8.0f;
+  CHECK(oscarkv_build_page(&prof, NULL, OSCARKV_PAGE_INT2, OSCARKV_DTYPE_F32, rows,
+                           prof.page_tokens, buf, (size_t)bytes) == OSCARKV_OK);
+  for (i = 0; i < 64; ++i) tokens[i] = 31u * i + 5;
+  CHECK(oscarkv_block_keys(&codec, "", 0, tokens, 64, key, 1, &n) == OSCARKV_OK && n == 1);
+  page.key = key;
+  page.kind = OSCARKV_PAGE_INT2;
+  page.data = buf;
+  page.bytes = (size_t)bytes;
+  /* tenant-a stores in "common"; tenant-b (in "common") finds and loads the same bytes. */
+  CHECK(oscarkv_store(a, &codec, &page, 1, &res, NULL) == OSCARKV_OK && res.stored == 1);
+  CHECK(oscarkv_lookup(a, &codec, key, 1, &matched) == OSCARKV_OK && matched == 1);
+  CHECK(oscarkv_register_builtin_codec(b, "refmodel", &codec) == OSCARKV_OK);
+  matched = 99;
+  CHECK(oscarkv_lookup(b, &codec, key, 1, &matched) == OSCARKV_OK && matched == 1);
+  cap = (size_t)bytes;
+  matched = 99;
+  CHECK(oscarkv_load(b, &codec, key, 1, &dst, &cap, &matched, NULL) == OSCARKV_OK);
+  CHECK(matched == 1 && memcmp(dst, buf, (size_t)bytes) == 0);
+  /* Outside the namespace, tenant-b's own keys do not see it. */
+  CHECK(oscarkv_register_builtin_codec(own, "refmodel", &codec) == OSCARKV_OK);
+  matched = 99;
+  CHECK(oscarkv_lookup(own, &codec, key, 1, &matched) == OSCARKV_OK && matched == 0);
+  /* A tenant outside "common", or a name no config has: refused at connect. */
+  c = tenant_client(addr, dir, "uri", "common", sizeof(oscarkv_tls_options), &code);
+  CHECK(code == OSCARKV_E_PERMISSION_DENIED && c == NULL);
+  c = tenant_client(addr, dir, "tenant-a", "no-such-ns", sizeof(oscarkv_tls_options), &code);
+  CHECK(code == OSCARKV_E_PERMISSION_DENIED && c == NULL);
+  /* A struct size neither ABI 3 nor 4 knows. */
+  c = tenant_client(addr, dir, "tenant-a", "common", abi3_size + 1, &code);
+  CHECK(code == OSCARKV_E_INVALID_ARGUMENT && c == NULL);
+  free(rows);
+  free(buf);
+  free(dst);
+  oscarkv_close(a);
+  oscarkv_close(b);
+  oscarkv_close(own);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   daemon_free_checks();
   if (argc > 3 && strcmp(argv[2], "--tls") == 0) {
     with_tls_daemon(argv[1], argv[3]);
+  } else if (argc > 3 && strcmp(argv[2], "--tenants") == 0) {
+    with_tenants_daemon(argv[1], argv[3]);
   } else if (argc > 1) {
     with_daemon(argv[1]);
   }

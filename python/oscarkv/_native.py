@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import List, Optional
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 LIBRARY_NAME = "liboscarkv_c.so"
 
 c_u8p = ctypes.POINTER(ctypes.c_uint8)
@@ -31,7 +31,7 @@ class ConnectOptionsC(ctypes.Structure):
 class TlsOptionsC(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_size_t), ("ca_file", ctypes.c_char_p),
                 ("cert_file", ctypes.c_char_p), ("key_file", ctypes.c_char_p),
-                ("server_name", ctypes.c_char_p)]
+                ("server_name", ctypes.c_char_p), ("shared_namespace", ctypes.c_char_p)]
 
 
 class CodecProfileC(ctypes.Structure):

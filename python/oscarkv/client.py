@@ -49,6 +49,12 @@ class ConnectOptions:
     neither) the client certificate a daemon with --tls-client-ca requires; tls_server_name the
     name checked against the daemon's certificate ("" = the address's host). A refused or
     unverifiable certificate raises UnavailableError; a missing file NotFoundError.
+
+    shared_namespace: a shared namespace of the daemon's config (``shared_namespaces:``) that
+    this client's tenant (its certificate) is a member of; stores and lookups then use that
+    namespace, whose pages every member tenant sees ("" = the tenant's own). A non-member or an
+    unknown name raises PermissionDeniedError at connect; lookups go over gRPC (lookup_path
+    "local" raises InvalidArgumentError).
     """
     address: str = "127.0.0.1:50051"
     client_name: str = "oscarkv-python"
@@ -61,6 +67,7 @@ class ConnectOptions:
     tls_cert: str = ""
     tls_key: str = ""
     tls_server_name: str = ""
+    shared_namespace: str = ""
 
 
 @dataclass
@@ -174,6 +181,8 @@ class Client:
         for name, value in tls_fields.items():
             if value:
                 setattr(tls, name, os.fsencode(value))
+        if options.shared_namespace:
+            tls.shared_namespace = options.shared_namespace.encode()
         h = ctypes.c_void_p()
         check(lib.oscarkv_connect_tls(ctypes.byref(o), ctypes.byref(tls), ctypes.byref(h)))
         self.options = options
@@ -435,8 +444,10 @@ class Client:
 def connect(address: Optional[str] = None, options: Optional[ConnectOptions] = None,
             **kw: Any) -> Client:
     """Connects to an oscarkvd: ``connect("127.0.0.1:50051")``, ``connect(options=...)`` or
-    ``connect(address, data_path="grpc", rpc_timeout_ms=2000)``. Raises UnavailableError (or
-    DeadlineExceededError) when no daemon answers."""
+    ``connect(address, data_path="grpc", rpc_timeout_ms=2000)``; a tenant's shared namespace:
+    ``connect(address, tls_ca=..., tls_cert=..., tls_key=..., shared_namespace="common")``
+    (see ConnectOptions). Raises UnavailableError (or DeadlineExceededError) when no daemon
+    answers, PermissionDeniedError when the tenant may not use shared_namespace."""
     o = options or ConnectOptions()
     if address is not None:
         kw["address"] = address

@@ -55,7 +55,7 @@ enum { OSCARKV_PATH_AUTO = 0, OSCARKV_PATH_SHM = 1, OSCARKV_PATH_GRPC = 2 };
 enum { OSCARKV_LOOKUP_AUTO = 0, OSCARKV_LOOKUP_LOCAL = 1, OSCARKV_LOOKUP_GRPC = 2 };
 
 /* Bumped when a signature or struct of this header changes (oscarkv_abi_version()). */
-#define OSCARKV_ABI_VERSION 3
+#define OSCARKV_ABI_VERSION 4
 
 typedef struct oscarkv_client oscarkv_client;
 
@@ -71,10 +71,12 @@ typedef struct {
 /* Fills `opts` with the defaults above (verify_checksums = 1). */
 void oscarkv_connect_options_init(oscarkv_connect_options* opts);
 
-/* gRPC over TLS, for oscarkv_connect_tls() (ABI 3). struct_size must be
- * sizeof(oscarkv_tls_options) of the header the caller was built with (oscarkv_tls_options_init
- * sets it); a size this library does not know is INVALID_ARGUMENT, never a guess. Paths are PEM
- * files, read at connect (a file that goes missing later fails handshakes; never plaintext). */
+/* gRPC over TLS and the tenant's shared namespace, for oscarkv_connect_tls() (ABI 3; ABI 4 added
+ * shared_namespace). struct_size must be sizeof(oscarkv_tls_options) of the header the caller
+ * was built with (oscarkv_tls_options_init sets it); the ABI 3 size (without shared_namespace)
+ * is still accepted, any other size this library does not know is INVALID_ARGUMENT, never a
+ * guess. Paths are PEM files, read at connect (a file that goes missing later fails handshakes;
+ * never plaintext). */
 typedef struct {
   size_t struct_size;
   const char* ca_file;     /* CA bundle the daemon's certificate must chain to; NULL/"" = plaintext */
@@ -82,6 +84,12 @@ typedef struct {
   const char* key_file;    /* its private key; with cert_file, both or neither */
   const char* server_name; /* name checked against the daemon's certificate; NULL/"" = the
                               address's host */
+  const char* shared_namespace; /* ABI 4. A shared namespace of the daemon's config
+                              (shared_namespaces:) that this client's tenant is a member of:
+                              its stores and lookups use that namespace's keys, which every
+                              member tenant sees. NULL/"" = the tenant's own. A non-member or an
+                              unknown name: PERMISSION_DENIED at connect. Lookups then go over
+                              gRPC (lookup_path LOCAL is INVALID_ARGUMENT). */
 } oscarkv_tls_options;
 
 /* Zeroes `tls` and sets struct_size. */
