@@ -277,7 +277,7 @@ absl::Status RunRestart(const fs::path& dir, const CodecProfile& profile, uint64
     rec.set_page_tokens(profile.page_tokens);
     rec.set_group_size(profile.group_size);
     rec.set_scale_dtype(1);
-    if (absl::Status s = (*tier)->SaveCodecs({rec.SerializeAsString()}); !s.ok()) return s;
+    if (absl::Status s = (*tier)->SaveCodecs({{"", rec.SerializeAsString()}}); !s.ok()) return s;
     const auto t0 = Clock::now();
     for (uint64_t i = 0; i < pages; ++i) {
       if (!(*tier)->Demote(KeyOf(profile, i), page)) {

@@ -446,13 +446,6 @@ absl::Status ValidateTenants(const DaemonConfig& c) {
         "tenants: need mTLS (tls.cert, tls.key and tls.client_ca / --tls-client-ca): a gRPC "
         "caller's tenant is the subject CN or URI SAN of its client certificate");
   }
-  if (!c.tier_path.empty()) {
-    // The SSD tier keys pages by codec and block key only, and clears by codec: it would mix
-    // tenants' pages and one tenant's clear would reach another's.
-    return absl::InvalidArgumentError(
-        "tenants: and the SSD tier (tier.path) cannot be combined yet; run tenants without "
-        "--tier-path");
-  }
   std::vector<std::string> names;
   uint64_t codecs = 0;
   std::vector<uint32_t> uids, gids;

@@ -90,7 +90,7 @@ absl::Status PageCache::LookupInto(const Caller& caller, const LookupQuery& quer
       lock.Release();
       if (tier_ == nullptr || promoted == matched || !InTier(k)) break;
       if (!pin) continue;
-      if (!Promote(k).ok()) break;
+      if (!Promote(k, tenant).ok()) break;
       promoted = matched--;  // the same key again, now from the pool (once)
       continue;
     }

@@ -81,11 +81,13 @@ absl::StatusOr<CodecRegistration> PageCache::RegisterCodec(const Caller& caller,
   v1::CodecProfile wire;  // the tier persists registrations in their wire form
   proto::ToProto(prof, &wire);
   c->profile_proto = wire.SerializeAsString();
+  c->tier_ns = TierNamespaceLabel(caller.ns);
+  c->tier_tag = PageTier::NamespaceTag(c->tier_ns);
   if (tier_ != nullptr) {
     // Persisted before it is usable: no page of a codec reaches the tier unregistered.
-    std::vector<std::string> all;
-    for (size_t i = 0; i < n; ++i) all.push_back(codecs_[i]->profile_proto);
-    all.push_back(c->profile_proto);
+    std::vector<PageTier::SavedCodec> all;
+    for (size_t i = 0; i < n; ++i) all.push_back({codecs_[i]->tier_ns, codecs_[i]->profile_proto});
+    all.push_back({c->tier_ns, c->profile_proto});
     if (absl::Status s = tier_->SaveCodecs(all); !s.ok()) {
       (*tenant)->Refund(Quota::kCodecs, 1);
       return absl::UnavailableError(

@@ -15,6 +15,8 @@ struct PageCache::Codec {
   CodecId id;
   CodecProfile profile;
   std::string profile_proto;  // the registration, serialized (persisted in the SSD tier)
+  std::string tier_ns;        // its namespace's label in the SSD tier (PageTier::SavedCodec)
+  uint64_t tier_tag = 0;      // ... and the tag its pages' tier keys carry
   uint64_t page_bytes[3] = {0, 0, 0};  // by PageKind value
   absl::StatusOr<SizeClassId> cls[3] = {absl::UnknownError(""), absl::UnknownError(""),
                                         absl::UnknownError("")};

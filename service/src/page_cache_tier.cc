@@ -10,55 +10,93 @@
 
 namespace oscarkv::service {
 
+std::string PageCache::TierNamespaceLabel(uint32_t ns) const {
+  // Without tenants every page is the default tenant's: no label, the tier's format of old.
+  if (!tenants_->configured()) return "";
+  const Namespace* n = tenants_->ns(ns);
+  if (n == nullptr) return "";
+  return absl::StrCat(n->shared ? "shared:" : "tenant:", n->name);
+}
+
+tiering::TierKey PageCache::TierKeyOf(const IndexKey& key) const {
+  const Codec& c = *codecs_[key.codec];
+  return {c.id, key.key, c.tier_tag};
+}
+
 absl::Status PageCache::AttachTier(PageTier* tier) {
   if (tier_ != nullptr) return absl::FailedPreconditionError("a tier is already attached");
   auto saved = tier->LoadCodecs();
   if (!saved.ok()) return saved.status();
+  // The namespace labels the daemon's tenants give (tenant:<name>, shared:<name>).
+  absl::flat_hash_map<std::string, uint32_t> by_label;
+  for (uint32_t i = 0; i < tenants_->namespaces(); ++i) by_label[TierNamespaceLabel(i)] = i;
   // Registered before tier_ is set, so they are not rewritten one by one.
-  for (const std::string& bytes : *saved) {
+  for (const PageTier::SavedCodec& rec : *saved) {
+    if (rec.ns.empty() != !tenants_->configured()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the SSD tier at ", tier->options().path, " holds pages of a daemon ",
+          rec.ns.empty() ? "without tenants: with tenants: configured they would have no owner"
+                         : "with tenants: configure them again",
+          "; or move the directory away to start an empty tier"));
+    }
+    auto ns = by_label.find(rec.ns);
+    // A tenant or shared namespace no longer configured: its pages stay unreachable (no key
+    // of another namespace carries its tag) until the tier drops them for capacity.
+    if (ns == by_label.end()) continue;
     v1::CodecProfile wire;
-    if (!wire.ParseFromString(bytes)) {
+    if (!wire.ParseFromString(rec.profile)) {
       return absl::DataLossError("the SSD tier's codecs file holds an unreadable profile");
     }
     absl::StatusOr<CodecProfile> profile = proto::FromProto(wire);
     absl::Status s = profile.status();
-    if (s.ok()) s = RegisterCodec(Caller{}, *profile).status();
+    if (s.ok()) {
+      // Registered for the namespace's owner (a shared namespace: its first member), charged
+      // to that tenant's codec quota as its own registration was.
+      Caller owner;
+      const Namespace* n = tenants_->ns(ns->second);
+      owner.ns = ns->second;
+      owner.tenant_id = n->members.empty() ? ns->second : n->members.front();
+      if (const Tenant* t = tenants_->tenant(owner.tenant_id)) {
+        owner.tenant = t->name();
+        owner.admin = t->admin();
+      }
+      s = RegisterCodec(owner, *profile).status();
+    }
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("re-registering a codec the SSD tier holds ",
-                                                 "pages of: ", s.message()));
+                                                 "pages of (", rec.ns.empty() ? "-" : rec.ns,
+                                                 "): ", s.message()));
     }
   }
   tier_ = tier;
   return absl::OkStatus();
 }
 
-bool PageCache::InTier(const IndexKey& key) {
-  return tier_->Contains({codecs_[key.codec]->id, key.key});
-}
+bool PageCache::InTier(const IndexKey& key) { return tier_->Contains(TierKeyOf(key)); }
 
 absl::Status PageCache::DeleteFromTier(const IndexKey& key) {
-  return tier_->Delete({codecs_[key.codec]->id, key.key});
+  return tier_->Delete(TierKeyOf(key));
 }
 
 uint64_t PageCache::ClearTier(int64_t only) {
   if (only < 0) return tier_->Clear(nullptr);
-  const CodecId id = codecs_[only]->id;
-  return tier_->Clear(&id);
+  const Codec& c = *codecs_[only];
+  return tier_->Clear(&c.id, c.tier_tag);
 }
 
 void PageCache::DemoteEvicted(const IndexKey& key, uint64_t offset, uint64_t page_bytes,
                               bool in_tier) {
   if (tier_ == nullptr) return;
-  const tiering::TierKey tk{codecs_[key.codec]->id, key.key};
+  const tiering::TierKey tk = TierKeyOf(key);
   if (in_tier && tier_->KeepsCopy(tk)) return;  // its copy is there and not about to go
   // Copies the bytes (or waits for queue room: back-pressure on this eviction) before the
   // caller frees the slot.
   tier_->Demote(tk, std::span<const uint8_t>(pool_->Data(offset), page_bytes));
 }
 
-absl::Status PageCache::Promote(const IndexKey& key) {
+absl::Status PageCache::Promote(const IndexKey& key, Tenant& tenant) {
   const Codec* codec = codecs_[key.codec].get();
-  const tiering::TierKey tk{codec->id, key.key};
+  const tiering::TierKey tk = TierKeyOf(key);
   auto size = tier_->SizeOf(tk);
   if (!size.ok()) return size.status();
   // The size names the kind (an INT2 and a BF16 page of one codec differ in size); the header
@@ -72,6 +110,9 @@ absl::Status PageCache::Promote(const IndexKey& key) {
   };
   if (kind == 0) return unfit();
   if (!codec->cls[kind].ok()) return codec->cls[kind].status();
+  // The promoting tenant holds the page from now on: charged first (over its pool_mb quota
+  // this evicts its own pages, never another's), refunded if the promotion does not happen.
+  if (absl::Status s = ChargePool(tenant, *size); !s.ok()) return s;
   // Claim the key with a slotless placeholder (as Reserve does): a concurrent store of the key
   // is told it is in progress, and no shard lock is held while allocating (which may evict).
   const uint64_t gen = next_gen_.fetch_add(1, std::memory_order_relaxed);
@@ -79,7 +120,10 @@ absl::Status PageCache::Promote(const IndexKey& key) {
   {
     absl::MutexLock lock(&shard.mu);
     auto [it, inserted] = shard.map.try_emplace(key);
-    if (!inserted) return absl::OkStatus();  // in the pool already (or being stored)
+    if (!inserted) {
+      tenant.Refund(Quota::kPoolBytes, *size);
+      return absl::OkStatus();  // in the pool already (or being stored)
+    }
     it->second.gen = gen;
     it->second.kind = static_cast<PageKind>(kind);
     it->second.page_bytes = *size;
@@ -103,10 +147,12 @@ absl::Status PageCache::Promote(const IndexKey& key) {
     if (!read.ok()) {
       if (ours) shard.map.erase(it);
       if (off.ok()) pool_->Unref(*off);
+      tenant.Refund(Quota::kPoolBytes, *size);
       return read;
     }
     if (!ours) {
       pool_->Unref(*off);
+      tenant.Refund(Quota::kPoolBytes, *size);
       return absl::OkStatus();
     }
     Entry& e = it->second;
@@ -116,8 +162,7 @@ absl::Status PageCache::Promote(const IndexKey& key) {
     e.token_count = hdr->token_count;
     e.referenced = true;
     e.in_tier = true;
-    // The tier runs only without configured tenants (config validation): the default tenant's.
-    e.owner = 0;
+    e.owner = tenant.id();  // charged above; EraseCommittedLocked refunds it
     shard.ring.push_back({key, gen});
     {
       absl::MutexLock off_lock(&offsets_mu_);
@@ -125,10 +170,7 @@ absl::Status PageCache::Promote(const IndexKey& key) {
     }
   }
   counters_.pages.fetch_add(1, std::memory_order_relaxed);
-  if (Tenant* t = tenants_->tenant(0)) {
-    (void)t->Charge(Quota::kPoolBytes, *size);  // unlimited: only counted
-    t->pages.fetch_add(1, std::memory_order_relaxed);
-  }
+  tenant.pages.fetch_add(1, std::memory_order_relaxed);
   TierCounters& tc = tier_->mutable_counters();
   tc.promotions.fetch_add(1, std::memory_order_relaxed);
   tc.promoted_bytes.fetch_add(*size, std::memory_order_relaxed);

@@ -24,7 +24,10 @@ int64_t NowNanos() {
 constexpr size_t kMaxBatchPages = 64;
 constexpr uint64_t kMaxBatchBytes = 16ull << 20;
 
-constexpr char kCodecsMagic[8] = {'O', 'K', 'V', 'C', 'O', 'D', 'E', '1'};
+// Version 1: records of (u32 length, profile). Version 2: records of (u32 length, namespace
+// label, u32 length, profile).
+constexpr char kCodecsMagic1[8] = {'O', 'K', 'V', 'C', 'O', 'D', 'E', '1'};
+constexpr char kCodecsMagic[8] = {'O', 'K', 'V', 'C', 'O', 'D', 'E', '2'};
 constexpr size_t kMaxCodecRecord = 1 << 16;
 
 absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
@@ -341,13 +344,16 @@ absl::Status PageTier::Delete(const tiering::TierKey& key) {
   return s;
 }
 
-uint64_t PageTier::Clear(const CodecId* codec) {
+uint64_t PageTier::Clear(const CodecId* codec, uint64_t ns) {
+  auto matches = [&](const tiering::TierKey& k) {
+    return codec == nullptr || (k.codec == *codec && k.ns == ns);
+  };
   uint64_t removed = 0;
   {
     absl::MutexLock l(&mu_);
     for (auto it = pending_.begin(); it != pending_.end();) {
       auto cur = it++;
-      if (codec != nullptr && !(cur->first.codec == *codec)) continue;
+      if (!matches(cur->first)) continue;
       queued_bytes_ -= cur->second.bytes->size();
       pending_.erase(cur);
       ++removed;
@@ -356,7 +362,7 @@ uint64_t PageTier::Clear(const CodecId* codec) {
   }
   std::vector<tiering::TierKey> keys;
   store_->ForEachKey([&](const tiering::TierKey& k, uint64_t) {
-    if (codec == nullptr || k.codec == *codec) keys.push_back(k);
+    if (matches(k)) keys.push_back(k);
   });
   absl::MutexLock io(&io_mu_);
   for (const auto& k : keys) removed += store_->Delete(k).ok();
@@ -381,13 +387,25 @@ uint64_t PageTier::queued_bytes() const {
   return queued_bytes_;
 }
 
-absl::Status PageTier::SaveCodecs(const std::vector<std::string>& profiles) {
+uint64_t PageTier::NamespaceTag(std::string_view label) {
+  if (label.empty()) return 0;
+  uint64_t h = 14695981039346656037ull;
+  for (char c : label) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+
+absl::Status PageTier::SaveCodecs(const std::vector<SavedCodec>& codecs) {
   absl::MutexLock l(&codecs_mu_);
   std::string data(kCodecsMagic, sizeof(kCodecsMagic));
-  for (const std::string& p : profiles) {
-    const uint32_t n = static_cast<uint32_t>(p.size());
-    data.append(reinterpret_cast<const char*>(&n), 4);
-    data.append(p);
+  for (const SavedCodec& c : codecs) {
+    for (const std::string* p : {&c.ns, &c.profile}) {
+      const uint32_t n = static_cast<uint32_t>(p->size());
+      data.append(reinterpret_cast<const char*>(&n), 4);
+      data.append(*p);
+    }
   }
   const std::string path = (std::filesystem::path(options_.path) / "codecs").string();
   const std::string tmp = path + ".tmp";
@@ -413,11 +431,11 @@ absl::Status PageTier::SaveCodecs(const std::vector<std::string>& profiles) {
   return s;
 }
 
-absl::StatusOr<std::vector<std::string>> PageTier::LoadCodecs() const {
+absl::StatusOr<std::vector<PageTier::SavedCodec>> PageTier::LoadCodecs() const {
   absl::MutexLock l(&codecs_mu_);
   const std::string path = (std::filesystem::path(options_.path) / "codecs").string();
   std::ifstream in(path, std::ios::binary);
-  std::vector<std::string> out;
+  std::vector<SavedCodec> out;
   if (!in) return out;  // a new tier
   std::stringstream ss;
   ss << in.rdbuf();
@@ -427,19 +445,26 @@ absl::StatusOr<std::vector<std::string>> PageTier::LoadCodecs() const {
                                             "); move it away to start the tier without its "
                                             "codecs"));
   };
-  if (data.size() < sizeof(kCodecsMagic) ||
-      std::memcmp(data.data(), kCodecsMagic, sizeof(kCodecsMagic)) != 0) {
+  if (data.size() < sizeof(kCodecsMagic)) return bad("bad magic");
+  const bool v1 = std::memcmp(data.data(), kCodecsMagic1, sizeof(kCodecsMagic1)) == 0;
+  if (!v1 && std::memcmp(data.data(), kCodecsMagic, sizeof(kCodecsMagic)) != 0) {
     return bad("bad magic");
   }
   size_t pos = sizeof(kCodecsMagic);
-  while (pos < data.size()) {
+  auto field = [&](std::string* f) {
     uint32_t n = 0;
-    if (data.size() - pos < 4) return bad("truncated");
+    if (data.size() - pos < 4) return false;
     std::memcpy(&n, data.data() + pos, 4);
     pos += 4;
-    if (n > kMaxCodecRecord || data.size() - pos < n) return bad("truncated record");
-    out.emplace_back(data.substr(pos, n));
+    if (n > kMaxCodecRecord || data.size() - pos < n) return false;
+    *f = data.substr(pos, n);
     pos += n;
+    return true;
+  };
+  while (pos < data.size()) {
+    SavedCodec c;  // a version-1 record has no namespace: "" (a daemon without tenants)
+    if ((!v1 && !field(&c.ns)) || !field(&c.profile)) return bad("truncated record");
+    out.push_back(std::move(c));
   }
   return out;
 }

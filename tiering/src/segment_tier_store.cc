@@ -697,7 +697,8 @@ class SegmentTierStore final : public TierStore {
     {
       std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
       for (it->SeekToFirst(); it->Valid(); it->Next()) {
-        if (it->key().size() != 32) continue;  // the format record
+        // Index keys are 32 bytes, or 40 with a namespace tag; the format record is neither.
+        if (it->key().size() != 32 && it->key().size() != 40) continue;
         auto key = TierKey::FromBytes(std::string_view(it->key().data(), it->key().size()));
         Location loc;
         auto sz = sizes.end();

@@ -11,19 +11,27 @@
 namespace oscarkv::tiering {
 
 std::string TierKey::Bytes() const {
-  std::string out(32, '\0');
+  std::string out(ns == 0 ? 32 : 40, '\0');
   std::memcpy(out.data(), codec.bytes.data(), 16);
   std::memcpy(out.data() + 16, block.bytes.data(), 16);
+  for (int i = 0; ns != 0 && i < 8; ++i) out[32 + i] = static_cast<char>((ns >> (8 * i)) & 0xff);
   return out;
 }
 
 absl::StatusOr<TierKey> TierKey::FromBytes(std::string_view bytes) {
-  if (bytes.size() != 32) {
-    return absl::InvalidArgumentError(absl::StrCat("tier key must be 32 bytes, got ", bytes.size()));
+  if (bytes.size() != 32 && bytes.size() != 40) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tier key must be 32 or 40 bytes, got ", bytes.size()));
   }
   TierKey k;
   std::memcpy(k.codec.bytes.data(), bytes.data(), 16);
   std::memcpy(k.block.bytes.data(), bytes.data() + 16, 16);
+  for (size_t i = 32; i < bytes.size(); ++i) {
+    k.ns |= uint64_t{static_cast<uint8_t>(bytes[i])} << (8 * (i - 32));
+  }
+  if (bytes.size() == 40 && k.ns == 0) {
+    return absl::InvalidArgumentError("a 40-byte tier key with namespace tag 0");
+  }
   return k;
 }
 

@@ -50,6 +50,7 @@
 #include "oscarkv/service/cache_types.h"
 #include "oscarkv/service/caller.h"
 #include "oscarkv/service/tenants.h"
+#include "oscarkv/tiering/tier_store.h"
 #include "oscarkv/util/clock.h"
 
 namespace oscarkv::service {
@@ -268,7 +269,11 @@ class PageCache {
   void DemoteEvicted(const IndexKey& key, uint64_t offset, uint64_t page_bytes, bool in_tier);
   // Reads `key` from the SSD tier into a new committed pool entry. OK when the key is in the
   // pool afterwards (also when another caller put it there first).
-  absl::Status Promote(const IndexKey& key);
+  // Charges `tenant` (its pool_mb quota) for the promoted page.
+  absl::Status Promote(const IndexKey& key, Tenant& tenant);
+  // The SSD tier's key of a page, and the label of namespace `ns` there ("" without tenants).
+  tiering::TierKey TierKeyOf(const IndexKey& key) const;
+  std::string TierNamespaceLabel(uint32_t ns) const;
   bool InTier(const IndexKey& key);
   // OK when the tier held the key, NOT_FOUND when not.
   absl::Status DeleteFromTier(const IndexKey& key);

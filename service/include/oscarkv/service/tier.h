@@ -13,10 +13,12 @@
 //   (the entry is removed, so it is a miss from then on and never served). ReadInto reads
 //   straight into the caller's buffer (a pool slot), which must be SizeOf bytes.
 // * Codec registrations live in <path>/codecs (rewritten atomically -- temp file, fsync,
-//   rename -- on every new registration), the pages in <path>/segments with their index in
-//   <path>/index (RocksDB; docs/FORMAT.md §5). A restarted daemon re-registers the codecs, then
-//   serves every page the store recovered; recovery reads the index records and the segment
-//   files' sizes, never page bytes.
+//   rename -- on every new registration), each with the namespace it belongs to ("" without
+//   tenants, else "tenant:<name>" / "shared:<name>"); a page's key carries that namespace's
+//   tag (NamespaceTag), so a restarted daemon gives every page back to its owner. The pages
+//   are in <path>/segments with their index in <path>/index (RocksDB; docs/FORMAT.md §5). A
+//   restarted daemon re-registers the codecs, then serves every page the store recovered;
+//   recovery reads the index records and the segment files' sizes, never page bytes.
 // * What survives: once the writer has put a page (its bytes and then its index record are
 //   written to the OS) it survives kill -9. It is on the device after the next sync: the
 //   writer syncs (fdatasync of segments and index log) after `sync_interval` without new
@@ -35,6 +37,7 @@
 #include <new>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -117,14 +120,24 @@ class PageTier {
   bool KeepsCopy(const tiering::TierKey& key);
   // OK when something was removed, NOT_FOUND when the key was in neither queue nor store.
   absl::Status Delete(const tiering::TierKey& key);
-  // Removes every page (of one codec when `codec` is set); returns how many.
-  uint64_t Clear(const CodecId* codec);
+  // Removes every page (of one codec in namespace tag `ns` when `codec` is set); returns how
+  // many.
+  uint64_t Clear(const CodecId* codec, uint64_t ns = 0);
   // Waits until every queued page is in the store, or the deadline; true when drained.
   bool Flush(absl::Time deadline);
 
-  // Persisted codec registrations: serialized oscarkv.v1.CodecProfile messages, in order.
-  absl::Status SaveCodecs(const std::vector<std::string>& profiles);
-  absl::StatusOr<std::vector<std::string>> LoadCodecs() const;
+  // Persisted codec registrations, in order: the namespace label ("" without tenants,
+  // "tenant:<name>", "shared:<name>") and the serialized oscarkv.v1.CodecProfile. A codecs file
+  // written before namespaces (docs/FORMAT.md §5) loads with every label "".
+  struct SavedCodec {
+    std::string ns;
+    std::string profile;
+  };
+  absl::Status SaveCodecs(const std::vector<SavedCodec>& codecs);
+  absl::StatusOr<std::vector<SavedCodec>> LoadCodecs() const;
+  // The tier key tag of a namespace label: 0 for "", else a fixed 64-bit hash (FNV-1a) of the
+  // label that is never 0 -- stable across restarts and builds.
+  static uint64_t NamespaceTag(std::string_view label);
 
   tiering::TierStats store_stats() { return store_->Stats(); }
   uint64_t queued_bytes() const;

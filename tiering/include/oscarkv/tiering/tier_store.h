@@ -35,12 +35,16 @@ namespace oscarkv::tiering {
 struct TierKey {
   CodecId codec;
   BlockKey block;
-  std::string Bytes() const;  // 32 bytes: codec id then block key
+  // The owning namespace's tag (0: a daemon without tenants; else service::PageTier's tag of the
+  // tenant's or shared namespace's name), so equal block keys of two namespaces never meet.
+  uint64_t ns = 0;
+  // 32 bytes (codec id, block key) when ns is 0 -- the format of old -- else 40 (then ns, LE).
+  std::string Bytes() const;
   static absl::StatusOr<TierKey> FromBytes(std::string_view bytes);
   friend bool operator==(const TierKey&, const TierKey&) = default;
   template <typename H>
   friend H AbslHashValue(H h, const TierKey& k) {
-    return H::combine(std::move(h), k.codec.bytes, k.block);
+    return H::combine(std::move(h), k.codec.bytes, k.block, k.ns);
   }
 };
 
