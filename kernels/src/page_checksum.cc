@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "oscarkv/kernels/page_format.h"
+#include "page_checksum_avx512.h"
 
 namespace oscarkv {
 namespace {
@@ -56,6 +57,9 @@ uint64_t PageChecksummer::Digest() const { return XXH3_64bits_digest(&state_->xx
 
 uint64_t CopyPageWithChecksum(std::span<uint8_t> dst, std::span<const uint8_t> src) {
   const size_t n = std::min(dst.size(), src.size());
+  if (n >= checksum_internal::kFusedMinBytes && checksum_internal::FusedCopyAvailable()) {
+    return checksum_internal::FusedCopyWithChecksum(dst.data(), src.data(), n);
+  }
   XXH3_state_t state;
   XXH3_64bits_reset(&state);
   const size_t head = std::min(n, kPageHeaderBytes);

@@ -1,5 +1,6 @@
 #include "oscarkv/kernels/page_checksum.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -31,6 +32,23 @@ TEST(PageChecksum, CopyHashesWhatItCopies) {
     EXPECT_EQ(CopyPageWithChecksum(dst, src), ComputePageChecksum(src)) << n;
     EXPECT_EQ(dst, src) << n;
     EXPECT_TRUE(CopyPageVerified(dst, src).ok()) << n;
+  }
+}
+
+// Every length across several of XXH3's 1,024-byte blocks (the fused AVX-512 copy's block,
+// tail-stripe and last-stripe edges), at unaligned source and destination addresses: the
+// copy is exact and its checksum is the library's XXH3 of the page.
+TEST(PageChecksum, FusedCopyMatchesTheLibraryAtEveryLength) {
+  const auto base = RandomPage(4200, 11);
+  for (size_t n = 1000; n <= 4200; ++n) {
+    for (size_t shift : {size_t{0}, size_t{3}}) {
+      std::vector<uint8_t> src(n + shift), dst(n + 5, 0xCD);
+      std::copy(base.begin(), base.begin() + n, src.begin() + shift);
+      const std::span<const uint8_t> s(src.data() + shift, n);
+      const std::span<uint8_t> d(dst.data() + 5, n);
+      ASSERT_EQ(CopyPageWithChecksum(d, s), ComputePageChecksum(s)) << n << " +" << shift;
+      ASSERT_TRUE(std::equal(s.begin(), s.end(), d.begin())) << n << " +" << shift;
+    }
   }
 }
 

@@ -5,7 +5,9 @@
 // The copy runs in chunks of kChecksumChunkBytes; each chunk is hashed right after it was
 // written, while it is still in the core's L2 cache, so the hash costs no memory traffic of
 // its own. The hash is taken over the DESTINATION bytes: what it vouches for is the copy
-// that was made, not only its source.
+// that was made, not only its source. On CPUs with AVX-512F, CopyPageWithChecksum folds each
+// 64-byte stripe into the hash from the very register it stores to the destination
+// (kernels/src/page_checksum_avx512.h): still the bytes written, with no second read at all.
 //
 // Thread-safety: the functions are reentrant; a PageChecksummer is one caller's state.
 #pragma once
