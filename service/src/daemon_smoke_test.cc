@@ -233,6 +233,11 @@ TEST(DaemonSmoke, StoreLookupLoadAndCleanShutdown) {
     EXPECT_EQ(r->status, 200);
     EXPECT_NE(r->body.find("oscarkv_lookups_total 1\n"), std::string::npos);
     EXPECT_NE(r->body.find("oscarkv_pages 2\n"), std::string::npos);
+    // Per-tenant series; without tenants: configured, the one "default" tenant.
+    EXPECT_NE(r->body.find("oscarkv_tenant_pages{tenant=\"default\"} 2\n"), std::string::npos);
+    EXPECT_NE(r->body.find("oscarkv_tenant_quota_refusals_total{tenant=\"default\","
+                           "quota=\"codecs\"} 0\n"),
+              std::string::npos);
     EXPECT_NE(r->body.find("oscarkv_pool_slots_used{slot_bytes=\"832\"} 2\n"), std::string::npos);
     EXPECT_NE(r->body.find("oscarkv_rpc_duration_seconds_count{method=\"Lookup\"} 2"),
               std::string::npos);

@@ -1,6 +1,10 @@
 #include "oscarkv/service/metrics.h"
 
+#include <string>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "oscarkv/service/tier.h"
 
 namespace oscarkv::service {
@@ -43,6 +47,80 @@ void Counter(std::string* out, const char* name, const char* help, uint64_t v) {
 void Gauge(std::string* out, const char* name, const char* help, int64_t v) {
   absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name, " ",
                   v < 0 ? 0 : v, "\n");
+}
+
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string LabelValue(absl::string_view v) {
+  std::string out;
+  for (char ch : v) {
+    if (ch == '\\' || ch == '"') {
+      out += '\\';
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+// The quota label of the per-tenant series (pool usage is in bytes, so not "pool_mb").
+const char* QuotaLabel(Quota q) {
+  return q == Quota::kPoolBytes ? "pool_bytes" : QuotaName(q);
+}
+
+void TenantSeries(const TenantRegistry& reg, std::string* out) {
+  std::vector<std::string> names;
+  for (uint32_t id = 0; id < reg.size(); ++id) {
+    names.push_back(absl::StrCat("tenant=\"", LabelValue(reg.tenant(id)->name()), "\""));
+  }
+  auto family = [&](const char* name, const char* type, const char* help) {
+    absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+  };
+  auto each = [&](const char* name, const char* type, const char* help, auto value) {
+    family(name, type, help);
+    for (uint32_t id = 0; id < reg.size(); ++id) {
+      absl::StrAppend(out, name, "{", names[id], "} ", value(*reg.tenant(id)), "\n");
+    }
+  };
+  each("oscarkv_tenant_pages", "gauge", "Committed pages stored by the tenant.",
+       [](const Tenant& t) { return t.pages.load(std::memory_order_relaxed); });
+  each("oscarkv_tenant_lookups_total", "counter", "Lookup calls of the tenant.",
+       [](const Tenant& t) { return t.lookups.load(std::memory_order_relaxed); });
+  each("oscarkv_tenant_lookup_hits_total", "counter", "Keys the tenant's Lookups found.",
+       [](const Tenant& t) { return t.hits.load(std::memory_order_relaxed); });
+  each("oscarkv_tenant_lookup_misses_total", "counter",
+       "Keys of the tenant's Lookups past the matched prefix.",
+       [](const Tenant& t) { return t.misses.load(std::memory_order_relaxed); });
+  family("oscarkv_tenant_quota_used", "gauge",
+         "What the tenant holds of each quota (pool_bytes: page bytes stored or reserved).");
+  for (uint32_t id = 0; id < reg.size(); ++id) {
+    for (int q = 0; q < kNumQuotas; ++q) {
+      absl::StrAppend(out, "oscarkv_tenant_quota_used{", names[id], ",quota=\"",
+                      QuotaLabel(static_cast<Quota>(q)), "\"} ",
+                      reg.tenant(id)->used(static_cast<Quota>(q)), "\n");
+    }
+  }
+  family("oscarkv_tenant_quota_limit", "gauge",
+         "The tenant's limit of each quota (absent: unlimited; pool_bytes in bytes).");
+  for (uint32_t id = 0; id < reg.size(); ++id) {
+    for (int q = 0; q < kNumQuotas; ++q) {
+      const uint64_t limit = reg.tenant(id)->limit(static_cast<Quota>(q));
+      if (limit == kUnlimited) continue;
+      absl::StrAppend(out, "oscarkv_tenant_quota_limit{", names[id], ",quota=\"",
+                      QuotaLabel(static_cast<Quota>(q)), "\"} ", limit, "\n");
+    }
+  }
+  family("oscarkv_tenant_quota_refusals_total", "counter",
+         "Calls (or Reserve items) of the tenant refused RESOURCE_EXHAUSTED by each quota.");
+  for (uint32_t id = 0; id < reg.size(); ++id) {
+    for (int q = 0; q < kNumQuotas; ++q) {
+      absl::StrAppend(out, "oscarkv_tenant_quota_refusals_total{", names[id], ",quota=\"",
+                      QuotaLabel(static_cast<Quota>(q)), "\"} ",
+                      reg.tenant(id)->refusals(static_cast<Quota>(q)), "\n");
+    }
+  }
 }
 }  // namespace
 
@@ -148,6 +226,7 @@ std::string Metrics::Render(const PageCache& cache) const {
   }
   Gauge(&out, "oscarkv_pool_free_chunks", "Pool chunks not assigned to any page size.",
         static_cast<int64_t>(ps.chunks_free));
+  TenantSeries(cache.tenants(), &out);
 
   if (PageTier* tier = cache.tier()) {
     const tiering::TierStats ts = tier->store_stats();

@@ -256,7 +256,7 @@ absl::StatusOr<uint64_t> PageCache::AllocateSlot(SizeClassId cls) {
 }
 
 absl::Status PageCache::ChargePool(Tenant& t, uint64_t bytes) {
-  absl::Status s = t.Charge(Quota::kPoolBytes, bytes);
+  absl::Status s = t.TryCharge(Quota::kPoolBytes, bytes);
   if (s.ok() || t.limit(Quota::kPoolBytes) == kUnlimited) return s;
   // Over its quota: make room among the tenant's own unpinned pages (each eviction refunds its
   // bytes), never another tenant's. Bounded: every round evicts one page or gives up.
@@ -264,10 +264,11 @@ absl::Status PageCache::ChargePool(Tenant& t, uint64_t bytes) {
   const uint32_t owner = t.id();
   while (!s.ok()) {
     if (!EvictOne(SizeClassId{}, &owner)) {
+      t.CountRefusal(Quota::kPoolBytes);
       return absl::ResourceExhaustedError(absl::StrCat(
           s.message(), ": every page of the tenant is pinned or being stored"));
     }
-    s = t.Charge(Quota::kPoolBytes, bytes);
+    s = t.TryCharge(Quota::kPoolBytes, bytes);
   }
   return s;
 }

@@ -3,9 +3,11 @@
 // by Release and by the reaper, handles closed and expired, pages deleted and evicted), and a
 // tenant over its pool quota evicts only its own pages.
 #include <memory>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "oscarkv/service/config.h"
+#include "oscarkv/service/metrics.h"
 #include "oscarkv/service/page_cache.h"
 #include "test_pages.h"
 
@@ -214,6 +216,66 @@ TEST_F(PageCacheTenantsTest, OverItsPoolQuotaATenantEvictsOnlyItsOwnPages) {
   // Clear gives every byte back.
   ASSERT_TRUE(cache_->Clear(a_, {}).ok());
   EXPECT_EQ(a.used(Quota::kPoolBytes), 0u);
+}
+
+// Per-tenant Prometheus series: pages, lookups, quota use, limits and refusals, labelled by
+// tenant; a store over the pool quota that evicts the tenant's own pages is no refusal, a
+// Reserve item that finds every page of the tenant reserved is one.
+TEST_F(PageCacheTenantsTest, MetricsHaveSeriesPerTenant) {
+  Tenant& a = *tenants_->Find("a");
+  for (uint32_t id : {20, 21}) ASSERT_TRUE(Store(a_, id).ok());
+  ASSERT_TRUE(Store(b_, 20).ok());
+  EXPECT_EQ(Matched(a_, 20), 1u);
+  EXPECT_EQ(Matched(b_, 99), 0u);
+  auto l1 = Pin(a_, {BKey(20), BKey(21)});
+  ASSERT_TRUE(l1.ok()) << l1.status();
+  EXPECT_EQ(Pin(a_, {BKey(20), BKey(21)}).status().code(), Code::kResourceExhausted);
+  EXPECT_EQ(a.refusals(Quota::kPinnedPages), 1u);
+  EXPECT_EQ(a.refusals(Quota::kLeases), 0u);
+  ASSERT_TRUE(cache_->Release(a_, l1->lease_id).ok());
+
+  // 1500 stores into a 1 MiB quota (1260 pages): older pages of a are evicted, nothing refused.
+  for (uint32_t id = 100; id < 1600; ++id) ASSERT_TRUE(Store(a_, id).ok()) << id;
+  EXPECT_EQ(a.refusals(Quota::kPoolBytes), 0u);
+  ASSERT_TRUE(cache_->Clear(a_, {}).ok());
+  // Reserved, uncommitted slots cannot be evicted: past the quota the items are refused.
+  uint32_t refused = 0;
+  for (uint32_t batch = 0; batch < 2; ++batch) {
+    ReserveArgs args;
+    args.codec = codec_;
+    for (uint32_t i = 0; i < 700; ++i) {
+      args.items.push_back({BKey(5000 + batch * 700 + i), PageKind::kInt2});
+    }
+    auto r = cache_->Reserve(a_, args);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (const auto& item : r->items) refused += item.status.code() == Code::kResourceExhausted;
+  }
+  EXPECT_GT(refused, 0u);
+  EXPECT_EQ(a.refusals(Quota::kPoolBytes), refused);
+
+  Metrics m;
+  const std::string text = m.Render(*cache_);
+  auto has = [&](const std::string& line) {
+    EXPECT_NE(text.find("\n" + line + "\n"), std::string::npos) << line << "\n" << text;
+  };
+  has("# TYPE oscarkv_tenant_quota_refusals_total counter");
+  has("oscarkv_tenant_pages{tenant=\"b\"} 1");
+  has("oscarkv_tenant_lookups_total{tenant=\"b\"} 1");
+  has("oscarkv_tenant_lookup_misses_total{tenant=\"b\"} 1");
+  has("oscarkv_tenant_quota_refusals_total{tenant=\"a\",quota=\"pinned_pages\"} 1");
+  has("oscarkv_tenant_quota_refusals_total{tenant=\"a\",quota=\"pool_bytes\"} " +
+      std::to_string(refused));
+  has("oscarkv_tenant_quota_refusals_total{tenant=\"b\",quota=\"pool_bytes\"} 0");
+  has("oscarkv_tenant_quota_used{tenant=\"a\",quota=\"pool_bytes\"} " +
+      std::to_string(a.used(Quota::kPoolBytes)));
+  has("oscarkv_tenant_quota_limit{tenant=\"a\",quota=\"pool_bytes\"} " +
+      std::to_string(a.limit(Quota::kPoolBytes)));
+  has("oscarkv_tenant_quota_limit{tenant=\"a\",quota=\"leases\"} 2");
+  has("oscarkv_tenant_quota_used{tenant=\"b\",quota=\"codecs\"} 1");
+  // b's limits are the defaults (pool_mb: an even share of the pool; pinned_pages 4096).
+  has("oscarkv_tenant_quota_limit{tenant=\"b\",quota=\"pool_bytes\"} " +
+      std::to_string(tenants_->Find("b")->limit(Quota::kPoolBytes)));
+  has("oscarkv_tenant_quota_limit{tenant=\"b\",quota=\"pinned_pages\"} 4096");
 }
 
 }  // namespace

@@ -25,6 +25,12 @@ std::string LimitText(Quota q, uint64_t limit) {
 }  // namespace
 
 absl::Status Tenant::Charge(Quota q, uint64_t n) {
+  absl::Status s = TryCharge(q, n);
+  if (!s.ok()) CountRefusal(q);
+  return s;
+}
+
+absl::Status Tenant::TryCharge(Quota q, uint64_t n) {
   const int i = static_cast<int>(q);
   const uint64_t limit = limits_[i];
   if (limit == kUnlimited) {

@@ -53,9 +53,19 @@ class Tenant {
   }
 
   // Takes `n` of quota `q`; RESOURCE_EXHAUSTED naming the quota (nothing taken) when the
-  // tenant would exceed it.
+  // tenant would exceed it, counted in refusals(q).
   absl::Status Charge(Quota q, uint64_t n);
+  // Charge without counting a refusal: for a caller that may make room and retry (the pool
+  // quota evicts the tenant's own pages first), which calls CountRefusal when it gives up.
+  absl::Status TryCharge(Quota q, uint64_t n);
+  void CountRefusal(Quota q) {
+    refusals_[static_cast<int>(q)].fetch_add(1, std::memory_order_relaxed);
+  }
   void Refund(Quota q, uint64_t n);
+  // Calls refused RESOURCE_EXHAUSTED by quota `q` (per-tenant metrics).
+  uint64_t refusals(Quota q) const {
+    return refusals_[static_cast<int>(q)].load(std::memory_order_relaxed);
+  }
 
   // Figures of this tenant's Stats answer.
   std::atomic<uint64_t> pages{0}, lookups{0}, hits{0}, misses{0};
@@ -66,6 +76,7 @@ class Tenant {
   const bool admin_;
   const std::array<uint64_t, kNumQuotas> limits_;
   std::array<std::atomic<uint64_t>, kNumQuotas> used_{};
+  std::array<std::atomic<uint64_t>, kNumQuotas> refusals_{};
 };
 
 struct Namespace {
