@@ -25,6 +25,7 @@
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
 #include "oscarkv/v1/local_control.h"
 #include "oscarkv/v1/oscarkv.pb.h"
+#include "tenant_pki.h"
 #include "test_util.h"
 
 namespace oscarkv::testing {
@@ -35,49 +36,8 @@ using absl::StatusCode;
 
 constexpr uint32_t kUidA = 64001, kUidB = 64002, kUidStranger = 64003;
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// A CA, a server certificate for 127.0.0.1, and client certificates: tenant-a, tenant-b, admin
-// (subject CNs), "uri" (CN some-workload, URI SAN spiffe://oscarkv.test/tenant-c) and mallory
-// (the right CA, a CN no tenant has).
-class Pki {
- public:
-  Pki() : dir_(::testing::TempDir() + "/tenants_test_" + std::to_string(::getpid())) {
-    const std::string d = dir_;
-    const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
-    std::filesystem::create_directories(d);
-    std::ofstream(d + "/san.cnf") << "subjectAltName = IP:127.0.0.1, DNS:localhost\n";
-    std::ofstream(d + "/uri.cnf") << "subjectAltName = URI:spiffe://oscarkv.test/tenant-c\n";
-    const std::string script =
-        "set -e; cd " + d + ";"
-        " openssl req -x509" + ec + "-days 2 -subj /CN=test-ca -keyout ca.key -out ca.pem;"
-        " openssl req" + ec + "-subj /CN=127.0.0.1 -keyout server.key -out server.csr;"
-        " openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -set_serial 2 -days 2"
-        " -extfile san.cnf -out server.pem;"
-        " n=10; for c in tenant-a tenant-b admin mallory; do n=$((n+1));"
-        "  openssl req" + ec + "-subj /CN=$c -keyout $c.key -out $c.csr;"
-        "  openssl x509 -req -in $c.csr -CA ca.pem -CAkey ca.key -set_serial $n -days 2"
-        "   -out $c.pem; done;"
-        " openssl req" + ec + "-subj /CN=some-workload -keyout uri.key -out uri.csr;"
-        " openssl x509 -req -in uri.csr -CA ca.pem -CAkey ca.key -set_serial 20 -days 2"
-        "  -extfile uri.cnf -out uri.pem";
-    ok_ = std::system(("bash -c '" + script + "' > " + d + "/openssl.log 2>&1").c_str()) == 0;
-  }
-  ~Pki() { std::filesystem::remove_all(dir_); }
-  bool ok() const { return ok_; }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-  std::string log() const { return ReadFile(path("openssl.log")); }
-
- private:
-  std::string dir_;
-  bool ok_ = false;
-};
-
 // The daemon's tenants. tenant-a's quotas are small so each can be exhausted quickly.
-std::string TenantsYaml(const Pki& pki) {
+std::string TenantsYaml(const TenantPki& pki) {
   return "tls:\n  cert: " + pki.path("server.pem") + "\n  key: " + pki.path("server.key") +
          "\n  client_ca: " + pki.path("ca.pem") +
          "\ntenants:\n"
@@ -95,7 +55,7 @@ std::string TenantsYaml(const Pki& pki) {
 
 class TenantsTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { pki_ = new Pki; }
+  static void SetUpTestSuite() { pki_ = new TenantPki("tenants_test"); }
   static void TearDownTestSuite() {
     delete pki_;
     pki_ = nullptr;
@@ -126,50 +86,23 @@ class TenantsTest : public ::testing::Test {
     return c.ok() ? *std::move(c) : nullptr;
   }
 
-  static Pki* pki_;
+  static TenantPki* pki_;
   std::unique_ptr<testing::LocalDaemon> daemon_;
 };
-Pki* TenantsTest::pki_ = nullptr;
-
-// `n` real pages of `codec` (seeds seed..seed+n-1), each its own one-block request.
-struct Pages {
-  std::vector<BlockKey> keys;
-  std::vector<std::vector<uint8_t>> bytes;
-  std::vector<client::PageWrite> writes;
-};
-Pages MakePages(const client::Codec& codec, uint64_t seed, size_t n) {
-  Pages p;
-  for (size_t i = 0; i < n; ++i) {
-    const auto tokens = Tokens(seed + i, codec.profile.page_tokens);
-    p.keys.push_back(client::Client::BlockKeys(codec, tokens)[0]);
-    p.bytes.push_back(MakePage(codec.profile, PageKind::kInt2, seed + i));
-  }
-  for (size_t i = 0; i < n; ++i) p.writes.push_back({p.keys[i], PageKind::kInt2, p.bytes[i]});
-  return p;
-}
-
-uint32_t Found(client::Client& c, const client::Codec& codec, std::span<const BlockKey> keys) {
-  uint32_t hits = 0;
-  for (const BlockKey& k : keys) {
-    auto r = c.Lookup(codec, std::span<const BlockKey>(&k, 1));
-    EXPECT_TRUE(r.ok()) << r.status();
-    hits += r.ok() ? r->matched : 0;
-  }
-  return hits;
-}
+TenantPki* TenantsTest::pki_ = nullptr;
 
 TEST_F(TenantsTest, TenantBCannotFindLoadDeleteClearOrReleaseTenantAsPagesOverGrpc) {
   auto a = As("tenant-a"), b = As("tenant-b");
   ASSERT_TRUE(a && b);
   const client::Codec codec = RegisterRefmodel(*a);
   const client::Codec codec_b = RegisterRefmodel(*b);
-  Pages p = MakePages(codec, 100, 3);
+  TenantPages p = MakeTenantPages(codec, 100, 3);
   auto stored = a->Store(codec, p.writes);
   ASSERT_TRUE(stored.ok()) << stored.status();
   ASSERT_EQ(stored->stored, 3u);
 
   // Same codec, same keys: B finds nothing and loads nothing.
-  EXPECT_EQ(Found(*b, codec_b, p.keys), 0u);
+  EXPECT_EQ(FoundKeys(*b, codec_b, p.keys), 0u);
   auto loaded = b->Load(codec_b, p.keys);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->matched, 0u);
@@ -183,7 +116,7 @@ TEST_F(TenantsTest, TenantBCannotFindLoadDeleteClearOrReleaseTenantAsPagesOverGr
   cleared = b->Clear(&codec_b.id, true);
   ASSERT_TRUE(cleared.ok());
   EXPECT_EQ(*cleared, 0u);
-  EXPECT_EQ(Found(*a, codec, p.keys), 3u);
+  EXPECT_EQ(FoundKeys(*a, codec, p.keys), 3u);
 
   // Equal block keys of two tenants never deduplicate: B stores its own copy.
   stored = b->Store(codec_b, p.writes);
@@ -214,7 +147,7 @@ TEST_F(TenantsTest, HandlesOpenAndCloseOnlyForTheirTenant) {
   ASSERT_TRUE(ha.ok() && hb.ok()) << ha.status() << hb.status();
   const client::Codec codec = RegisterRefmodel((*ha)->client());
   RegisterRefmodel((*hb)->client());
-  Pages p = MakePages(codec, 200, 2);
+  TenantPages p = MakeTenantPages(codec, 200, 2);
   ASSERT_TRUE((*ha)->client().Store(codec, p.writes).ok());
   ASSERT_TRUE((*ha)->PublishKeys(codec, "req-1", p.keys, "meta").ok());
 
@@ -227,7 +160,7 @@ TEST_F(TenantsTest, HandlesOpenAndCloseOnlyForTheirTenant) {
   ASSERT_TRUE(mine.ok()) << mine.status();
   EXPECT_EQ(mine->pages.size(), 2u);
   // Names are per tenant: B may use the same name for its own handle.
-  Pages q = MakePages(codec, 300, 1);
+  TenantPages q = MakeTenantPages(codec, 300, 1);
   ASSERT_TRUE((*hb)->client().Store(codec, q.writes).ok());
   EXPECT_TRUE((*hb)->PublishKeys(codec, "req-1", q.keys, "").ok());
   EXPECT_TRUE((*ha)->Close("req-1").ok());
@@ -244,7 +177,7 @@ TEST_F(TenantsTest, CertificatesThatNameNoTenantAreRefused) {
   auto c = As("uri");
   ASSERT_NE(c, nullptr);
   const client::Codec codec = RegisterRefmodel(*c);
-  Pages p = MakePages(codec, 400, 1);
+  TenantPages p = MakeTenantPages(codec, 400, 1);
   auto stored = c->Store(codec, p.writes);
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_EQ(stored->stored, 1u);
@@ -254,8 +187,8 @@ TEST_F(TenantsTest, AdminClearsEveryTenantAndSeesEveryonesStats) {
   auto a = As("tenant-a"), b = As("tenant-b"), admin = As("admin");
   ASSERT_TRUE(a && b && admin);
   const client::Codec ca = RegisterRefmodel(*a), cb = RegisterRefmodel(*b);
-  ASSERT_TRUE(a->Store(ca, MakePages(ca, 500, 2).writes).ok());
-  Pages pb_pages = MakePages(cb, 600, 3);
+  ASSERT_TRUE(a->Store(ca, MakeTenantPages(ca, 500, 2).writes).ok());
+  TenantPages pb_pages = MakeTenantPages(cb, 600, 3);
   ASSERT_TRUE(b->Store(cb, pb_pages.writes).ok());
   auto pinned = b->Lookup(cb, pb_pages.keys, {.pin = true});
   ASSERT_TRUE(pinned.ok());
@@ -271,7 +204,7 @@ TEST_F(TenantsTest, AdminClearsEveryTenantAndSeesEveryonesStats) {
   cleared = admin->Clear(nullptr, /*include_pinned=*/true);
   ASSERT_TRUE(cleared.ok()) << cleared.status();
   EXPECT_EQ(*cleared, 3u);
-  EXPECT_EQ(Found(*b, cb, pb_pages.keys), 0u);
+  EXPECT_EQ(FoundKeys(*b, cb, pb_pages.keys), 0u);
   EXPECT_TRUE(b->Release(*pinned).ok());
 }
 
@@ -279,9 +212,9 @@ TEST_F(TenantsTest, AdminClearsEveryTenantAndSeesEveryonesStats) {
 TEST_F(TenantsTest, OnlyTheAdminGetsTheWholePoolUcxKey) {
   auto get = [&](const std::string& cert) {
     grpc::SslCredentialsOptions o;
-    o.pem_root_certs = ReadFile(pki_->path("ca.pem"));
-    o.pem_private_key = ReadFile(pki_->path(cert + ".key"));
-    o.pem_cert_chain = ReadFile(pki_->path(cert + ".pem"));
+    o.pem_root_certs = ReadTextFile(pki_->path("ca.pem"));
+    o.pem_private_key = ReadTextFile(pki_->path(cert + ".key"));
+    o.pem_cert_chain = ReadTextFile(pki_->path(cert + ".pem"));
     auto stub = pb::KvCache::NewStub(
         grpc::CreateChannel(daemon_->address(), grpc::SslCredentials(o)));
     grpc::ClientContext ctx;
@@ -305,9 +238,9 @@ TEST_F(TenantsTest, SharedNamespaceIsSharedByItsMembersOnly) {
   auto a = As("tenant-a", "common"), b = As("tenant-b", "common");
   ASSERT_TRUE(a && b);
   const client::Codec ca = RegisterRefmodel(*a), cb = RegisterRefmodel(*b);
-  Pages p = MakePages(ca, 700, 2);
+  TenantPages p = MakeTenantPages(ca, 700, 2);
   ASSERT_TRUE(a->Store(ca, p.writes).ok());
-  EXPECT_EQ(Found(*b, cb, p.keys), 2u);
+  EXPECT_EQ(FoundKeys(*b, cb, p.keys), 2u);
   auto loaded = b->Load(cb, p.keys);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->matched, 2u);
@@ -315,7 +248,7 @@ TEST_F(TenantsTest, SharedNamespaceIsSharedByItsMembersOnly) {
   // Outside the namespace, B's own keys do not see them.
   auto own = As("tenant-b");
   const client::Codec co = RegisterRefmodel(*own);
-  EXPECT_EQ(Found(*own, co, p.keys), 0u);
+  EXPECT_EQ(FoundKeys(*own, co, p.keys), 0u);
   // A non-member cannot select it.
   auto c = client::Client::Connect(Options("uri", "common"));
   EXPECT_EQ(c.status().code(), StatusCode::kPermissionDenied) << c.status();
@@ -355,7 +288,7 @@ TEST_F(TenantsTest, CliSharedNamespaceFlag) {
   auto a = As("tenant-a", "common");
   ASSERT_TRUE(a);
   const client::Codec codec = RegisterRefmodel(*a);
-  Pages p = MakePages(codec, 800, 2);
+  TenantPages p = MakeTenantPages(codec, 800, 2);
   ASSERT_TRUE(a->Store(codec, p.writes).ok());
   const std::string keys = " --shape refmodel --keys " + p.keys[0].Hex() + "," + p.keys[1].Hex();
   auto as = [&](const std::string& who) {
@@ -468,7 +401,7 @@ TEST_F(TenantsTest, LocalSocketPeersAreTheTenantsTheirUidsMapTo) {
   ASSERT_TRUE(a && b);
   const client::Codec codec = RegisterRefmodel(*a);
   RegisterRefmodel(*b);
-  Pages p = MakePages(codec, 800, 2);
+  TenantPages p = MakeTenantPages(codec, 800, 2);
   ASSERT_TRUE(a->Store(codec, p.writes).ok());
   const std::string path = daemon_->local_socket();
   ASSERT_FALSE(path.empty());
@@ -545,9 +478,9 @@ TEST_F(TenantsTest, LeaseAndPinnedPageQuotas) {
   auto a = As("tenant-a"), b = As("tenant-b");
   ASSERT_TRUE(a && b);
   const client::Codec ca = RegisterRefmodel(*a), cb = RegisterRefmodel(*b);
-  Pages p = MakePages(ca, 900, 8);
+  TenantPages p = MakeTenantPages(ca, 900, 8);
   ASSERT_TRUE(a->Store(ca, p.writes).ok());
-  Pages q = MakePages(cb, 950, 2);
+  TenantPages q = MakeTenantPages(cb, 950, 2);
   ASSERT_TRUE(b->Store(cb, q.writes).ok());
   // pinned_pages 16: two leases of 8 pages fill it; a third page is over.
   std::vector<client::LookupResult> held;
@@ -561,7 +494,7 @@ TEST_F(TenantsTest, LeaseAndPinnedPageQuotas) {
   EXPECT_NE(over.status().message().find("pinned_pages quota"), absl::string_view::npos);
   EXPECT_TRUE(b->Lookup(cb, q.keys, {.pin = true}).ok());
   // A probe (no pin) still works for A.
-  EXPECT_EQ(Found(*a, ca, p.keys), 8u);
+  EXPECT_EQ(FoundKeys(*a, ca, p.keys), 8u);
   for (auto& l : held) ASSERT_TRUE(a->Release(l).ok());
   held.clear();
   // leases 4: four one-page leases, the fifth is over.
@@ -584,7 +517,7 @@ TEST_F(TenantsTest, HandleQuota) {
   ASSERT_TRUE(ha.ok() && hb.ok());
   const client::Codec ca = RegisterRefmodel((*ha)->client());
   const client::Codec cb = RegisterRefmodel((*hb)->client());
-  Pages p = MakePages(ca, 1000, 1);
+  TenantPages p = MakeTenantPages(ca, 1000, 1);
   ASSERT_TRUE((*ha)->client().Store(ca, p.writes).ok());
   ASSERT_TRUE((*hb)->client().Store(cb, p.writes).ok());
   ASSERT_TRUE((*ha)->PublishKeys(ca, "h1", p.keys, "").ok());
@@ -605,12 +538,12 @@ TEST_F(TenantsTest, PoolQuotaAndAFloodingTenantLeaveTheOtherWorking) {
   const client::Codec ca = RegisterRefmodel(*a), cb = RegisterRefmodel(*b);
   const size_t fit = (size_t{1} << 20) / ca.int2_page_bytes;
   ASSERT_GE(fit, 2u);
-  Pages mine = MakePages(cb, 5000, 16);
+  TenantPages mine = MakeTenantPages(cb, 5000, 16);
   ASSERT_TRUE(b->Store(cb, mine.writes).ok());
 
   // tenant-a floods: stores 3x its quota, pins to its limits, registers codecs, while tenant-b
   // looks up its 16 pages.
-  Pages flood = MakePages(ca, 6000, 3 * fit);
+  TenantPages flood = MakeTenantPages(ca, 6000, 3 * fit);
   std::atomic<bool> done{false};
   std::atomic<int> flood_errors{0};
   std::thread flooder([&] {
@@ -646,24 +579,24 @@ TEST_F(TenantsTest, PoolQuotaAndAFloodingTenantLeaveTheOtherWorking) {
   ASSERT_TRUE(sa.ok());
   EXPECT_LE(sa->pool_used_bytes, uint64_t{1} << 20);
   EXPECT_GE(sa->pages, 1u);
-  EXPECT_EQ(Found(*b, cb, mine.keys), 16u);
+  EXPECT_EQ(FoundKeys(*b, cb, mine.keys), 16u);
 
   // Everything of tenant-a pinned: nothing of its own to evict, so over its quota.
-  Pages last = MakePages(ca, 7000, fit);
+  TenantPages last = MakeTenantPages(ca, 7000, fit);
   ASSERT_TRUE(a->Clear(nullptr, true).ok());
   auto st = a->Store(ca, last.writes);
   ASSERT_TRUE(st.ok()) << st.status();
   EXPECT_EQ(st->stored, fit);
   auto pinned = a->Lookup(ca, last.keys, {.pin = true});
   ASSERT_TRUE(pinned.ok()) << pinned.status();
-  Pages extra = MakePages(ca, 8000, 1);
+  TenantPages extra = MakeTenantPages(ca, 8000, 1);
   st = a->Store(ca, extra.writes);
   ASSERT_TRUE(st.ok()) << st.status();
   ASSERT_EQ(st->item_status.size(), 1u);
   EXPECT_EQ(st->item_status[0].code(), StatusCode::kResourceExhausted) << st->item_status[0];
   EXPECT_NE(st->item_status[0].message().find("pool_mb quota"), absl::string_view::npos)
       << st->item_status[0];
-  EXPECT_TRUE(b->Store(cb, MakePages(cb, 9000, 2).writes).ok());
+  EXPECT_TRUE(b->Store(cb, MakeTenantPages(cb, 9000, 2).writes).ok());
   EXPECT_TRUE(a->Release(*pinned).ok());
 }
 

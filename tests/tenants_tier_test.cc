@@ -15,49 +15,15 @@
 #include <string>
 #include <vector>
 
+#include "tenant_pki.h"
 #include "test_util.h"
 
 namespace oscarkv::testing {
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// A CA, a server certificate for 127.0.0.1 and client certificates with CNs tenant-a, tenant-b.
-class Pki {
- public:
-  Pki() : dir_(::testing::TempDir() + "/tenants_tier_test_" + std::to_string(::getpid())) {
-    const std::string d = dir_;
-    const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
-    std::filesystem::create_directories(d);
-    std::ofstream(d + "/san.cnf") << "subjectAltName = IP:127.0.0.1, DNS:localhost\n";
-    const std::string script =
-        "set -e; cd " + d + ";"
-        " openssl req -x509" + ec + "-days 2 -subj /CN=test-ca -keyout ca.key -out ca.pem;"
-        " openssl req" + ec + "-subj /CN=127.0.0.1 -keyout server.key -out server.csr;"
-        " openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -set_serial 2 -days 2"
-        " -extfile san.cnf -out server.pem;"
-        " n=10; for c in tenant-a tenant-b; do n=$((n+1));"
-        "  openssl req" + ec + "-subj /CN=$c -keyout $c.key -out $c.csr;"
-        "  openssl x509 -req -in $c.csr -CA ca.pem -CAkey ca.key -set_serial $n -days 2"
-        "   -out $c.pem; done";
-    ok_ = std::system(("bash -c '" + script + "' > " + d + "/openssl.log 2>&1").c_str()) == 0;
-  }
-  ~Pki() { std::filesystem::remove_all(dir_); }
-  bool ok() const { return ok_; }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-  std::string log() const { return ReadFile(path("openssl.log")); }
-
- private:
-  std::string dir_;
-  bool ok_ = false;
-};
-
 // tenant-a's pool_mb (1) is below its pages; tenant-b gets the default share of the 8 MiB pool
 // (8 / 3 tenants = 2 MiB).
-std::string TenantsYaml(const Pki& pki) {
+std::string TenantsYaml(const TenantPki& pki) {
   return "tls:\n  cert: " + pki.path("server.pem") + "\n  key: " + pki.path("server.key") +
          "\n  client_ca: " + pki.path("ca.pem") +
          "\ntenants:\n"
@@ -68,37 +34,9 @@ std::string TenantsYaml(const Pki& pki) {
          "    role: admin\n";
 }
 
-// `n` real pages of `codec` (seeds seed..seed+n-1), each its own one-block request.
-struct Pages {
-  std::vector<BlockKey> keys;
-  std::vector<std::vector<uint8_t>> bytes;
-  std::vector<client::PageWrite> writes;
-};
-Pages MakePages(const client::Codec& codec, uint64_t seed, size_t n) {
-  Pages p;
-  for (size_t i = 0; i < n; ++i) {
-    const auto tokens = Tokens(seed + i, codec.profile.page_tokens);
-    p.keys.push_back(client::Client::BlockKeys(codec, tokens)[0]);
-    p.bytes.push_back(MakePage(codec.profile, PageKind::kInt2, seed + i));
-  }
-  for (size_t i = 0; i < n; ++i) p.writes.push_back({p.keys[i], PageKind::kInt2, p.bytes[i]});
-  return p;
-}
-
-// Keys a probe (Lookup without pin) finds, one key per call: pool and tier pages count.
-uint32_t Found(client::Client& c, const client::Codec& codec, std::span<const BlockKey> keys) {
-  uint32_t hits = 0;
-  for (const BlockKey& k : keys) {
-    auto r = c.Lookup(codec, std::span<const BlockKey>(&k, 1));
-    EXPECT_TRUE(r.ok()) << r.status();
-    hits += r.ok() ? r->matched : 0;
-  }
-  return hits;
-}
-
 class TenantsTierTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { pki_ = new Pki; }
+  static void SetUpTestSuite() { pki_ = new TenantPki("tenants_tier_test"); }
   static void TearDownTestSuite() {
     delete pki_;
     pki_ = nullptr;
@@ -122,7 +60,7 @@ class TenantsTierTest : public ::testing::Test {
     return daemon_ != nullptr;
   }
   // Per key: 1 = the tenant's own bytes, 0 = a miss; other bytes fail the test.
-  static size_t LoadOwn(client::Client& c, const client::Codec& codec, const Pages& p) {
+  static size_t LoadOwn(client::Client& c, const client::Codec& codec, const TenantPages& p) {
     size_t own = 0;
     for (size_t i = 0; i < p.keys.size(); ++i) {
       auto r = c.Load(codec, std::span<const BlockKey>(&p.keys[i], 1));
@@ -144,11 +82,11 @@ class TenantsTierTest : public ::testing::Test {
     EXPECT_TRUE(c.ok()) << cert << ": " << c.status();
     return c.ok() ? *std::move(c) : nullptr;
   }
-  static Pki* pki_;
+  static TenantPki* pki_;
   std::unique_ptr<testing::LocalDaemon> daemon_;
   std::string tier_;
 };
-Pki* TenantsTierTest::pki_ = nullptr;
+TenantPki* TenantsTierTest::pki_ = nullptr;
 
 TEST_F(TenantsTierTest, EachTenantGetsBackOnlyItsOwnTierPagesAcrossARestart) {
   auto a = As("tenant-a"), b = As("tenant-b");
@@ -156,14 +94,14 @@ TEST_F(TenantsTierTest, EachTenantGetsBackOnlyItsOwnTierPagesAcrossARestart) {
   client::Codec ca = RegisterRefmodel(*a), cb = RegisterRefmodel(*b);
   ASSERT_EQ(ca.id, cb.id);
   constexpr size_t kPages = 40;  // ~3 MiB each: over A's 1 MiB and B's 2 MiB pool_mb
-  const Pages pa = MakePages(ca, 500, kPages);
-  Pages pb = pa;  // the same block keys, other bytes
+  const TenantPages pa = MakeTenantPages(ca, 500, kPages);
+  TenantPages pb = pa;  // the same block keys, other bytes
   for (size_t i = 0; i < kPages; ++i) {
     pb.bytes[i] = MakePage(cb.profile, PageKind::kInt2, 9000 + i);
     pb.writes[i] = {pb.keys[i], PageKind::kInt2, pb.bytes[i]};
   }
   for (size_t i = 0; i < kPages; i += 8) {
-    const auto w = [&](const Pages& p) {
+    const auto w = [&](const TenantPages& p) {
       return std::span<const client::PageWrite>(p.writes).subspan(i, 8);
     };
     auto sa = a->Store(ca, w(pa));
@@ -206,21 +144,21 @@ TEST_F(TenantsTierTest, EachTenantGetsBackOnlyItsOwnTierPagesAcrossARestart) {
   auto cleared = b->Clear(nullptr, /*include_pinned=*/true);
   ASSERT_TRUE(cleared.ok()) << cleared.status();
   EXPECT_GE(*cleared, kPages);
-  EXPECT_EQ(Found(*b, cb, pb.keys), 0u);
+  EXPECT_EQ(FoundKeys(*b, cb, pb.keys), 0u);
   EXPECT_EQ(LoadOwn(*a, ca, pa), kPages);
   // A's delete of one key leaves B nothing to lose and A without that page, tier included.
   auto del = a->Delete(ca, std::span<const BlockKey>(pa.keys.data(), 1));
   ASSERT_TRUE(del.ok());
   EXPECT_TRUE((*del)[0].ok()) << (*del)[0];
-  EXPECT_EQ(Found(*a, ca, std::span<const BlockKey>(pa.keys.data(), 1)), 0u);
-  EXPECT_EQ(Found(*a, ca, std::span<const BlockKey>(pa.keys).subspan(1)), kPages - 1);
+  EXPECT_EQ(FoundKeys(*a, ca, std::span<const BlockKey>(pa.keys.data(), 1)), 0u);
+  EXPECT_EQ(FoundKeys(*a, ca, std::span<const BlockKey>(pa.keys).subspan(1)), kPages - 1);
   // Clearing A refunds every byte it was charged, promoted pages included.
   ASSERT_TRUE(a->Clear(nullptr, true).ok());
   sa = a->GetStats();
   ASSERT_TRUE(sa.ok());
   EXPECT_EQ(sa->pool_used_bytes, 0u);
   EXPECT_EQ(sa->pages, 0u);
-  EXPECT_EQ(Found(*a, ca, pa.keys), 0u);
+  EXPECT_EQ(FoundKeys(*a, ca, pa.keys), 0u);
 }
 
 // A tier written without tenants -- as a codecs file of before namespaces (OKVCODE1) too -- still
@@ -236,14 +174,14 @@ TEST_F(TenantsTierTest, ATierWrittenWithoutTenantsStaysReadableOrIsRefusedClearl
   auto c = Connect(d->address());
   ASSERT_NE(c, nullptr);
   const client::Codec codec = RegisterRefmodel(*c);
-  const Pages p = MakePages(codec, 700, 4);
+  const TenantPages p = MakeTenantPages(codec, 700, 4);
   ASSERT_TRUE(c->Store(codec, p.writes).ok());
   c.reset();
   ASSERT_EQ(*d->Stop(), 0);  // SIGTERM demotes the pages
 
   // Rewrite the codecs file as the old format: OKVCODE1, records of (u32 length, profile).
   const std::string codecs = tier_ + "/codecs";
-  const std::string v2 = ReadFile(codecs);
+  const std::string v2 = ReadTextFile(codecs);
   ASSERT_EQ(v2.substr(0, 8), "OKVCODE2");
   uint32_t label = 0;
   std::memcpy(&label, v2.data() + 8, 4);
@@ -268,7 +206,7 @@ TEST_F(TenantsTierTest, ATierWrittenWithoutTenantsStaysReadableOrIsRefusedClearl
   o.flags.insert(o.flags.end(), plain.begin(), plain.end());
   auto refused = testing::LocalDaemon::Start(o);
   EXPECT_FALSE(refused.ok());
-  const std::string log = ReadFile(o.log_path);
+  const std::string log = ReadTextFile(o.log_path);
   EXPECT_NE(log.find("holds pages of a daemon without tenants"), std::string::npos) << log;
   EXPECT_NE(log.find("move the directory away"), std::string::npos) << log;
 }
