@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_mutate.h"
 #include "gtest/gtest.h"
 #include "local_frame_fuzzer.h"
 #include "oscarkv/v1/local_control.h"
@@ -70,33 +71,6 @@ std::vector<std::string> Seeds() {
   return seeds;
 }
 
-std::string Mutate(std::string s, std::mt19937& rng, const std::vector<std::string>& seeds) {
-  const int edits = 1 + rng() % 4;
-  for (int e = 0; e < edits; ++e) {
-    switch (rng() % 6) {
-      case 0:
-        if (!s.empty()) s[rng() % s.size()] ^= static_cast<char>(1 << (rng() % 8));
-        break;
-      case 1:
-        if (!s.empty()) s.resize(rng() % s.size());
-        break;
-      case 2:
-        s.insert(s.begin() + (s.empty() ? 0 : rng() % s.size()), static_cast<char>(rng()));
-        break;
-      case 3:
-        if (!s.empty()) s[rng() % s.size()] = static_cast<char>(rng());
-        break;
-      case 4:
-        s += seeds[rng() % seeds.size()];  // splice: another input's records after these
-        break;
-      default:
-        s += s.substr(0, rng() % (s.size() + 1));
-        break;
-    }
-  }
-  return s;
-}
-
 int Feed(const std::string& in) {
   return LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(in.data()), in.size());
 }
@@ -109,7 +83,7 @@ TEST(LocalFrameFuzz, SeedsAndMutationsNeverBreakTheServer) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
   int inputs = 0;
   while (inputs < 20000 && (inputs < 500 || std::chrono::steady_clock::now() < until)) {
-    EXPECT_EQ(Feed(Mutate(seeds[rng() % seeds.size()], rng, seeds)), 0);
+    EXPECT_EQ(Feed(MutateBytes(seeds[rng() % seeds.size()], rng, seeds)), 0);
     ++inputs;
   }
   for (int i = 0; i < 300; ++i) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_mutate.h"
 #include "gtest/gtest.h"
 #include "oscarkv/service/page_cache.h"
 #include "test_pages.h"
@@ -80,30 +81,6 @@ std::vector<std::pair<uint8_t, std::string>> Seeds(std::mt19937& rng) {
   return seeds;
 }
 
-std::string Mutate(std::string s, std::mt19937& rng) {
-  const int edits = 1 + rng() % 4;
-  for (int e = 0; e < edits; ++e) {
-    switch (rng() % 5) {
-      case 0:
-        if (!s.empty()) s[rng() % s.size()] ^= static_cast<char>(1 << (rng() % 8));
-        break;
-      case 1:
-        if (!s.empty()) s.resize(rng() % s.size());
-        break;
-      case 2:
-        s.insert(s.begin() + (s.empty() ? 0 : rng() % s.size()), static_cast<char>(rng()));
-        break;
-      case 3:
-        if (!s.empty()) s[rng() % s.size()] = static_cast<char>(rng());
-        break;
-      default:
-        s += s.substr(0, rng() % (s.size() + 1));
-        break;
-    }
-  }
-  return s;
-}
-
 TEST(RequestFuzz, RandomBytesNeverCrash) {
   std::mt19937 rng(1);
   for (int i = 0; i < 3000; ++i) {
@@ -118,8 +95,8 @@ TEST(RequestFuzz, MutatedValidRequestsNeverCrash) {
   for (int round = 0; round < 400; ++round) {
     for (auto& [op, body] : Seeds(rng)) {
       EXPECT_EQ(Feed(op, body), 0);
-      EXPECT_EQ(Feed(op, Mutate(body, rng)), 0);
-      EXPECT_EQ(Feed(static_cast<uint8_t>(op ^ (rng() % 2 ? 0x80 : 0)), Mutate(body, rng)), 0);
+      EXPECT_EQ(Feed(op, MutateBytes(body, rng)), 0);
+      EXPECT_EQ(Feed(static_cast<uint8_t>(op ^ (rng() % 2 ? 0x80 : 0)), MutateBytes(body, rng)), 0);
     }
   }
   // The inputs got past validation into the real paths, not just parse errors.
