@@ -26,6 +26,7 @@
 #include "oscarkv/v1/local_control.h"
 #include "oscarkv/v1/oscarkv.pb.h"
 #include "tenant_pki.h"
+#include "run_tool.h"
 #include "test_util.h"
 
 namespace oscarkv::testing {
@@ -259,28 +260,14 @@ TEST_F(TenantsTest, SharedNamespaceIsSharedByItsMembersOnly) {
 // refused as the non-member tenant-c.
 TEST_F(TenantsTest, CAbiSharedNamespaceIsSharedByItsMembersOnly) {
   const std::string dir = pki_->path("");
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execl(OSCARKV_C_ABI_TEST_PATH, OSCARKV_C_ABI_TEST_PATH, daemon_->address().c_str(),
-            "--tenants", dir.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  int st = 0;
-  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  std::string out;
+  EXPECT_EQ(RunTool(OSCARKV_C_ABI_TEST_PATH, daemon_->address() + " --tenants " + dir, &out), 0) << out;
 }
 
 #ifdef OSCARKV_CLI_PATH
-// `oscarkv <args>` through the shell: the exit code; stdout and stderr together in *out.
+// `oscarkv <args>`: the exit code; stdout and stderr together in *out.
 int RunCli(const std::string& args, std::string* out) {
-  FILE* p = ::popen((std::string(OSCARKV_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  out->clear();
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
-  const int st = ::pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return RunTool(OSCARKV_CLI_PATH, args, out);
 }
 
 // The operator commands' --shared-namespace: tenant-b looks up what tenant-a stored there.

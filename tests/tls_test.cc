@@ -14,6 +14,7 @@
 #include <string>
 
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
+#include "run_tool.h"
 #include "test_util.h"
 #include "tls_pki.h"
 
@@ -136,28 +137,14 @@ TEST_F(TlsTest, CAbiConnectsOverMutualTls) {
                         pki_->path("server.key"), "--tls-client-ca", pki_->path("ca.pem")});
   ASSERT_NE(d, nullptr);
   const std::string dir = pki_->path("");
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::execl(OSCARKV_C_ABI_TEST_PATH, OSCARKV_C_ABI_TEST_PATH, d->address().c_str(), "--tls",
-            dir.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  int st = 0;
-  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+  std::string out;
+  EXPECT_EQ(RunTool(OSCARKV_C_ABI_TEST_PATH, d->address() + " --tls " + dir, &out), 0) << out;
 }
 
 #ifdef OSCARKV_CLI_PATH
-// `<cli> <args>` through the shell: the exit code, stdout and stderr together in *out.
+// `oscarkv <args>`: the exit code; stdout and stderr together in *out.
 int RunCli(const std::string& args, std::string* out) {
-  FILE* p = ::popen((std::string(OSCARKV_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
-  if (p == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  out->clear();
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out->append(buf, n);
-  const int st = ::pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return RunTool(OSCARKV_CLI_PATH, args, out);
 }
 
 // The operator commands of the `oscarkv` tool with --tls-ca/--tls-cert/--tls-key.
