@@ -276,6 +276,69 @@ TEST(GpuLayoutTest, SyntheticPagesVerifyAndCorruptionIsCaught) {
   EXPECT_EQ(VerifyBuffer(p2, l, buf).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A partial page (token_count < page_tokens) must hold zero bytes in its unused token slots
+// (FORMAT.md §1.1, what the daemon checks at store), and nothing outside the slots is written:
+// the buffer starts as guard bytes and the alignment padding must still hold them afterwards.
+TEST(GpuLayoutTest, SyntheticPartialPagesZeroTheUnusedSlotsAndWriteOnlyTheirSlots) {
+  const CodecProfile prof = Small();
+  const std::vector<PlannedPage> int2_tail = {{PageKind::kInt2, 0, 16}, {PageKind::kInt2, 16, 5}};
+  for (const auto& plan : {PlanSequencePages(prof, 300), AllBf16Plan(prof, 300), int2_tail}) {
+    RequestLayout l = PlanLayout(prof, plan, "partial");
+    ASSERT_LT(l.slots.back().token_count, prof.page_tokens);
+    constexpr uint8_t kGuard = 0xA5;
+    std::vector<uint8_t> buf(l.total_bytes + kSlotAlignment, kGuard);
+    ASSERT_TRUE(FillSynthetic(prof, l, buf, 5, 2).ok());
+    uint64_t end = 0;
+    for (size_t i = 0; i < l.slots.size(); ++i) {
+      const PageSlot& s = l.slots[i];
+      for (uint64_t b = end; b < s.offset; ++b) ASSERT_EQ(buf[b], kGuard) << "padding byte " << b;
+      end = s.offset + s.bytes;
+      const std::span<const uint8_t> page(buf.data() + s.offset, s.bytes);
+      auto h = ParsePageHeader(page, prof);
+      ASSERT_TRUE(h.ok()) << i << ": " << h.status();
+      EXPECT_TRUE(CheckUnusedSlotsZero(page, *h).ok()) << "page " << i << " of " << l.slots.size();
+    }
+    for (uint64_t b = end; b < buf.size(); ++b) ASSERT_EQ(buf[b], kGuard) << "tail byte " << b;
+    EXPECT_TRUE(VerifyBuffer(prof, l, buf).ok());
+
+    // A non-zero byte in the last page's unused slots is caught by the receiver.
+    const PageSlot& last = l.slots.back();
+    std::vector<uint8_t> bad = buf;
+    const PageGeometry g = GeometryFor(prof, last.kind);
+    const size_t unused = g.segment_offset(0, 0, 0) + (last.kind == PageKind::kInt2
+                                                           ? g.code_row_offset(last.token_count)
+                                                           : g.bf16_row_offset(last.token_count));
+    bad[last.offset + unused] = 1;
+    PageHeader h;
+    std::memcpy(&h, bad.data() + last.offset, sizeof(h));
+    h.checksum =
+        ComputePageChecksum(std::span<const uint8_t>(bad).subspan(last.offset, last.bytes));
+    std::memcpy(bad.data() + last.offset, &h, sizeof(h));
+    RequestLayout relabelled = l;
+    relabelled.slots.back().checksum = h.checksum;
+    const absl::Status s = VerifyBuffer(prof, relabelled, bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("unused token slots"), std::string::npos) << s;
+  }
+}
+
+// Slots that do not fit the profile or the buffer are refused before anything is written.
+TEST(GpuLayoutTest, SyntheticRefusesSlotsThatDoNotFit) {
+  const CodecProfile prof = Small();
+  const RequestLayout good = PlanLayout(prof, PlanSequencePages(prof, 100), "x");
+  std::vector<uint8_t> buf(good.total_bytes, 0xA5);
+  RequestLayout l = good;
+  l.slots[1].bytes -= 64;  // shorter than its page
+  EXPECT_EQ(FillSynthetic(prof, l, buf, 1).code(), absl::StatusCode::kInvalidArgument);
+  l = good;
+  l.slots.back().offset = buf.size() - 64;  // runs past the buffer
+  EXPECT_EQ(FillSynthetic(prof, l, buf, 1).code(), absl::StatusCode::kInvalidArgument);
+  l = good;
+  l.slots[0].token_count = prof.page_tokens + 1;
+  EXPECT_EQ(FillSynthetic(prof, l, buf, 1).code(), absl::StatusCode::kInvalidArgument);
+  for (uint8_t b : buf) ASSERT_EQ(b, 0xA5);
+}
+
 TEST(GpuLayoutTest, PacksRealPagesAndUnpacksThemUnchanged) {
   const CodecProfile prof = Small();
   const RotationSet rot = RotationSet::Hadamard(prof.num_layers, prof.num_kv_heads, prof.head_dim);

@@ -119,20 +119,50 @@ absl::Status FillSynthetic(const CodecProfile& profile, RequestLayout& layout,
   if (buffer.size() < layout.total_bytes) {
     return absl::InvalidArgumentError("buffer smaller than the layout");
   }
+  // Every slot must be exactly its page and lie inside the buffer: a layout decoded from JSON
+  // (or edited) is not trusted to have been made by PlanLayout.
+  for (size_t i = 0; i < layout.slots.size(); ++i) {
+    const PageSlot& s = layout.slots[i];
+    const PageGeometry g = GeometryFor(profile, s.kind);
+    if (s.bytes != g.page_bytes() || s.offset > buffer.size() ||
+        buffer.size() - s.offset < s.bytes || s.token_count == 0 ||
+        s.token_count > profile.page_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          SlotName(i, s), ": ", s.bytes, " bytes at offset ", s.offset, ", the profile's page is ",
+          g.page_bytes(), " bytes of up to ", profile.page_tokens, " tokens"));
+    }
+  }
   const CodecId id = profile.Id();
   return ParallelFor(layout.slots.size(), threads, [&](size_t i) -> absl::Status {
     PageSlot& s = layout.slots[i];
     const PageGeometry g = GeometryFor(profile, s.kind);
     std::span<uint8_t> page = buffer.subspan(s.offset, s.bytes);
     uint64_t x = seed * 0x100000001B3ull + i;
-    uint8_t* payload = page.data() + kPageHeaderBytes;
-    const size_t n = g.payload_bytes();
-    size_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-      const uint64_t r = SplitMix(x);
-      std::memcpy(payload + j, &r, 8);
+    // Pseudo-random bytes for the token slots in use, zero bytes for the slots at and past
+    // token_count (FORMAT.md §1.1), so a partial last page is a valid page.
+    auto fill = [&](uint8_t* p, size_t used, size_t total) {
+      size_t j = 0;
+      for (; j + 8 <= used; j += 8) {
+        const uint64_t r = SplitMix(x);
+        std::memcpy(p + j, &r, 8);
+      }
+      for (; j < used; ++j) p[j] = static_cast<uint8_t>(SplitMix(x));
+      std::memset(p + used, 0, total - used);
+    };
+    const size_t tc = s.token_count;
+    for (uint32_t l = 0; l < g.num_layers; ++l) {
+      for (uint32_t kv = 0; kv < 2; ++kv) {
+        for (uint32_t head = 0; head < g.num_kv_heads; ++head) {
+          uint8_t* seg = page.data() + g.segment_offset(l, kv, head);
+          if (s.kind == PageKind::kInt2) {
+            fill(seg, tc * g.code_row_bytes(), g.codes_bytes());
+            fill(seg + g.codes_bytes(), tc * g.groups_per_row() * 4, g.scales_bytes());
+          } else {
+            fill(seg, tc * g.head_dim * 2, g.segment_bytes());
+          }
+        }
+      }
     }
-    for (; j < n; ++j) payload[j] = static_cast<uint8_t>(SplitMix(x));
     PageHeader h{};
     h.magic = kPageMagic;
     h.format_version = kPageFormatVersion;
@@ -145,7 +175,7 @@ absl::Status FillSynthetic(const CodecProfile& profile, RequestLayout& layout,
     h.group_size = static_cast<uint16_t>(profile.group_size);
     h.page_tokens = static_cast<uint16_t>(profile.page_tokens);
     h.token_count = static_cast<uint16_t>(s.token_count);
-    h.payload_bytes = n;
+    h.payload_bytes = g.payload_bytes();
     std::memcpy(page.data(), &h, sizeof(h));
     h.checksum = ComputePageChecksum(page);
     std::memcpy(page.data(), &h, sizeof(h));
@@ -170,6 +200,9 @@ absl::Status VerifyBuffer(const CodecProfile& profile, const RequestLayout& layo
     auto h = ParsePageHeader(buffer.subspan(s.offset, s.bytes), profile, /*verify_checksum=*/true);
     if (!h.ok()) {
       return absl::DataLossError(absl::StrCat(SlotName(i, s), ": ", h.status().message()));
+    }
+    if (auto unused = CheckUnusedSlotsZero(buffer.subspan(s.offset, s.bytes), *h); !unused.ok()) {
+      return absl::DataLossError(absl::StrCat(SlotName(i, s), ": ", unused.message()));
     }
     if (h->checksum != s.checksum || h->kind != static_cast<uint8_t>(s.kind) ||
         h->token_count != s.token_count) {

@@ -125,12 +125,16 @@ std::vector<PlannedPage> AllBf16Plan(const CodecProfile& profile, uint32_t token
 // page's header checksum. INVALID_ARGUMENT when the pages do not match the layout.
 absl::Status PackPages(const SequencePages& pages, RequestLayout& layout,
                        std::span<uint8_t> buffer);
-// Fills every slot with a synthetic page (valid header for `profile`, pseudo-random payload
-// from `seed`, XXH3 checksum) and records the checksums; runs on `threads` threads.
+// Fills every slot with a synthetic page (valid header for `profile`, pseudo-random bytes from
+// `seed` in the token slots below token_count and zero bytes in the rest, XXH3 checksum) and
+// records the checksums; writes nothing outside the slots. INVALID_ARGUMENT when a slot is not
+// the profile's page size, lies outside `buffer` or has no or too many tokens. Runs on
+// `threads` threads.
 absl::Status FillSynthetic(const CodecProfile& profile, RequestLayout& layout,
                            std::span<uint8_t> buffer, uint64_t seed, unsigned threads = 0);
-// Checks every page of a received buffer: header against `profile`, XXH3 checksum, and kind,
-// token count and checksum against the layout. DATA_LOSS names the first bad page.
+// Checks every page of a received buffer: header against `profile`, XXH3 checksum, zero bytes
+// in the unused token slots, and kind, token count and checksum against the layout. DATA_LOSS
+// names the first bad page.
 absl::Status VerifyBuffer(const CodecProfile& profile, const RequestLayout& layout,
                           std::span<const uint8_t> buffer, unsigned threads = 0);
 // The pages of a verified buffer as the engine takes them.
