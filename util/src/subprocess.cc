@@ -44,15 +44,19 @@ absl::Status ExecError(const std::string& program, int err) {
   return absl::InternalError(msg);
 }
 
+// Child side: tells the parent why the child is giving up (errno over the report pipe) and
+// exits 127 without running atexit handlers or flushing the parent's stdio buffers.
+[[noreturn]] void ReportAndExit(int report_fd, int err) {
+  (void)!::write(report_fd, &err, sizeof(err));
+  ::_exit(127);
+}
+
 // Child side, after fork: async-signal-safe calls only. Never returns.
 [[noreturn]] void ExecChild(const SpawnOptions& o, const Fds& f, pid_t parent, const char* program,
                             char* const* argv, char* const* envp,
                             const std::vector<int>& keep_sorted,
                             const std::vector<int>& open_sorted) {
-  auto die = [&](int err) {
-    (void)!::write(f.report[1], &err, sizeof(err));
-    ::_exit(127);
-  };
+  const auto die = [&](int err) { ReportAndExit(f.report[1], err); };
   if (o.parent_death_signal != 0) {
     ::prctl(PR_SET_PDEATHSIG, o.parent_death_signal);
     if (::getppid() != parent) ::_exit(127);  // the parent is already gone
@@ -84,7 +88,7 @@ absl::Status ExecError(const std::string& program, int err) {
   } else {
     ::execve(program, argv, envp);
   }
-  die(errno);
+  ReportAndExit(f.report[1], errno);  // exec returned: it failed
 }
 
 }  // namespace
