@@ -10,13 +10,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <future>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 #include <sstream>
@@ -34,14 +33,13 @@
 namespace oscarkv::service {
 namespace {
 
+using testing::GrpcHandshake;
 using testing::Key;
 using testing::MakePage;
-using testing::TinyProfile;
-using testing::Daemon;
-using testing::GrpcHandshake;
+using testing::RunToExit;
 using testing::Start;
 using testing::StopAndWait;
-using testing::WaitExit;
+using testing::TinyProfile;
 
 namespace lc = ::oscarkv::v1::local;
 
@@ -115,17 +113,19 @@ int Handshaken(const std::string& path) {
 // ones each get a clear error (or just a close) and never stop the daemon, whose /metrics count
 // the local calls; SIGTERM removes the socket file.
 TEST(DaemonSmoke, LocalSocketMatchesGrpcAndSurvivesGarbageFrames) {
-  Daemon d = Start({});
-  ASSERT_TRUE(d.ready.count("local")) << d.line;
-  const std::string path = d.ready["local"];
-  ASSERT_EQ(path, d.ready["shm"] + ".sock");
+  auto started = Start({});
+  ASSERT_TRUE(started.ok()) << started.status();
+  oscarkv::testing::LocalDaemon& d = **started;
+  ASSERT_FALSE(d.local_socket().empty()) << d.ready_line();
+  const std::string path = d.local_socket();
+  ASSERT_EQ(path, d.shm_path() + ".sock");
   struct stat st;
   ASSERT_EQ(stat(path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 
-  auto stub = v1::KvCache::NewStub(
-      grpc::CreateChannel(d.ready["listen"], grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::KvCache::NewStub(grpc::CreateChannel(d.address(), grpc::InsecureChannelCredentials()));
   v1::HandshakeResponse ghs;
   {
     ASSERT_TRUE(GrpcHandshake(*stub, &ghs).ok());
@@ -329,7 +329,7 @@ TEST(DaemonSmoke, LocalSocketMatchesGrpcAndSurvivesGarbageFrames) {
   }
   close(fd);
   {
-    httplib::Client http("http://" + d.ready["metrics"]);
+    httplib::Client http("http://" + d.metrics_address());
     auto r = http.Get("/metrics");
     ASSERT_TRUE(r);
     const std::string want = "oscarkv_local_calls_total{method=\"Lookup\"} ";
@@ -351,39 +351,38 @@ TEST(DaemonSmoke, LocalSocketMatchesGrpcAndSurvivesGarbageFrames) {
   }
   // The gRPC channel stays open (idle) across the SIGTERM: the drain closes it, it does not
   // wait for it (SigtermWithAnIdleChannelDoesNotWaitForTheDeadline).
-  EXPECT_EQ(StopAndWait(d.pid), 0);
+  EXPECT_EQ(StopAndWait(d), 0);
   EXPECT_NE(stat(path.c_str(), &st), 0) << "socket file left behind";
 }
 
-// SIGTERM with only an idle connection open (an inference engine keeps its channel to the
-// daemon for good): the drain closes it 100 ms after the last call (~0.25 s here). Before,
-// gRPC's Shutdown waited for the connection to go away: the daemon exited ~5 s after SIGTERM
-// (measured 5.06 s with this test), whatever the drain timeout.
+// --local-socket off: the handshake announces none; an explicit path is used as given; a path
+// another live daemon serves is refused at start.
 TEST(DaemonSmoke, LocalSocketOffAndExplicitPath) {
-  Daemon off = Start({"--local-socket", "off"});
-  ASSERT_TRUE(off.ready.count("listen")) << off.line;
-  EXPECT_EQ(off.ready["local"], "off");
+  auto off = Start({"--local-socket", "off"});
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_NE((*off)->ready_line().find(" local=off"), std::string::npos) << (*off)->ready_line();
+  EXPECT_EQ((*off)->local_socket(), "");
   {
     auto stub = v1::KvCache::NewStub(
-        grpc::CreateChannel(off.ready["listen"], grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel((*off)->address(), grpc::InsecureChannelCredentials()));
     v1::HandshakeResponse resp;
     ASSERT_TRUE(GrpcHandshake(*stub, &resp).ok());
     EXPECT_EQ(resp.local_socket(), "");
   }
-  EXPECT_EQ(StopAndWait(off.pid), 0);
+  EXPECT_EQ(StopAndWait(**off), 0);
 
   const std::string path = "/tmp/oscarkv-smoke-" + std::to_string(getpid()) + ".sock";
-  Daemon a = Start({"--local-socket", path});
-  ASSERT_EQ(a.ready["local"], path) << a.line;
+  auto a = Start({"--local-socket", path});
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ((*a)->local_socket(), path) << (*a)->ready_line();
   const int c = Handshaken(path);
   EXPECT_GE(c, 0);
   if (c >= 0) close(c);
-  Daemon b = Start({"--local-socket", path});
-  EXPECT_FALSE(b.ready.count("listen")) << "a second daemon took over a live local socket";
-  if (b.pid > 0) {
-    EXPECT_NE(WaitExit(b.pid, 10000), 0);
-  }
-  EXPECT_EQ(StopAndWait(a.pid), 0);
+  const testing::Exited b = RunToExit({"--local-socket", path}, 10000);
+  EXPECT_EQ(b.output.find("oscarkvd ready"), std::string::npos)
+      << "a second daemon took over a live local socket";
+  EXPECT_NE(b.exit_code, 0);
+  EXPECT_EQ(StopAndWait(**a), 0);
   struct stat st;
   EXPECT_NE(stat(path.c_str(), &st), 0);
 }

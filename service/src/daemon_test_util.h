@@ -1,95 +1,91 @@
-// Helpers of the daemon process tests (daemon_smoke_test.cc, daemon_local_socket_test.cc):
-// launch the real oscarkvd binary on free ports and wait for it to exit.
+// Helpers of the daemon process tests (daemon_smoke_test.cc, daemon_local_socket_test.cc): the
+// real oscarkvd binary (OSCARKVD_PATH) on free ports with a 32 MiB pool, run through
+// oscarkv::testing::LocalDaemon (a daemon that must come up) or oscarkv::Subprocess (a start that
+// must fail), so these tests fork nothing by hand and never leave a daemon behind.
 #pragma once
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <map>
-#include <sstream>
+#include <cerrno>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "oscarkv/testing/local_daemon.h"
+#include "oscarkv/util/subprocess.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
 
 namespace oscarkv::service::testing {
 
-struct Daemon {
+inline std::vector<std::string> DaemonArgs(const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"--metrics-listen", "127.0.0.1:0", "--pool-mb", "32",
+                                   "--log-level",      "warn"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// Starts oscarkvd with the default flags plus `extra` (`--listen 127.0.0.1:0` unless `extra`
+// has a --listen) and waits up to 20 s for its ready line.
+inline absl::StatusOr<std::unique_ptr<oscarkv::testing::LocalDaemon>> Start(
+    const std::vector<std::string>& extra) {
+  oscarkv::testing::LocalDaemonOptions o;
+  o.binary = OSCARKVD_PATH;
+  o.flags = DaemonArgs(extra);
+  o.ready_timeout_ms = 20000;
+  return oscarkv::testing::LocalDaemon::Start(o);
+}
+
+// SIGTERM, then its exit code once it exits; -1 when it was still running after 10 s (then it
+// is killed).
+inline int StopAndWait(oscarkv::testing::LocalDaemon& d) {
+  auto code = d.Stop(10000);
+  return code.ok() ? *code : -1;
+}
+
+// The exit code of a daemon that was told to stop (e.g. d.Signal(SIGTERM)) once it exits;
+// -1 when it is still running after `ms` (then it is killed).
+inline int WaitExit(oscarkv::testing::LocalDaemon& d, int64_t ms) {
+  auto code = d.Wait(ms);
+  if (code.ok()) return *code;
+  d.Kill(SIGKILL);
+  return -1;
+}
+
+struct Exited {
   pid_t pid = -1;
-  std::map<std::string, std::string> ready;  // fields of the ready line
-  std::string line;
+  int exit_code = -1;  // -1: it did not exit within the timeout (then it was killed)
+  std::string output;  // its stdout
 };
 
-// Starts oscarkvd and waits (up to 20 s) for its ready line.
-inline Daemon Start(std::vector<std::string> extra) {
-  Daemon d;
-  int out[2];
-  if (pipe(out) != 0) return d;
-  std::vector<std::string> args = {OSCARKVD_PATH, "--listen", "127.0.0.1:0", "--metrics-listen",
-                                   "127.0.0.1:0", "--pool-mb", "32", "--log-level", "warn"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  d.pid = fork();
-  if (d.pid == 0) {
-    dup2(out[1], STDOUT_FILENO);
-    close(out[0]);
-    close(out[1]);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
+// Runs oscarkvd (default flags, `--listen 127.0.0.1:0` first, then `extra`) for a start that
+// must fail: waits up to `ms` for it to exit on its own.
+inline Exited RunToExit(const std::vector<std::string>& extra, int64_t ms) {
+  SpawnOptions so({OSCARKVD_PATH, "--listen", "127.0.0.1:0"});
+  const std::vector<std::string> args = DaemonArgs(extra);
+  so.argv.insert(so.argv.end(), args.begin(), args.end());
+  so.stdout_mode = Stdio::kPipe;  // a failed start prints a few lines at most: the pipe holds them
+  Exited e;
+  auto p = Subprocess::Spawn(so);
+  if (!p.ok()) {
+    e.output = std::string(p.status().message());
+    return e;
   }
-  close(out[1]);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline && d.line.find('\n') == std::string::npos) {
-    pollfd p{out[0], POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;
-    char buf[512];
-    const ssize_t n = read(out[0], buf, sizeof(buf));
-    if (n <= 0) break;
-    d.line.append(buf, n);
+  e.pid = (*p)->pid();
+  auto code = (*p)->Wait(absl::Milliseconds(ms));
+  if (!code.ok()) {
+    (*p)->Kill();
+    return e;
   }
-  close(out[0]);
-  std::istringstream in(d.line.substr(0, d.line.find('\n')));
-  std::string word;
-  while (in >> word) {
-    if (auto eq = word.find('='); eq != std::string::npos) {
-      d.ready[word.substr(0, eq)] = word.substr(eq + 1);
-    }
+  e.exit_code = *code;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read((*p)->stdout_fd(), buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR)) {
+    if (n > 0) e.output.append(buf, static_cast<size_t>(n));
   }
-  return d;
-}
-
-// Exit code of `pid` once it exits (killing it after `ms`: then -1).
-inline int WaitExit(pid_t pid, int ms) {
-  int status = 0;
-  for (int i = 0; i < ms / 50; ++i) {
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    usleep(50000);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &status, 0);
-  return -1;
-}
-
-inline int StopAndWait(pid_t pid) {
-  kill(pid, SIGTERM);
-  int status = 0;
-  for (int i = 0; i < 200; ++i) {
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    usleep(50000);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &status, 0);
-  return -1;
+  return e;
 }
 
 // A gRPC Handshake at wire version 1.

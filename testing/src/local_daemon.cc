@@ -180,6 +180,10 @@ void LocalDaemon::Kill(int sig) {
   Reap(10000).IgnoreError();
 }
 
+void LocalDaemon::Signal(int sig) { proc_->Signal(sig); }
+
+absl::StatusOr<int> LocalDaemon::Wait(int64_t timeout_ms) { return Reap(timeout_ms); }
+
 bool LocalDaemon::Running() {
   if (!proc_->Running()) {
     Reap(0).IgnoreError();  // cleans up after a killed daemon

@@ -65,6 +65,11 @@ class LocalDaemon {
   absl::StatusOr<int> Stop(int64_t grace_ms = 10000);
   // Sends `sig` (e.g. SIGKILL) and reaps the child.
   void Kill(int sig);
+  // Sends `sig` and returns at once (a test that keeps talking to a daemon while it drains).
+  void Signal(int sig);
+  // Waits up to `timeout_ms` for the child to exit on its own: its exit code (128+sig when a
+  // signal ended it); DEADLINE_EXCEEDED leaves it running.
+  absl::StatusOr<int> Wait(int64_t timeout_ms);
   // True while the child process has not exited.
   bool Running();
 
