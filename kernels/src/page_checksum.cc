@@ -73,6 +73,42 @@ uint64_t CopyPageWithChecksum(std::span<uint8_t> dst, std::span<const uint8_t> s
   return XXH3_64bits_digest(&state);
 }
 
+// Either the fused loop's state or, where it does not run, the streaming hash of the copy.
+struct PageCopyChecksummer::State {
+  bool fused = false;
+  checksum_internal::FusedCopyState fused_state;
+  PageChecksummer hash;
+};
+
+PageCopyChecksummer::PageCopyChecksummer(uint64_t page_bytes)
+    : state_(std::make_unique<State>()), page_bytes_(page_bytes) {
+  state_->fused =
+      page_bytes >= checksum_internal::kFusedMinBytes && checksum_internal::FusedCopyAvailable();
+  if (state_->fused) checksum_internal::FusedCopyBegin(&state_->fused_state, page_bytes);
+}
+
+PageCopyChecksummer::~PageCopyChecksummer() = default;
+
+void PageCopyChecksummer::Copy(std::span<uint8_t> page, std::span<const uint8_t> src) {
+  const size_t n = std::min<size_t>(src.size(), page_bytes_ - offset_);
+  uint8_t* dst = page.data() + offset_;
+  if (state_->fused) {
+    checksum_internal::FusedCopyNext(&state_->fused_state, page.data(), src.data(), n);
+  } else {
+    for (size_t done = 0; done < n;) {
+      const size_t len = std::min(kChecksumChunkBytes, n - done);
+      std::memcpy(dst + done, src.data() + done, len);
+      state_->hash.Update(std::span<const uint8_t>(dst + done, len));  // still in L2
+      done += len;
+    }
+  }
+  offset_ += n;
+  if (n > 0 && offset_ == page_bytes_) {
+    digest_ = state_->fused ? checksum_internal::FusedCopyDigest(state_->fused_state, page.data())
+                            : state_->hash.Digest();
+  }
+}
+
 uint64_t StoredPageChecksum(std::span<const uint8_t> page) {
   if (page.size() < kPageHeaderBytes) return 0;
   uint64_t c;

@@ -48,6 +48,15 @@ __attribute__((target("avx512f"))) inline __m512i Scramble(__m512i acc, const ui
   return _mm512_add_epi64(lo, _mm512_slli_epi64(hi, 32));
 }
 
+// Logical stripe k into the accumulators, and the scramble that ends each block of 16.
+__attribute__((target("avx512f"))) inline __m512i Fold(__m512i acc, __m512i data, size_t k) {
+  acc = Accumulate(acc, data, XXH3_kSecret + 8 * (k % kStripesPerBlock));
+  if (k % kStripesPerBlock == kStripesPerBlock - 1) {
+    acc = Scramble(acc, XXH3_kSecret + kSecretBytes - kStripe);
+  }
+  return acc;
+}
+
 }  // namespace
 
 bool FusedCopyAvailable() {
@@ -58,52 +67,88 @@ bool FusedCopyAvailable() {
 // The hashed input is the page without its checksum field: logical byte i is physical byte i
 // for i < 56 and physical i + 8 after. Logical stripe 0 straddles the field (built in a
 // buffer from the copied header); logical stripe k >= 1 is physical [64k + 8, 64k + 72).
-__attribute__((target("avx512f"))) uint64_t FusedCopyWithChecksum(uint8_t* dst,
-                                                                   const uint8_t* src,
-                                                                   size_t n) {
-  const uint8_t* secret = XXH3_kSecret;
+// XXH3's long loop folds stripes 0 .. stripes-1 (full blocks of 16, each ending in a scramble,
+// then the stripes of the last, partial block); the input's last 64 bytes follow with their
+// own key (FusedCopyDigest).
+__attribute__((target("avx512f"))) void FusedCopyBegin(FusedCopyState* st, size_t n) {
+  const uint64_t init[8] = XXH3_INIT_ACC;
+  std::memcpy(st->acc, init, sizeof(init));
   const size_t len = n - kSkipped;  // hashed bytes
-  alignas(64) uint64_t init[8] = XXH3_INIT_ACC;
-  __m512i acc = _mm512_load_si512(init);
-  std::memcpy(dst, src, kStripe + kSkipped);
-  alignas(64) uint8_t first[kStripe];
-  std::memcpy(first, dst, kFieldBegin);
-  std::memcpy(first + kFieldBegin, dst + kStripe, kSkipped);
-  // XXH3's long loop: full blocks, each ending in a scramble; then the stripes of the last,
-  // partial block; then the input's last 64 bytes with their own key.
   const size_t blocks = (len - 1) / kBlockBytes;
-  const size_t tail_stripes = ((len - 1) - kBlockBytes * blocks) / kStripe;
-  size_t k = 0;  // logical stripe
+  st->page_bytes = n;
+  st->stripes = blocks * kStripesPerBlock + ((len - 1) - kBlockBytes * blocks) / kStripe;
+  st->next_stripe = 0;
+  st->copied = 0;
+}
+
+__attribute__((target("avx512f"))) void FusedCopyNext(FusedCopyState* st, uint8_t* page,
+                                                      const uint8_t* src, size_t len) {
+  const size_t begin = st->copied;
+  const size_t end = begin + len;
+  const uint8_t* from = src - begin;  // from[i] is page byte i, for i in [begin, end)
+  size_t cursor = begin;              // page[begin, cursor) is written
+  size_t k = st->next_stripe;
+  __m512i acc = _mm512_load_si512(st->acc);
   auto stripe_at = [](size_t stripe) { return kStripe * stripe + kSkipped; };
-  for (size_t b = 0; b <= blocks; ++b) {
-    const size_t stripes = b < blocks ? kStripesPerBlock : tail_stripes;
-    for (size_t s = 0; s < stripes; ++s, ++k) {
-      __m512i data;
-      if (k == 0) {
-        data = _mm512_load_si512(first);
-      } else {
-        data = _mm512_loadu_si512(src + stripe_at(k));
-        _mm512_storeu_si512(dst + stripe_at(k), data);
-      }
-      acc = Accumulate(acc, data, secret + 8 * s);
+  // The header's stripe, or one that began in the previous piece: complete it in the copy,
+  // then read it back from there.
+  if (k < st->stripes && stripe_at(k) + kStripe <= end && (k == 0 || stripe_at(k) < begin)) {
+    const size_t stripe_end = k == 0 ? kStripe + kSkipped : stripe_at(k) + kStripe;
+    std::memcpy(page + cursor, from + cursor, stripe_end - cursor);
+    cursor = stripe_end;
+    if (k == 0) {
+      alignas(64) uint8_t first[kStripe];
+      std::memcpy(first, page, kFieldBegin);
+      std::memcpy(first + kFieldBegin, page + kStripe, kSkipped);
+      acc = Fold(acc, _mm512_load_si512(first), k);
+    } else {
+      acc = Fold(acc, _mm512_loadu_si512(page + stripe_at(k)), k);
     }
-    if (b < blocks) acc = Scramble(acc, secret + kSecretBytes - kStripe);
+    ++k;
   }
-  const size_t copied = k == 0 ? kStripe + kSkipped : stripe_at(k);
-  std::memcpy(dst + copied, src + copied, n - copied);
+  // Every stripe wholly inside this piece (each starts where the last ended): loaded once,
+  // stored, and folded from the same register.
+  while (k < st->stripes && k > 0 && stripe_at(k) + kStripe <= end) {
+    const __m512i data = _mm512_loadu_si512(from + stripe_at(k));
+    _mm512_storeu_si512(page + stripe_at(k), data);
+    cursor = stripe_at(k) + kStripe;
+    acc = Fold(acc, data, k);
+    ++k;
+  }
+  if (end > cursor) std::memcpy(page + cursor, from + cursor, end - cursor);
+  _mm512_store_si512(st->acc, acc);
+  st->next_stripe = k;
+  st->copied = end;
+}
+
+__attribute__((target("avx512f"))) uint64_t FusedCopyDigest(const FusedCopyState& st,
+                                                            const uint8_t* page) {
+  const uint8_t* secret = XXH3_kSecret;
+  const size_t n = st.page_bytes;
   // The last stripe (logical [len - 64, len) = physical [n - 64, n)), read from the copy.
-  acc = Accumulate(acc, _mm512_loadu_si512(dst + n - kStripe),
+  __m512i acc = _mm512_load_si512(st.acc);
+  acc = Accumulate(acc, _mm512_loadu_si512(page + n - kStripe),
                    secret + kSecretBytes - kStripe - XXH_SECRET_LASTACC_START);
   alignas(64) uint64_t lanes[8];
   _mm512_store_si512(lanes, acc);
   return XXH3_mergeAccs(lanes, secret + XXH_SECRET_MERGEACCS_START,
-                        static_cast<uint64_t>(len) * XXH_PRIME64_1);
+                        static_cast<uint64_t>(n - kSkipped) * XXH_PRIME64_1);
+}
+
+uint64_t FusedCopyWithChecksum(uint8_t* dst, const uint8_t* src, size_t n) {
+  FusedCopyState st;
+  FusedCopyBegin(&st, n);
+  FusedCopyNext(&st, dst, src, n);
+  return FusedCopyDigest(st, dst);
 }
 
 #else  // not x86-64: the portable copy-then-hash path in page_checksum.cc is the only one
 
 bool FusedCopyAvailable() { return false; }
 uint64_t FusedCopyWithChecksum(uint8_t*, const uint8_t*, size_t) { return 0; }
+void FusedCopyBegin(FusedCopyState*, size_t) {}
+void FusedCopyNext(FusedCopyState*, uint8_t*, const uint8_t*, size_t) {}
+uint64_t FusedCopyDigest(const FusedCopyState&, const uint8_t*) { return 0; }
 
 #endif
 

@@ -24,4 +24,23 @@ bool FusedCopyAvailable();
 // Only when FusedCopyAvailable().
 uint64_t FusedCopyWithChecksum(uint8_t* dst, const uint8_t* src, size_t n);
 
+// The same loop over a page that arrives in pieces, in order: XXH3's accumulators and the next
+// stripe are carried from one piece to the next. A stripe that straddles two pieces is read back
+// from the destination (at most 72 bytes per piece, still in L1), so the destination's bytes
+// before the current offset must not change between pieces.
+struct FusedCopyState {
+  alignas(64) uint64_t acc[8];
+  uint64_t page_bytes;   // n: known up front (XXH3's long loop needs the input length)
+  uint64_t stripes;      // stripes of the long loop, before the last one
+  uint64_t next_stripe;  // logical stripe to fold next
+  uint64_t copied;       // bytes of the page written so far
+};
+
+// Starts a page of n bytes (n >= kFusedMinBytes). Only when FusedCopyAvailable().
+void FusedCopyBegin(FusedCopyState* st, size_t n);
+// Writes page[st->copied, +len) from src[0, len) (len <= n - st->copied, no overlap) and folds it.
+void FusedCopyNext(FusedCopyState* st, uint8_t* page, const uint8_t* src, size_t len);
+// The page checksum once st->copied == n.
+uint64_t FusedCopyDigest(const FusedCopyState& st, const uint8_t* page);
+
 }  // namespace oscarkv::checksum_internal

@@ -72,6 +72,42 @@ TEST(PageChecksum, StreamingAnySplitMatches) {
   }
 }
 
+// A page copied in pieces of any split (splits inside the header's checksum field, inside one
+// stripe, a byte at a time near the end, the staging ring's 1 MiB chunks) is copied exactly and
+// hashed to the library's checksum, at unaligned addresses, on both the fused and the portable
+// path (pages under kFusedMinBytes take the portable one).
+TEST(PageChecksum, CopyInPiecesAnySplitMatches) {
+  std::mt19937 rng(9);
+  std::vector<size_t> sizes(std::begin(kSizes), std::end(kSizes));
+  for (size_t n = 1000; n <= 2200; n += 37) sizes.push_back(n);
+  for (size_t n : sizes) {
+    const auto page = RandomPage(n, static_cast<uint32_t>(n) + 2);
+    for (int trial = 0; trial < 12; ++trial) {
+      std::vector<uint8_t> dst(n + 3, 0xEE);
+      const std::span<uint8_t> d(dst.data() + 3, n);
+      PageCopyChecksummer h(n);
+      size_t off = 0;
+      while (off < n) {
+        size_t len;
+        if (trial == 0) {
+          len = size_t{1} << 20;  // the staging chunk
+        } else if (trial == 1) {
+          len = n - off > 200 ? 1 + rng() % 97 : 1;  // within stripes, bytes at the end
+        } else {
+          const size_t max = off < 128 ? 9 : 1 + rng() % 200000;
+          len = 1 + rng() % max;
+        }
+        len = std::min(len, n - off);
+        h.Copy(d, std::span<const uint8_t>(page).subspan(off, len));
+        off += len;
+        ASSERT_EQ(h.offset(), off);
+      }
+      ASSERT_TRUE(std::equal(page.begin(), page.end(), d.begin())) << n << " trial " << trial;
+      ASSERT_EQ(h.Digest(), ComputePageChecksum(page)) << n << " trial " << trial;
+    }
+  }
+}
+
 TEST(PageChecksum, AnyCorruptByteIsDataLoss) {
   const size_t n = 3 * kChecksumChunkBytes + 100;
   const auto good = RandomPage(n, 3);

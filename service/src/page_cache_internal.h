@@ -32,11 +32,12 @@ struct PageCache::Reservation {
     bool committed = false;
     bool released = false;  // aborted, expired or failed
     bool streamed = false;  // bytes came through WritePages: always verified here at Commit
-    // WritePages hashes each chunk in its copy (page_checksum.h) while the page arrives in
-    // order from offset 0: once `hash` has seen every byte, Commit compares its digest instead
-    // of reading the page again. A chunk out of order (a gap, a rewrite) drops it, and Commit
-    // hashes the whole slot as before.
-    std::unique_ptr<PageChecksummer> hash;
+    // WritePages (and StageWrite) copy each chunk into the slot and hash the bytes written in
+    // the same pass (PageCopyChecksummer, page_checksum.h) while the page arrives in order from
+    // offset 0: once `hash` has seen every byte, Commit compares its digest instead of reading
+    // the page again. A chunk out of order (a gap, a rewrite) drops it, and Commit hashes the
+    // whole slot (counted in commit_rehashes).
+    std::unique_ptr<PageCopyChecksummer> hash;
     bool hash_broken = false;
   };
   uint64_t id = 0;

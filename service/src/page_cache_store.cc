@@ -323,15 +323,10 @@ absl::StatusOr<uint64_t> PageCache::WriteChunk(const Caller& caller,
   uint8_t* dst = pool_->Data(item.offset) + chunk.offset;
   const uint64_t hashed = item.hash == nullptr ? 0 : item.hash->offset();
   if (!item.hash_broken && chunk.offset == hashed) {
-    // In order: copy and hash in cache-sized pieces, each hashed right after it was written
-    // (the destination bytes, still in L2), so the page is read from memory once.
-    if (item.hash == nullptr) item.hash = std::make_unique<PageChecksummer>();
-    for (uint64_t done = 0; done < size;) {
-      const uint64_t n = std::min<uint64_t>(kChecksumChunkBytes, size - done);
-      std::memcpy(dst + done, chunk.data.data() + done, n);
-      item.hash->Update(std::span<const uint8_t>(dst + done, n));
-      done += n;
-    }
+    // In order: copied and hashed in one pass (the hash folds the very bytes it stores), with
+    // the hash state carried from chunk to chunk, so the page is read from memory once.
+    if (item.hash == nullptr) item.hash = std::make_unique<PageCopyChecksummer>(item.page_bytes);
+    item.hash->Copy(std::span<uint8_t>(pool_->Data(item.offset), item.page_bytes), chunk.data);
   } else {
     item.hash_broken = true;  // Commit hashes the whole slot
     item.hash.reset();

@@ -48,6 +48,37 @@ class PageChecksummer {
   uint64_t offset_ = 0;
 };
 
+// CopyPageWithChecksum for a page that arrives in pieces, in order (a page staged in chunks):
+// each Copy() writes the page's next bytes into the destination and folds the bytes written
+// into the checksum in the same pass (the fused loop on AVX-512F CPUs, else a copy and a hash
+// of each kChecksumChunkBytes piece while it is in L2). The hash is of the destination bytes.
+// Contract: `page` is the same whole destination page on every call; its bytes before
+// offset() must not change between calls (a stripe that straddles two pieces is read back
+// from there).
+class PageCopyChecksummer {
+ public:
+  explicit PageCopyChecksummer(uint64_t page_bytes);
+  ~PageCopyChecksummer();
+  PageCopyChecksummer(const PageCopyChecksummer&) = delete;
+  PageCopyChecksummer& operator=(const PageCopyChecksummer&) = delete;
+
+  // Writes page[offset(), offset() + src.size()) from `src`. Requires page.size() ==
+  // page_bytes and src.size() <= page_bytes - offset(); src must not overlap page.
+  void Copy(std::span<uint8_t> page, std::span<const uint8_t> src);
+  uint64_t offset() const { return offset_; }
+  uint64_t page_bytes() const { return page_bytes_; }
+  // The page checksum of the bytes written, taken by the Copy() that wrote the page's last
+  // byte (so later changes to the destination cannot alter it); 0 before that.
+  uint64_t Digest() const { return digest_; }
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  const uint64_t page_bytes_;
+  uint64_t offset_ = 0;
+  uint64_t digest_ = 0;
+};
+
 // Copies `src` to `dst` (same size) and returns the page checksum of the bytes written, in one
 // pass. dst and src must not overlap.
 uint64_t CopyPageWithChecksum(std::span<uint8_t> dst, std::span<const uint8_t> src);
