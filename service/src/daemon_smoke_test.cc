@@ -235,6 +235,9 @@ TEST(DaemonSmoke, StoreLookupLoadAndCleanShutdown) {
     EXPECT_EQ(r->status, 200);
     EXPECT_NE(r->body.find("oscarkv_lookups_total 1\n"), std::string::npos);
     EXPECT_NE(r->body.find("oscarkv_pages 2\n"), std::string::npos);
+    // Page 0 was hashed in its in-order copy into the slot (WritePages); page 1, written into
+    // the pool by this test without checksums_verified, is the one Commit had to read again.
+    EXPECT_NE(r->body.find("oscarkv_commit_rehashes_total 1\n"), std::string::npos);
     // Per-tenant series; without tenants: configured, the one "default" tenant.
     EXPECT_NE(r->body.find("oscarkv_tenant_pages{tenant=\"default\"} 2\n"), std::string::npos);
     EXPECT_NE(r->body.find("oscarkv_tenant_quota_refusals_total{tenant=\"default\","

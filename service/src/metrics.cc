@@ -190,6 +190,10 @@ std::string Metrics::Render(const PageCache& cache) const {
   Counter(&out, "oscarkv_commit_failures_total",
           "Commit items rejected (bad header, checksum, unknown key); a page that fails "
           "verification frees its slot.", c.commit_failures.load());
+  Counter(&out, "oscarkv_commit_rehashes_total",
+          "Pages Commit read again to hash them: not hashed in the copy that wrote the slot "
+          "(written out of order, or by a client). 0 while every store is one pass per side.",
+          c.commit_rehashes.load());
   Counter(&out, "oscarkv_aborted_pages_total", "Reserved slots freed by Abort or expiry.",
           c.aborted_pages.load());
   Counter(&out, "oscarkv_leases_expired_total", "Leases reclaimed at their deadline.",
