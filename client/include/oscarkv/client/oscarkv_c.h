@@ -13,9 +13,11 @@
  * - No C++ types cross this boundary; the header compiles as C99.
  * - Shipped as liboscarkv_c.so (CMake target oscarkv::c, installed with the `client` component);
  *   it exports only the oscarkv_* symbols below, so it can be dlopen()ed (Python ctypes/cffi,
- *   Rust, Go) next to any other copy of gRPC/abseil without symbol clashes. A process links
- *   either this library or the static C++ client (oscarkv::client), not both: each carries the
- *   oscarkv.proto descriptors, and the shared libprotobuf aborts on the second registration.
+ *   Rust, Go) next to any other copy of gRPC/abseil without symbol clashes. It carries its own
+ *   copy of the client and of the oscarkv.proto stubs, so it cannot be loaded into a process
+ *   that also has oscarkv::client: the shared libprotobuf aborts on the second registration of
+ *   oscarkv.proto. A C++ program that uses both APIs links oscarkv::c_static (this ABI as a
+ *   static library over the program's own oscarkv::client) instead.
  * - Functions marked "no daemon" (profiles, codec ids, block keys, rotations, the page builder)
  *   need no connection.
  */
