@@ -427,13 +427,14 @@ TEST_F(TenantsTest, LocalSocketPeersAreTheTenantsTheirUidsMapTo) {
   EXPECT_TRUE(a->RenewLease(found.lease_id(), 5000).ok()) << "B's Release ended A's lease";
   EXPECT_TRUE(a->Release(found.lease_id()).ok());
 
-  // A tenant may not map the isolated pool (AttachStaging): it holds every tenant's pages.
+  // AttachStaging without a staging descriptor is refused (a tenant's whole shared-memory
+  // exchange, which never passes it the pool, is tenant_shm_test's).
   pb::AttachStagingRequest attach;
   attach.set_staging_bytes(1 << 20);
   ans = LocalExchange(path, kUidA,
                       {hs_frame, Frame(v1::local::Method::kAttachStaging, 4, attach)});
   ASSERT_EQ(ans.size(), 2u);
-  EXPECT_EQ(ans[1].code, static_cast<uint32_t>(StatusCode::kPermissionDenied)) << ans[1].message;
+  EXPECT_EQ(ans[1].code, static_cast<uint32_t>(StatusCode::kInvalidArgument)) << ans[1].message;
 
   // An unmapped uid reads one PERMISSION_DENIED frame (sent at accept, before any request: a
   // request sent into the closing connection could reset it before the frame is read).

@@ -22,6 +22,7 @@
 #include "page_fetch.h"
 #include "rpc_core.h"
 #include "shm_mapping.h"
+#include "shm_load_staging.h"
 #include "shm_staging.h"
 #include "store_path.h"
 #include "task_pool.h"
@@ -165,16 +166,28 @@ class GrpcClient final : public Client {
           why = st.status();
         }
       }
+      if (staging_ != nullptr && staging_->pool() == nullptr) {
+        // A tenant maps no pool: its loads go through a load staging region of its own.
+        auto ls = ShmLoadStaging::Open(*ch);
+        if (ls.ok()) {
+          source_ = std::move(*ls);
+        } else if (options_.data_path == DataPath::kSharedMemory) {
+          return absl::Status(ls.status().code(), absl::StrCat("shared memory of oscarkvd at ",
+                                                               options_.address, ": ",
+                                                               ls.status().message()));
+        }
+      }
       if (staging_ == nullptr && options_.data_path == DataPath::kSharedMemory) {
         return absl::Status(why.code(), absl::StrCat("shared memory of oscarkvd at ",
                                                      options_.address, ": ", why.message()));
       }
     }
-    const ShmMapping* pool = staging_ ? &staging_->pool() : shm_.get();
-    server_.data_path = pool != nullptr ? DataPath::kSharedMemory : DataPath::kGrpc;
+    const ShmMapping* pool = staging_ ? staging_->pool() : shm_.get();
+    server_.data_path =
+        pool != nullptr || source_ != nullptr ? DataPath::kSharedMemory : DataPath::kGrpc;
     if (pool != nullptr) {
       source_ = std::make_unique<ShmPageSource>(*pool);
-    } else {
+    } else if (source_ == nullptr) {
       source_ = std::make_unique<StreamPageSource>(*rpc_, /*by_key=*/true);
     }
     pool_ = std::make_unique<TaskPool>(options_.async_threads);
@@ -183,7 +196,7 @@ class GrpcClient final : public Client {
 
   const ServerInfo& server() const override { return server_; }
   ClientCore core() {
-    return ClientCore{rpc_, source_.get(), staging_ ? &staging_->pool() : shm_.get()};
+    return ClientCore{rpc_, source_.get(), staging_ ? staging_->pool() : shm_.get()};
   }
   const ConnectOptions& options() const override { return options_; }
 
@@ -364,7 +377,7 @@ class GrpcClient final : public Client {
 
   absl::StatusOr<StoreResult> Store(const Codec& codec,
                                     std::span<const PageWrite> pages) override {
-    return StorePages(StoreTarget{*rpc_, staging_ ? &staging_->pool() : shm_.get(),
+    return StorePages(StoreTarget{*rpc_, staging_ ? staging_->pool() : shm_.get(),
                                   staging_.get(), server_.max_batch, options_},
                       codec, pages);
   }
@@ -579,7 +592,8 @@ class GrpcClient final : public Client {
   ServerInfo server_;
   std::unique_ptr<ShmMapping> shm_;         // trusted mode: the pool file, read-write
   std::unique_ptr<ShmStaging> staging_;     // isolated mode: read-only pool + staging
-  std::unique_ptr<PageSource> source_;  // shared memory or gRPC streaming: the data path
+  // The load data path: the pool mapped here, a tenant's load staging (ShmLoadStaging), or gRPC.
+  std::unique_ptr<PageSource> source_;
   std::shared_ptr<LocalChannel> local_;  // set: Lookup/Release go over the local socket
   std::unique_ptr<TaskPool> pool_;
   std::atomic<int> inflight_{0};  // callback-API calls whose callback has not returned

@@ -162,6 +162,10 @@ absl::StatusOr<std::unique_ptr<ShmStaging>> ShmStaging::Open(LocalChannel& local
         absl::StrCat("AttachStaging refused: ", a->status.message())));
   }
   pb::AttachStagingResponse resp;
+  if (a->fd < 0 && resp.ParseFromString(a->body) && resp.pool_bytes() == 0) {
+    // A tenant: stores through staging, no pool mapping (shm_load_staging.h loads).
+    return std::unique_ptr<ShmStaging>(new ShmStaging(*sock, staging, bytes, nullptr));
+  }
   if (a->fd < 0 || !resp.ParseFromString(a->body) || resp.pool_bytes() != pool_bytes) {
     if (a->fd >= 0) ::close(a->fd);
     return fail(absl::FailedPreconditionError(

@@ -31,16 +31,17 @@ class ShmStaging {
   static constexpr uint32_t kSlots = 4;
 
   // Dials a connection of `local`, attaches a new staging region and maps the pool the daemon
-  // passes back (its size must be `pool_bytes`). FAILED_PRECONDITION when the daemon refuses
-  // (not isolated, staging too large) or passes no pool.
+  // passes back (its size must be `pool_bytes`); a tenant gets no pool (pool() is null: it loads
+  // through ShmLoadStaging). FAILED_PRECONDITION when the daemon refuses (not isolated, staging
+  // too large) or passes a pool of another size.
   static absl::StatusOr<std::unique_ptr<ShmStaging>> Open(LocalChannel& local,
                                                           uint64_t pool_bytes);
   ~ShmStaging();
   ShmStaging(const ShmStaging&) = delete;
   ShmStaging& operator=(const ShmStaging&) = delete;
 
-  // The pool, read-only.
-  const ShmMapping& pool() const { return *pool_; }
+  // The pool, read-only; null for a tenant (the pool holds every tenant's pages).
+  const ShmMapping* pool() const { return pool_.get(); }
 
   // Stages pages[reserved[i]] into their slots of `reservation_id`, in order. (*status)[j] for
   // j in `reserved` ends OK (copied and verified by the daemon: ready to Commit) or why not

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "local_load_staging.h"
 #include "local_staging.h"
 #include "oscarkv/service/log.h"
 #include "oscarkv/util/sched_slice.h"
@@ -32,6 +33,7 @@ struct LocalControlServer::Conn {
   std::string peer;  // "pid=N uid=N" for logs
   Caller caller;     // who the peer is: the tenant its uid/gid maps to (tenants.h)
   std::unique_ptr<StagingRegion> staging;  // AttachStaging: unmapped when the connection closes
+  std::unique_ptr<LoadStagingRegion> load_staging;  // AttachLoadStaging: likewise
 };
 
 struct LocalControlServer::Worker {
@@ -52,6 +54,10 @@ struct LocalControlServer::Worker {
   pb::AttachStagingResponse attach_resp;
   pb::StageWriteRequest stage_req;
   pb::StageWriteResponse stage_resp;
+  pb::AttachLoadStagingRequest attach_load_req;
+  pb::AttachLoadStagingResponse attach_load_resp;
+  pb::StageReadRequest stage_read_req;
+  pb::StageReadResponse stage_read_resp;
   alignas(cmsghdr) char control[kFdControlBytes];  // descriptors passed with a frame
 };
 
@@ -397,16 +403,6 @@ bool LocalControlServer::AttachStaging(Worker* w, Conn* c, uint64_t id, const ch
                      "HandshakeResponse.shm_path instead"),
                  nullptr);
   }
-  if (!c->caller.admin) {
-    // One arena holds every tenant's pages: a mapping of it would let this tenant read the
-    // others'. Tenants use the gRPC data path until the pool has per-tenant arenas.
-    if (passed_fd >= 0) ::close(passed_fd);
-    return Reply(w, c, method, id,
-                 absl::PermissionDeniedError(absl::StrCat(
-                     "tenant '", c->caller.tenant, "' may not map the pool: it holds every "
-                     "tenant's pages (one arena); use the gRPC data path")),
-                 nullptr);
-  }
   if (passed_fd < 0) {
     return Reply(w, c, method, id,
                  absl::InvalidArgumentError("AttachStaging carries no staging descriptor"),
@@ -415,13 +411,50 @@ bool LocalControlServer::AttachStaging(Worker* w, Conn* c, uint64_t id, const ch
   auto region = StagingRegion::Map(passed_fd, w->attach_req.staging_bytes(), staging_max_bytes_,
                                    *isolated_pool_);
   if (!region.ok()) return Reply(w, c, method, id, region.status(), nullptr);
+  w->attach_resp.set_staging_max_bytes(staging_max_bytes_);
+  if (!c->caller.admin) {
+    // One arena holds every tenant's pages: a mapping of it would let this tenant read the
+    // others'. A tenant stores through its staging and loads through a load staging region
+    // (AttachLoadStaging, StageRead) that holds only what it may read.
+    c->staging = std::move(*region);
+    return Reply(w, c, method, id, absl::OkStatus(), &w->attach_resp);
+  }
   auto pool_fd = isolated_pool_->OpenReadOnly();
   if (!pool_fd.ok()) return Reply(w, c, method, id, pool_fd.status(), nullptr);
   c->staging = std::move(*region);
   w->attach_resp.set_pool_bytes(isolated_pool_->size());
-  w->attach_resp.set_staging_max_bytes(staging_max_bytes_);
   const bool sent = Reply(w, c, method, id, absl::OkStatus(), &w->attach_resp, *pool_fd);
   ::close(*pool_fd);
+  return sent;
+}
+
+bool LocalControlServer::AttachLoadStaging(Worker* w, Conn* c, uint64_t id, const char* body,
+                                           int body_bytes) {
+  const uint16_t method = static_cast<uint16_t>(local::Method::kAttachLoadStaging);
+  w->attach_load_req.Clear();
+  w->attach_load_resp.Clear();
+  if (!w->attach_load_req.ParseFromArray(body, body_bytes)) {
+    Reply(w, c, method, id, absl::InvalidArgumentError("unparsable AttachLoadStagingRequest"),
+          nullptr);
+    return false;
+  }
+  if (isolated_pool_ == nullptr) {
+    return Reply(w, c, method, id,
+                 absl::FailedPreconditionError(
+                     "this daemon's pool is not isolated (pool.shm_mode: trusted): no load "
+                     "staging; use the gRPC data path"),
+                 nullptr);
+  }
+  c->load_staging.reset();  // a second region replaces the first (and frees its slot first)
+  auto region = LoadStagingRegion::Create(w->attach_load_req.bytes(), staging_max_bytes_,
+                                          &load_limiter_, c->caller.tenant_id);
+  if (!region.ok()) return Reply(w, c, method, id, region.status(), nullptr);
+  auto fd = (*region)->OpenReadOnly();
+  if (!fd.ok()) return Reply(w, c, method, id, fd.status(), nullptr);
+  c->load_staging = std::move(*region);
+  w->attach_load_resp.set_bytes(c->load_staging->bytes().size());
+  const bool sent = Reply(w, c, method, id, absl::OkStatus(), &w->attach_load_resp, *fd);
+  ::close(*fd);
   return sent;
 }
 
@@ -555,6 +588,33 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
         absl::Status s = StageChunk(*calls_->cache(), c->caller, w->stage_req,
                                     c->staging ? c->staging->bytes() : std::span<const uint8_t>());
         if (!Reply(w, c, h.method, h.id, s, &w->stage_resp)) return false;
+        break;
+      }
+      case local::Method::kAttachLoadStaging: {
+        if (!c->handshaken) {
+          Reply(w, c, h.method, h.id,
+                absl::FailedPreconditionError("Handshake first on a local connection"), nullptr);
+          return false;
+        }
+        m->RecordLocalCall(Rpc::kReadPages);
+        if (!AttachLoadStaging(w, c, h.id, body, body_bytes)) return false;
+        break;
+      }
+      case local::Method::kStageRead: {
+        if (!c->handshaken) {
+          Reply(w, c, h.method, h.id,
+                absl::FailedPreconditionError("Handshake first on a local connection"), nullptr);
+          return false;
+        }
+        w->stage_read_req.Clear();
+        if (!w->stage_read_req.ParseFromArray(body, body_bytes)) {
+          return malformed(h.id, "unparsable StageReadRequest");
+        }
+        m->RecordLocalCall(Rpc::kReadPages);
+        absl::Status s = StageReadChunk(
+            *calls_->cache(), c->caller, w->stage_read_req,
+            c->load_staging ? c->load_staging->bytes() : std::span<uint8_t>());
+        if (!Reply(w, c, h.method, h.id, s, &w->stage_read_resp)) return false;
         break;
       }
       default:

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "control_calls.h"
+#include "local_load_staging.h"
 #include "oscarkv/allocator/arena.h"
 
 namespace oscarkv::service {
@@ -29,9 +30,10 @@ struct LocalControlOptions {
   // Time slice each epoll thread asks the scheduler for (sched_setattr sched_runtime, honoured
   // by Linux >= 6.12), 100..100000 us; 0 = the kernel's default.
   uint32_t slice_us = 100;
-  // Isolated shared memory: the sealed pool whose read-only descriptor AttachStaging hands out,
-  // and the largest staging region a connection may attach. Null: AttachStaging and StageWrite
-  // are refused (FAILED_PRECONDITION).
+  // Isolated shared memory: the sealed pool whose read-only descriptor AttachStaging hands out
+  // (to admins; tenants get none and load through AttachLoadStaging/StageRead), and the largest
+  // staging or load staging region a connection may attach. Null: AttachStaging, StageWrite,
+  // AttachLoadStaging and StageRead are refused (FAILED_PRECONDITION).
   const Arena* isolated_pool = nullptr;
   uint64_t staging_max_bytes = uint64_t{64} << 20;
 };
@@ -69,12 +71,17 @@ class LocalControlServer {
   // AttachStaging (isolated shared memory); false when `c` must be closed.
   bool AttachStaging(Worker* w, Conn* c, uint64_t id, const char* body, int body_bytes,
                      int passed_fd);
+  // AttachLoadStaging (local_load_staging.h); false when `c` must be closed.
+  bool AttachLoadStaging(Worker* w, Conn* c, uint64_t id, const char* body, int body_bytes);
 
   std::string path_;
   ControlCalls* calls_ = nullptr;
   uint32_t slice_us_ = 0;
   const Arena* isolated_pool_ = nullptr;
   uint64_t staging_max_bytes_ = 0;
+  // Load staging regions are daemon memory a tenant asks for: at most this many per tenant.
+  static constexpr int kLoadRegionsPerTenant = 64;
+  LoadRegionLimiter load_limiter_{kLoadRegionsPerTenant};
   int listen_fd_ = -1;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<uint64_t> next_worker_{0};

@@ -40,13 +40,18 @@ inline constexpr uint32_t kMaxLookupKeys = (kMaxFrameBytes - 4096) / 64;
 
 // kAttachStaging / kStageWrite: isolated shared memory (HandshakeResponse.shm_isolated); their
 // frames carry AttachStagingRequest/Response (with SCM_RIGHTS descriptors) and
-// StageWriteRequest/Response. A descriptor sent with any other frame is closed unread.
+// StageWriteRequest/Response. kAttachLoadStaging / kStageRead: the load side for callers that
+// do not map the pool (tenants): AttachLoadStagingRequest/Response (the answer carries the
+// region's read-only descriptor) and StageReadRequest/Response. A descriptor sent with any
+// other frame than AttachStaging is closed unread.
 enum class Method : uint16_t {
   kHandshake = 1,
   kLookup = 2,
   kRelease = 3,
   kAttachStaging = 4,
-  kStageWrite = 5
+  kStageWrite = 5,
+  kStageRead = 6,
+  kAttachLoadStaging = 7
 };
 
 struct RequestHeader {
