@@ -113,7 +113,7 @@ TEST_F(HandoffTest, ExpiredHandleIsNotFound) {
 
 // The manifest's own expiry (a guard against a daemon clock that runs late).
 TEST_F(HandoffTest, ManifestExpiryIsRefusedAndCloses) {
-  const PrefillResult pre = Publish("req-expired", /*ttl_ms=*/60000);
+  Publish("req-expired", /*ttl_ms=*/60000);
   DecodeWorker dw(*model_, *codec_, *decode_client_);
   OpenOptions late;
   late.now_unix_ms = UnixMs() + 120000;

@@ -61,7 +61,7 @@ class CacheWireTest : public ::testing::Test {
     ASSERT_EQ(cresp.results(0).code(), 0) << cresp.results(0).message();
   }
 
-  const Caller caller_;
+  const Caller caller_{};
   FakeClock clock_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<PageCache> cache_;

@@ -64,7 +64,7 @@ class HandlesTest : public ::testing::Test {
     return st.ok() ? *st : CacheStats{};
   }
 
-  const Caller caller_;
+  const Caller caller_{};
   FakeClock clock_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<PageCache> cache_;

@@ -104,7 +104,7 @@ class PageCacheTest : public ::testing::Test {
     return std::string(reinterpret_cast<const char*>(pool_->Data(offset)), bytes);
   }
 
-  const Caller caller_;
+  const Caller caller_{};
   FakeClock clock_;
   std::unique_ptr<PagePool> pool_;
   std::unique_ptr<PageCache> cache_;

@@ -165,7 +165,7 @@ struct FreeDeleter {
 struct Segment {
   std::shared_ptr<SegmentFile> file;
   uint64_t bytes = 0;         // file size: header plus every page appended
-  std::vector<TierKey> keys;  // in append order; an entry is live while the index points here
+  std::vector<TierKey> keys = {};  // in append order; live while the index points here
   bool dirty = false;         // written since the last Sync
   uint64_t live = 0;          // index entries that point here
 };
