@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -82,7 +83,11 @@ int ServiceBenchMain(int argc, char** argv) {
       "lookup path (lookup_path: \"local\", the daemon's same-host socket, as the daemon runs "
       "on this host); lookup_p99_ms_at_10k_grpc and lookup_peak_per_s_grpc are gRPC's, "
       "measured side by side; with --tls, lookup_p99_ms_at_10k_tls and lookup_peak_per_s_tls "
-      "are gRPC with mutual TLS and lookup_p99_tls_vs_grpc their ratio (null without --tls).");
+      "are gRPC with mutual TLS and lookup_p99_tls_vs_grpc their ratio (null without --tls). "
+      "store_vs_memcpy_tenant and load_verified_vs_memcpy_tenant are the same batch stored and "
+      "loaded as a tenant of an isolated daemon of their own (this uid and a certificate mapped "
+      "to it: stores through staging, loads through the connection's load staging region, no "
+      "pool mapping), beside the same memcpy.");
   if (auto rc = a.ParseOrExitCode(argc, argv)) return *rc;
   auto duration = a.real("duration-s");
   auto pool_mb = a.integer("pool-mb");
@@ -372,6 +377,32 @@ int ServiceBenchMain(int argc, char** argv) {
       dopt, "trusted", profile, fresh_keys,
       std::span<const std::vector<uint8_t>>(pages).first(static_cast<size_t>(*batch)), *duration);
   if (!sl_trusted.ok()) return fail("stores and verified loads (trusted)", sl_trusted.status());
+  // And as a tenant (this process's uid and a client certificate mapped to tenant "bench"): no
+  // pool mapping, stores through staging, loads through its own load staging region.
+  progress("stores and verified loads as a tenant of an isolated daemon (load staging)");
+  if (pki == nullptr) {
+    auto p = service_bench::MakeBenchPki();
+    if (!p.ok()) return fail("making TLS certificates for the tenant", p.status());
+    pki = *std::move(p);
+  }
+  const std::string tenant_cfg = pki->dir + "/tenant.yaml";
+  std::ofstream(tenant_cfg) << "tls: {cert: " << pki->server_cert << ", key: " << pki->server_key
+                            << ", client_ca: " << pki->ca << "}\ntenants:\n  - name: bench\n"
+                            << "    uids: [" << ::getuid() << "]\n";
+  testing::LocalDaemonOptions tenant_opt = dopt;
+  for (size_t i = 0; i + 1 < tenant_opt.flags.size(); ++i) {
+    if (tenant_opt.flags[i] == "--listen") tenant_opt.flags[i + 1] = "127.0.0.1:0";  // TLS: TCP
+  }
+  tenant_opt.flags.insert(tenant_opt.flags.end(), {"--config", tenant_cfg});
+  client::ConnectOptions tenant_connect;
+  tenant_connect.tls_ca_file = pki->ca;
+  tenant_connect.tls_cert_file = pki->client_cert;
+  tenant_connect.tls_key_file = pki->client_key;
+  auto sl_tenant = bench::MeasureStoreLoadOnOwnDaemon(
+      tenant_opt, "isolated", profile, fresh_keys,
+      std::span<const std::vector<uint8_t>>(pages).first(static_cast<size_t>(*batch)), *duration,
+      tenant_connect);
+  if (!sl_tenant.ok()) return fail("stores and verified loads (tenant)", sl_tenant.status());
   setup->reset();
   auto stop = (*daemon)->Stop();
 
@@ -389,6 +420,7 @@ int ServiceBenchMain(int argc, char** argv) {
   r.grpc = *grpc;
   r.store_load = *sl;
   r.store_load_trusted = *sl_trusted;
+  r.store_load_tenant = *sl_tenant;
   r.shm_mode = shm_mode;
   r.daemon_stopped_cleanly = stop.ok() && *stop == 0 && tls_stop.ok() && *tls_stop == 0;
   PrintTable(a, r, as_json ? stderr : stdout);

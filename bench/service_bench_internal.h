@@ -139,6 +139,7 @@ struct Results {
   LoadStats shm, grpc;
   StoreLoadVsMemcpy store_load;  // the default daemon (isolated shared memory)
   StoreLoadVsMemcpy store_load_trusted;  // a daemon of its own with --shm-mode trusted
+  StoreLoadVsMemcpy store_load_tenant;   // isolated, as a tenant: staging + load staging
   std::string shm_mode;                  // the default daemon's: "isolated" or "trusted"
   bool daemon_stopped_cleanly = false;
 };

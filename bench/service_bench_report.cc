@@ -101,6 +101,11 @@ void PrintTable(const Args& a, const Results& r, FILE* out) {
                100 * t.store_vs_memcpy(), r.shm_mode.c_str());
   std::fprintf(out, "%-34s %12.2f %14.2f %9.0f%%\n", "verified load, trusted shared memory",
                t.load_gbps, t.load_memcpy_gbps, 100 * t.load_verified_vs_memcpy());
+  const StoreLoadVsMemcpy& tn = r.store_load_tenant;
+  std::fprintf(out, "%-34s %12.2f %14.2f %9.0f%%\n", "store, tenant (staging)", tn.store_gbps,
+               tn.store_memcpy_gbps, 100 * tn.store_vs_memcpy());
+  std::fprintf(out, "%-34s %12.2f %14.2f %9.0f%%\n", "verified load, tenant (load staging)",
+               tn.load_gbps, tn.load_memcpy_gbps, 100 * tn.load_verified_vs_memcpy());
   if (r.shm_mode == "isolated") {
     std::fprintf(out, "isolated vs trusted: store %.0f%%, verified load %.0f%% (targets: isolated "
                  ">= 80%% of memcpy: store %s, load %s)\n",
@@ -157,6 +162,13 @@ nlohmann::json ToJson(const Args& a, const Results& r) {
        r.shm_mode == "isolated" ? json(r.store_load.load_verified_vs_memcpy()) : json(nullptr)},
       {"store_vs_memcpy_trusted", r.store_load_trusted.store_vs_memcpy()},
       {"load_verified_vs_memcpy_trusted", r.store_load_trusted.load_verified_vs_memcpy()},
+      {"store_vs_memcpy_tenant", r.store_load_tenant.store_vs_memcpy()},
+      {"load_verified_vs_memcpy_tenant", r.store_load_tenant.load_verified_vs_memcpy()},
+      {"store_load_tenant", {{"store_gbps", r.store_load_tenant.store_gbps},
+                             {"store_memcpy_gbps", r.store_load_tenant.store_memcpy_gbps},
+                             {"load_verified_gbps", r.store_load_tenant.load_gbps},
+                             {"load_memcpy_gbps", r.store_load_tenant.load_memcpy_gbps},
+                             {"iterations", r.store_load_tenant.iterations}}},
       {"store_load_trusted", {{"store_gbps", r.store_load_trusted.store_gbps},
                               {"store_memcpy_gbps", r.store_load_trusted.store_memcpy_gbps},
                               {"load_verified_gbps", r.store_load_trusted.load_gbps},

@@ -136,18 +136,22 @@ absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadVsMemcpy(
 absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadOnOwnDaemon(
     testing::LocalDaemonOptions daemon, const std::string& shm_mode, const CodecProfile& profile,
     std::span<const BlockKey> keys, std::span<const std::vector<uint8_t>> pages,
-    double duration_s) {
+    double duration_s, client::ConnectOptions connect) {
+  const bool tenant = !connect.tls_cert_file.empty();
   daemon.flags.insert(daemon.flags.end(), {"--shm-mode", shm_mode});
   for (size_t i = 0; i + 1 < daemon.flags.size(); ++i) {
-    if (daemon.flags[i] == "--shm-name") daemon.flags[i + 1] += "-" + shm_mode;
+    if (daemon.flags[i] == "--shm-name") daemon.flags[i + 1] += "-" + shm_mode + (tenant ? "-tenant" : "");
   }
   OSCARKV_ASSIGN_OR_RETURN(std::unique_ptr<testing::LocalDaemon> d,
                            testing::LocalDaemon::Start(daemon));
   absl::StatusOr<StoreLoadVsMemcpy> r;
   {
-    client::ConnectOptions defaults;
-    defaults.address = d->address();
-    OSCARKV_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(defaults));
+    connect.address = d->address();
+    OSCARKV_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Connect(connect));
+    if (tenant && c->server().data_path != client::DataPath::kSharedMemory) {
+      return absl::FailedPreconditionError(
+          "the tenant's client is not on the shared-memory data path");
+    }
     OSCARKV_ASSIGN_OR_RETURN(client::Codec codec, c->RegisterCodec(profile));
     r = MeasureStoreLoadVsMemcpy(*c, codec, keys, pages, duration_s);
   }

@@ -50,10 +50,12 @@ absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadVsMemcpy(
 // shm_mode` added (isolated: the pool is read-only to clients and stores go through staging the
 // daemon hashes; trusted: clients write the pool), a client connected with the library's
 // defaults, `profile` registered. Run beside the default daemon's figures, it says what
-// isolation costs.
+// isolation costs. `connect` (its address is filled in) adds what the client needs beyond the
+// defaults: a tenant's certificate (the daemon's flags then name its --config); such a client
+// must be on shared memory (FAILED_PRECONDITION otherwise: the figures would be gRPC's).
 absl::StatusOr<StoreLoadVsMemcpy> MeasureStoreLoadOnOwnDaemon(
     testing::LocalDaemonOptions daemon, const std::string& shm_mode, const CodecProfile& profile,
     std::span<const BlockKey> keys, std::span<const std::vector<uint8_t>> pages,
-    double duration_s);
+    double duration_s, client::ConnectOptions connect = {});
 
 }  // namespace oscarkv::bench
