@@ -17,6 +17,23 @@ std::string Bytes(const std::array<uint8_t, 16>& b) {
   return std::string(reinterpret_cast<const char*>(b.data()), b.size());
 }
 
+// Another writer's raw gRPC Reserve of one INT2 page under `key`: its reservation id, 0 (and a
+// test failure) when the RPC or the item failed.
+uint64_t RawReserve(pb::KvCache::Stub& stub, const client::Codec& codec, const BlockKey& key) {
+  pb::ReserveRequest rq;
+  rq.set_codec_id(Bytes(codec.id.bytes));
+  auto* item = rq.add_items();
+  item->set_key(Bytes(key.bytes));
+  item->set_kind(pb::PAGE_KIND_INT2);
+  pb::ReserveResponse rr;
+  grpc::ClientContext ctx;
+  const grpc::Status s = stub.Reserve(&ctx, rq, &rr);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  if (!s.ok() || rr.results_size() != 1) return 0;
+  EXPECT_EQ(rr.results(0).status().code(), 0) << rr.results(0).status().message();
+  return rr.results(0).status().code() == 0 ? rr.reservation_id() : 0;
+}
+
 // The sequence of issue 23: store a page with a corrupt checksum -> DATA_LOSS; store the
 // correct page under the same key -> stored=1, and Lookup matches it.
 TEST(StoreTruthTest, CorruptCommitThenCorrectStoreIsStored) {
@@ -104,18 +121,8 @@ TEST(StoreInProgressTest, KeyReservedElsewhereIsNeverCountedAsDeduplicated) {
   // Another writer: a raw gRPC Reserve of the key, never committed (yet).
   auto stub = pb::KvCache::NewStub(
       grpc::CreateChannel(daemon->address(), grpc::InsecureChannelCredentials()));
-  pb::ReserveRequest rq;
-  rq.set_codec_id(Bytes(codec.id.bytes));
-  auto* item = rq.add_items();
-  item->set_key(Bytes(keys[0].bytes));
-  item->set_kind(pb::PAGE_KIND_INT2);
-  pb::ReserveResponse rr;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->Reserve(&ctx, rq, &rr).ok());
-  }
-  ASSERT_EQ(rr.results(0).status().code(), 0);
-  ASSERT_NE(rr.reservation_id(), 0u);
+  const uint64_t reservation = RawReserve(*stub, codec, keys[0]);
+  ASSERT_NE(reservation, 0u);
 
   const PageWrite w{keys[0], PageKind::kInt2, page};
   const auto t0 = std::chrono::steady_clock::now();
@@ -130,7 +137,7 @@ TEST(StoreInProgressTest, KeyReservedElsewhereIsNeverCountedAsDeduplicated) {
   EXPECT_LT(waited, std::chrono::seconds(5));
 
   pb::AbortRequest ab;
-  ab.set_reservation_id(rr.reservation_id());
+  ab.set_reservation_id(reservation);
   pb::AbortResponse abr;
   {
     grpc::ClientContext ctx;
@@ -158,23 +165,14 @@ TEST(StoreTruthTest, StreamedPagesAreVerifiedWhateverTheWriterClaims) {
   corrupt[corrupt.size() - 1] ^= 0x01;
   auto stub = pb::KvCache::NewStub(
       grpc::CreateChannel(daemon->address(), grpc::InsecureChannelCredentials()));
-  pb::ReserveRequest rq;
-  rq.set_codec_id(Bytes(codec.id.bytes));
-  auto* item = rq.add_items();
-  item->set_key(Bytes(keys[0].bytes));
-  item->set_kind(pb::PAGE_KIND_INT2);
-  pb::ReserveResponse rr;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->Reserve(&ctx, rq, &rr).ok());
-  }
-  ASSERT_EQ(rr.results(0).status().code(), 0);
+  const uint64_t reservation = RawReserve(*stub, codec, keys[0]);
+  ASSERT_NE(reservation, 0u);
   {
     grpc::ClientContext ctx;
     pb::WriteResponse wr;
     auto w = stub->WritePages(&ctx, &wr);
     pb::WriteChunk chunk;
-    chunk.set_reservation_id(rr.reservation_id());
+    chunk.set_reservation_id(reservation);
     chunk.set_key(Bytes(keys[0].bytes));
     chunk.set_offset(0);
     chunk.set_data(corrupt.data(), corrupt.size());
@@ -183,7 +181,7 @@ TEST(StoreTruthTest, StreamedPagesAreVerifiedWhateverTheWriterClaims) {
     ASSERT_TRUE(w->Finish().ok());
   }
   pb::CommitRequest cq;
-  cq.set_reservation_id(rr.reservation_id());
+  cq.set_reservation_id(reservation);
   cq.set_checksums_verified(true);  // a false claim
   pb::CommitResponse cr;
   {
@@ -211,18 +209,7 @@ TEST(StoreTruthTest, OnePassWritePagesCatchesAByteCorruptedInFlight) {
                                          MakePage(codec.profile, PageKind::kInt2, 12)};
   auto stub = pb::KvCache::NewStub(
       grpc::CreateChannel(daemon->address(), grpc::InsecureChannelCredentials()));
-  auto reserve = [&](int k) {
-    pb::ReserveRequest rq;
-    rq.set_codec_id(Bytes(codec.id.bytes));
-    auto* item = rq.add_items();
-    item->set_key(Bytes(keys[k].bytes));
-    item->set_kind(pb::PAGE_KIND_INT2);
-    pb::ReserveResponse rr;
-    grpc::ClientContext ctx;
-    EXPECT_TRUE(stub->Reserve(&ctx, rq, &rr).ok());
-    EXPECT_EQ(rr.results(0).status().code(), 0) << rr.results(0).status().message();
-    return rr.reservation_id();
-  };
+  auto reserve = [&](int k) { return RawReserve(*stub, codec, keys[k]); };
   // Sends page k in 8 chunks (in `order`), flipping one byte of chunk `corrupt_chunk` in flight.
   auto write = [&](uint64_t res, int k, std::vector<int> order, int corrupt_chunk) {
     const std::vector<uint8_t>& page = pages[k];

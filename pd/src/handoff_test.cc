@@ -62,6 +62,18 @@ class HandoffTest : public ::testing::Test {
     return r.ok() ? *r : PrefillResult{};
   }
 
+#ifdef OSCARKV_PD_HAS_UCX
+  // A UCX loader for this test's daemon over TCP on loopback (lookups over gRPC).
+  absl::StatusOr<std::unique_ptr<client::UcxLoader>> ConnectUcxLoader() {
+    client::UcxLoaderOptions uo;
+    uo.connect.address = daemon_->address();
+    uo.connect.data_path = client::DataPath::kGrpc;
+    uo.tls = "tcp";
+    uo.net_devices = "lo";
+    return client::UcxLoader::Connect(uo);
+  }
+#endif
+
   static engine::Model* model_;
   static EngineCodec* codec_;
   std::unique_ptr<oscarkv::testing::LocalDaemon> daemon_;
@@ -185,12 +197,7 @@ TEST_F(HandoffTest, CorruptedPageIsDetected) {
   EXPECT_EQ(got2.status().code(), absl::StatusCode::kDataLoss) << got2.status();
 #ifdef OSCARKV_PD_HAS_UCX
   // And over UCX RMA gets from the pool.
-  client::UcxLoaderOptions uo;
-  uo.connect.address = daemon_->address();
-  uo.connect.data_path = client::DataPath::kGrpc;
-  uo.tls = "tcp";
-  uo.net_devices = "lo";
-  auto loader = client::UcxLoader::Connect(uo);
+  auto loader = ConnectUcxLoader();
   ASSERT_TRUE(loader.ok()) << loader.status();
   DecodeWorker dw3(*model_, *codec_, (*loader)->handles(), loader->get());
   auto got3 = dw3.Run("req-corrupt", 4, keep);
@@ -201,12 +208,7 @@ TEST_F(HandoffTest, CorruptedPageIsDetected) {
 #ifdef OSCARKV_PD_HAS_UCX
 TEST_F(HandoffTest, UcxLoadEqualsSingleProcessRun) {
   Publish("req-ucx");
-  client::UcxLoaderOptions uo;
-  uo.connect.address = daemon_->address();
-  uo.connect.data_path = client::DataPath::kGrpc;
-  uo.tls = "tcp";
-  uo.net_devices = "lo";
-  auto loader = client::UcxLoader::Connect(uo);
+  auto loader = ConnectUcxLoader();
   ASSERT_TRUE(loader.ok()) << loader.status();
   DecodeWorker dw(*model_, *codec_, (*loader)->handles(), loader->get());
   auto got = dw.Run("req-ucx", 16);
