@@ -62,9 +62,9 @@ struct Answer {
   int fd = -1;  // a descriptor that came with it (the caller owns it)
 };
 
-// Receives one answer frame, expecting request `id`.
-absl::StatusOr<Answer> RecvAnswer(int sock, uint64_t id) {
-  std::string buf(local::kMaxFrameBytes, '\0');
+// Receives one answer frame, expecting request `id`, into `buf` (kMaxFrameBytes, reused: an
+// answer per staged chunk must not cost an allocation and a clear of a frame's size).
+absl::StatusOr<Answer> RecvAnswer(int sock, uint64_t id, std::vector<char>& buf) {
   iovec iov{buf.data(), buf.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
   msghdr mh{};
@@ -154,7 +154,8 @@ absl::StatusOr<std::unique_ptr<ShmStaging>> ShmStaging::Open(LocalChannel& local
   }
   ::close(mfd);  // the mapping (and the daemon's) keep it alive
   mfd = -1;
-  auto a = RecvAnswer(*sock, 1);
+  std::vector<char> rx(local::kMaxFrameBytes);
+  auto a = RecvAnswer(*sock, 1, rx);
   if (!a.ok()) return fail(a.status());
   if (!a->status.ok()) {
     if (a->fd >= 0) ::close(a->fd);
@@ -164,7 +165,8 @@ absl::StatusOr<std::unique_ptr<ShmStaging>> ShmStaging::Open(LocalChannel& local
   pb::AttachStagingResponse resp;
   if (a->fd < 0 && resp.ParseFromString(a->body) && resp.pool_bytes() == 0) {
     // A tenant: stores through staging, no pool mapping (shm_load_staging.h loads).
-    return std::unique_ptr<ShmStaging>(new ShmStaging(*sock, staging, bytes, nullptr));
+    return std::unique_ptr<ShmStaging>(
+        new ShmStaging(*sock, staging, bytes, nullptr, std::move(rx)));
   }
   if (a->fd < 0 || !resp.ParseFromString(a->body) || resp.pool_bytes() != pool_bytes) {
     if (a->fd >= 0) ::close(a->fd);
@@ -174,7 +176,8 @@ absl::StatusOr<std::unique_ptr<ShmStaging>> ShmStaging::Open(LocalChannel& local
   auto pool = ShmMapping::MapReadOnlyFd(a->fd, pool_bytes);
   ::close(a->fd);
   if (!pool.ok()) return fail(pool.status());
-  return std::unique_ptr<ShmStaging>(new ShmStaging(*sock, staging, bytes, std::move(*pool)));
+  return std::unique_ptr<ShmStaging>(
+      new ShmStaging(*sock, staging, bytes, std::move(*pool), std::move(rx)));
 }
 
 ShmStaging::~ShmStaging() {
@@ -198,7 +201,7 @@ absl::Status ShmStaging::StagePages(uint64_t reservation_id, std::span<const Pag
   auto settle = [&]() -> bool {
     const InFlight f = inflight.front();
     inflight.pop_front();
-    auto a = RecvAnswer(sock_, f.id);
+    auto a = RecvAnswer(sock_, f.id, rx_);
     if (!a.ok()) {
       broken = a.status();
       return false;
@@ -219,9 +222,14 @@ absl::Status ShmStaging::StagePages(uint64_t reservation_id, std::span<const Pag
     const size_t i = reserved[r];
     const std::span<const uint8_t> src = pages[i].bytes;
     req.set_key(reinterpret_cast<const char*>(pages[i].key.bytes.data()), pages[i].key.bytes.size());
-    for (uint64_t off = 0; off < src.size() && broken.ok(); off += kChunkBytes, ++seq) {
+    // The page in equal pieces of at most a slot each: one piece (one frame) for a page of up
+    // to kChunkBytes, and no short straggler that costs a round trip of its own.
+    const uint64_t pieces = std::max<uint64_t>(1, (src.size() + kChunkBytes - 1) / kChunkBytes);
+    const uint64_t piece =
+        std::min(kChunkBytes, ((src.size() + pieces - 1) / pieces + 63) / 64 * 64);
+    for (uint64_t off = 0; off < src.size() && broken.ok(); off += piece, ++seq) {
       if (inflight.size() == kSlots && !settle()) break;
-      const uint64_t len = std::min<uint64_t>(kChunkBytes, src.size() - off);
+      const uint64_t len = std::min<uint64_t>(piece, src.size() - off);
       const uint64_t slot = (seq % kSlots) * kChunkBytes;
       std::memcpy(staging_ + slot, src.data() + off, len);
       req.set_page_offset(off);

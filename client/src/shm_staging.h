@@ -1,10 +1,12 @@
 // ShmStaging: the client side of isolated shared memory (HandshakeResponse.shm_isolated). The
 // daemon's pool is mapped read-only from a descriptor it passes over a connection of its local
-// socket; pages are stored through a small staging region (a memfd of this process, mapped
+// socket; pages are stored through a staging region (a memfd of this process, mapped
 // read-write here and read-only by the daemon) in chunks, pipelined: while the daemon copies
-// chunk i into the page's slot and hashes it (StageWrite), this side copies chunk i + 1 into the
-// next staging slot. The daemon's hash, of the bytes it copied, decides whether a page is
-// stored; nothing this process writes can change a page after that.
+// chunk i into the page's slot and hashes it in the same pass (StageWrite), this side copies
+// chunks i + 1 .. i + kSlots - 1 into the next staging slots. A page of up to kChunkBytes is one
+// chunk (one frame, one answer); the ring is deep enough that either side can run ahead by
+// several pages while the other is off its CPU. The daemon's hash, of the bytes it copied,
+// decides whether a page is stored; nothing this process writes can change a page after that.
 //
 // Thread-safe: stores through one ShmStaging are serialized (one staging region).
 #pragma once
@@ -26,9 +28,10 @@ class LocalChannel;
 
 class ShmStaging {
  public:
-  // Staging geometry: kSlots slots of kChunkBytes each (the pipeline's depth and grain).
-  static constexpr uint64_t kChunkBytes = uint64_t{1} << 20;
-  static constexpr uint32_t kSlots = 4;
+  // Staging geometry: kSlots slots of kChunkBytes each (the pipeline's depth and grain): 16 MiB,
+  // within the daemon's default pool.staging_max_mb (64). Larger pages go in equal pieces.
+  static constexpr uint64_t kChunkBytes = uint64_t{2} << 20;
+  static constexpr uint32_t kSlots = 8;
 
   // Dials a connection of `local`, attaches a new staging region and maps the pool the daemon
   // passes back (its size must be `pool_bytes`); a tenant gets no pool (pool() is null: it loads
@@ -52,8 +55,12 @@ class ShmStaging {
 
  private:
   ShmStaging(int sock, uint8_t* staging, uint64_t staging_bytes,
-             std::unique_ptr<ShmMapping> pool)
-      : sock_(sock), staging_(staging), staging_bytes_(staging_bytes), pool_(std::move(pool)) {}
+             std::unique_ptr<ShmMapping> pool, std::vector<char> rx)
+      : sock_(sock),
+        staging_(staging),
+        staging_bytes_(staging_bytes),
+        pool_(std::move(pool)),
+        rx_(std::move(rx)) {}
 
   std::mutex mu_;  // one store at a time: the staging slots and the connection
   const int sock_;
@@ -61,6 +68,7 @@ class ShmStaging {
   const uint64_t staging_bytes_;
   std::unique_ptr<ShmMapping> pool_;
   uint64_t next_id_ = 1;  // guarded by mu_
+  std::vector<char> rx_;  // guarded by mu_: one answer frame (local::kMaxFrameBytes)
 };
 
 }  // namespace oscarkv::client

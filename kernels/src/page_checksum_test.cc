@@ -73,7 +73,7 @@ TEST(PageChecksum, StreamingAnySplitMatches) {
 }
 
 // A page copied in pieces of any split (splits inside the header's checksum field, inside one
-// stripe, a byte at a time near the end, the staging ring's 1 MiB chunks) is copied exactly and
+// stripe, a byte at a time near the end, 1 MiB chunks) is copied exactly and
 // hashed to the library's checksum, at unaligned addresses, on both the fused and the portable
 // path (pages under kFusedMinBytes take the portable one).
 TEST(PageChecksum, CopyInPiecesAnySplitMatches) {
