@@ -47,6 +47,11 @@ struct KernelBenchOptions {
   // each reports the median of its rounds, so drift during the call hits every configuration
   // alike.
   int rounds = 1;
+  // Also time the decode rows under CUDA-graph replay (how engines run a decode step): the SDPA
+  // baseline (sdpa_baseline.py --graph), the BF16-pages launch and the default INT2 launch, each
+  // as a captured graph of the same back-to-back calls the eager batches make, in the same
+  // call (DecodeRow::*_graph_us; the INT2 graph figure interleaved with the eager rounds).
+  bool graph_timing = true;
   // Diagnostics: also time the default INT2 launch without its fused merge and without the
   // query rotation (outputs differ: never reported), and write per-CTA phase timestamps of
   // the default launch (and of the rotation kernel launch and every other plan target) to
@@ -83,6 +88,9 @@ struct DecodeRow {
   int int2_items = 0, bf16_items = 0;
   // BF16 pages with the separate merge kernel (bf16_us: the default, the fused merge).
   double bf16_merge_kernel_us = 0;
+  // The same launches timed under CUDA-graph replay (KernelBenchOptions::graph_timing; 0 = not
+  // measured): SDPA, BF16 pages, the default INT2 launch (median of its rounds).
+  double sdpa_graph_us = 0, bf16_graph_us = 0, int2_graph_us = 0;
   // (target_ctas, µs) when several; -1: the session-5 planner, -2: the session-5 default
   // (packed_int8 with the merge kernel and in-CTA rotation on that planner), kTailTarget - N:
   // tail_items N.

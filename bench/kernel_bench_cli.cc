@@ -64,6 +64,7 @@ int KernelBenchMain(int argc, char** argv) {
       .Flag("fast-query", "single fp16 query part for INT2 scores (default: hi+lo)")
       .Flag("json", "print the JSON summary after the table")
 
+      .Flag("eager-only", "decode rows timed as back-to-back launches only (not also under CUDA-graph replay)")
       .Flag("baseline-only", "measure only the default INT2 decode launch (not its alternatives)")
       .Flag("int2-only", "decode on OSCAR INT2 pages only (no BF16 pages, no quantize bench)")
       .Flag("extend-only", "only the extend (chunked-prefill) rows and their SDPA baselines");
@@ -160,6 +161,7 @@ int KernelBenchMain(int argc, char** argv) {
     }
     o.ab_configs.emplace_back(t);
   }
+  o.graph_timing = !args.flag("eager-only");
   o.timeline_csv = args.str("timeline");
   o.diagnostics = !o.timeline_csv.empty();
   if (args.flag("int2-only")) {

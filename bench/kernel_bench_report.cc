@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -12,7 +13,8 @@ namespace oscarkv::bench {
 absl::StatusOr<std::vector<DecodeRow>> RunSdpaBaseline(const KernelBenchOptions& o) {
   std::string shapes;
   for (auto [b, l] : o.shapes) shapes += absl::StrCat(shapes.empty() ? "" : ",", b, "x", l);
-  const std::string cmd = absl::StrCat(o.sdpa_command, " --shapes ", shapes, " --samples ", o.samples);
+  const std::string cmd = absl::StrCat(o.sdpa_command, " --shapes ", shapes, " --samples ", o.samples,
+                                       o.graph_timing ? " --graph" : "");
   std::fprintf(stderr, "[bench] baseline: %s\n", cmd.c_str());
   FILE* f = popen(cmd.c_str(), "r");
   if (f == nullptr) return absl::UnavailableError("cannot start the SDPA baseline");
@@ -33,6 +35,7 @@ absl::StatusOr<std::vector<DecodeRow>> RunSdpaBaseline(const KernelBenchOptions&
       if (j["B"] == b && j["L"] == l) {
         d.sdpa_us = j["sdpa_us"];
         d.sdpa_bytes = j["bytes"];
+        if (j.contains("sdpa_graph_us")) d.sdpa_graph_us = j["sdpa_graph_us"];
       }
     }
     out.push_back(d);
@@ -47,6 +50,10 @@ const DecodeRow* Find(const KernelBenchReport& r, int b, int l) {
   for (const auto& d : r.decode)
     if (d.batch == b && d.length == l) return &d;
   return nullptr;
+}
+// The SDPA time a configuration is compared with: the graph-replay row with SDPA's graph replay.
+double VsSdpa(const DecodeRow& d, const VariantTime& v) {
+  return v.name.find("+graph_replay") != std::string::npos ? d.sdpa_graph_us : d.sdpa_us;
 }
 }  // namespace
 
@@ -67,13 +74,23 @@ std::string FormatTable(const KernelBenchReport& r) {
         Gbps(d.int2_bytes, d.int2_us), 100 * Ratio(Gbps(d.int2_bytes, d.int2_us), r.copy_gbps),
         Ratio(d.sdpa_us, d.int2_us), d.int2_items, d.bf16_items);
   }
+  if (std::any_of(r.decode.begin(), r.decode.end(), [](const DecodeRow& d) { return d.int2_graph_us > 0; })) {
+    s += "decode under CUDA-graph replay (both sides: a captured graph of the same back-to-back calls)\n";
+    s += absl::StrFormat("%-4s %-7s | %10s | %10s %6s | %10s %8s\n", "B", "L", "SDPA us", "BF16pg us", "xSDPA",
+                         "INT2 us", "xSDPA");
+    for (const auto& d : r.decode) {
+      s += absl::StrFormat("%-4d %-7d | %10.1f | %10.1f %6.2f | %10.1f %7.2fx\n", d.batch, d.length,
+                           d.sdpa_graph_us, d.bf16_graph_us, Ratio(d.sdpa_graph_us, d.bf16_graph_us),
+                           d.int2_graph_us, Ratio(d.sdpa_graph_us, d.int2_graph_us));
+    }
+  }
   for (const auto& d : r.decode) {
     if (d.int2_variants.size() > 1) {
       s += absl::StrFormat("  INT2 configurations B=%d L=%d (the first is the default launch; * the fastest, "
                            "default/fastest %.3f):",
                            d.batch, d.length, Ratio(d.int2_us, d.int2_best_us));
       for (const auto& v : d.int2_variants) {
-        s += absl::StrFormat(" %s %.1f us (%.2fx)%s%s%s;", v.name, v.us, Ratio(d.sdpa_us, v.us),
+        s += absl::StrFormat(" %s %.1f us (%.2fx)%s%s%s;", v.name, v.us, Ratio(VsSdpa(d, v), v.us),
                              v.approximate ? " approx" : "", v.check_ok ? "" : " MISMATCH",
                              v.name == d.int2_best ? " *" : "");
       }
@@ -142,17 +159,21 @@ std::string FormatCsv(const KernelBenchReport& r) {
   std::string s =
       "kind,name,batch,length,us,bytes,gbps,copy_gbps,fraction_of_copy,speedup_vs_sdpa\n";
   for (const auto& d : r.decode) {
-    auto row = [&](const char* name, double us, double bytes) {
+    // (graph-replay rows are compared with SDPA's graph replay)
+    auto row = [&](const char* name, double us, double bytes, bool graph = false) {
       s += absl::StrFormat("decode,%s,%d,%d,%.3f,%.0f,%.1f,%.1f,%.4f,%.4f\n", name, d.batch,
                            d.length, us, bytes, Gbps(bytes, us), r.copy_gbps,
-                           Ratio(Gbps(bytes, us), r.copy_gbps), Ratio(d.sdpa_us, us));
+                           Ratio(Gbps(bytes, us), r.copy_gbps), Ratio(graph ? d.sdpa_graph_us : d.sdpa_us, us));
     };
     row("sdpa_bf16", d.sdpa_us, d.sdpa_bytes);
     row("oscarkv_bf16_pages", d.bf16_us, d.bf16_bytes);
     row("oscarkv_int2_pages", d.int2_us, d.int2_bytes);
     for (const auto& v : d.int2_variants) {
-      row(("oscarkv_int2_pages:" + v.name).c_str(), v.us, d.int2_bytes);
+      row(("oscarkv_int2_pages:" + v.name).c_str(), v.us, d.int2_bytes,
+          v.name.find("+graph_replay") != std::string::npos);
     }
+    if (d.sdpa_graph_us > 0) row("sdpa_bf16:graph_replay", d.sdpa_graph_us, d.sdpa_bytes, true);
+    if (d.bf16_graph_us > 0) row("oscarkv_bf16_pages:graph_replay", d.bf16_graph_us, d.bf16_bytes, true);
   }
   for (const auto& e : r.extend) {
     auto row = [&](const char* name, double us) {
@@ -192,6 +213,14 @@ std::string FormatJson(const KernelBenchReport& r) {
   if (const DecodeRow* b1s = Find(r, 1, 32768); b1s != nullptr) {
     j["int2_vs_sdpa_b1_32k"] = Ratio(b1s->sdpa_us, b1s->int2_us);
   }
+  // The acceptance ratios with both sides under CUDA-graph replay (0 where not measured).
+  for (const auto& [key, b, l] : {std::tuple<const char*, int, int>{"b1_32k", 1, 32768}, {"b1_100k", 1, 100000},
+                                  {"b8_32k", 8, 32768}, {"b32_32k", 32, 32768}}) {
+    const DecodeRow* d = Find(r, b, l);
+    if (d == nullptr || d->int2_graph_us <= 0) continue;
+    j[absl::StrCat("int2_vs_sdpa_", key, "_graph")] = Ratio(d->sdpa_graph_us, d->int2_graph_us);
+    j[absl::StrCat("bf16pages_vs_sdpa_", key, "_graph")] = Ratio(d->sdpa_graph_us, d->bf16_graph_us);
+  }
   // The default launch against the fastest configuration measured beside it, at every shape
   // (the issue: within 3%).
   double worst = 0;
@@ -225,7 +254,7 @@ std::string FormatJson(const KernelBenchReport& r) {
     for (const auto& v : d.int2_variants) {
       variants.push_back({{"name", v.name}, {"us", v.us}, {"approximate", v.approximate},
                           {"check_ok", v.check_ok}, {"check_error_vs_cpu_seq0", v.check_error},
-                          {"vs_sdpa", Ratio(d.sdpa_us, v.us)},
+                          {"vs_sdpa", Ratio(VsSdpa(d, v), v.us)},
                           {"bw_fraction", Ratio(Gbps(d.int2_bytes, v.us), r.copy_gbps)},
                           {"round_us", v.round_us}});
     }
@@ -235,7 +264,9 @@ std::string FormatJson(const KernelBenchReport& r) {
                            {"int2_best", d.int2_best}, {"int2_best_us", d.int2_best_us},
                            {"int2_default_vs_fastest", Ratio(d.int2_us, d.int2_best_us)},
                            {"int2_variants", variants},
-                           {"int2_bytes", d.int2_bytes}, {"bf16_bytes", d.bf16_bytes}});
+                           {"int2_bytes", d.int2_bytes}, {"bf16_bytes", d.bf16_bytes},
+                           {"sdpa_graph_us", d.sdpa_graph_us}, {"bf16_pages_graph_us", d.bf16_graph_us},
+                           {"int2_graph_us", d.int2_graph_us}});
   }
   for (const auto& q : r.quant) {
     j["quantize"].push_back({{"name", q.name}, {"us", q.us}, {"bytes", q.bytes},

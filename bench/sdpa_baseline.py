@@ -9,7 +9,9 @@ dense BF16 K/V of P + C tokens, new token i attending to the P prefix tokens and
 runs (cuDNN, flash, memory-efficient) is timed; one JSON object per (shape, backend):
 {"extend": [B, P, C], "backend", "us", "how", "max_diff"} or {"extend", "backend", "error"}.
 Timing: CUDA events around a batch of back-to-back calls, median over samples (the same method
-as oscarkv's kernel bench, which runs this script in the same device call).
+as oscarkv's kernel bench, which runs this script in the same device call). Decode with --graph
+also reports "sdpa_graph_us": the same batch of calls captured in one CUDA graph and replayed
+(how engines run a decode step; the kernel bench times its own launches that way too).
 """
 import argparse
 import json
@@ -33,6 +35,34 @@ def time_batch(fn, reps, samples):
         end.record()
         end.synchronize()
         out.append(start.elapsed_time(end) * 1000.0 / reps)
+    return statistics.median(out)
+
+
+def time_graph(fn, reps, samples):
+    """Median per-call time of `reps` calls of fn captured in one CUDA graph and replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture, as torch requires
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(samples):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1000.0 / reps)
+    del g
     return statistics.median(out)
 
 
@@ -118,6 +148,7 @@ def main():
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--samples", type=int, default=30)
+    ap.add_argument("--graph", action="store_true", help="decode: also time under CUDA-graph replay")
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -138,8 +169,14 @@ def main():
         single = time_batch(fn, 3, 3)
         reps = max(3, min(200, int(2000.0 / max(single, 1.0))))
         us = time_batch(fn, reps, args.samples)
-        print(json.dumps({"B": b, "L": l, "sdpa_us": us, "bytes": bytes_read,
-                          "samples": args.samples, "reps": reps}), flush=True)
+        row = {"B": b, "L": l, "sdpa_us": us, "bytes": bytes_read, "samples": args.samples, "reps": reps}
+        if args.graph:
+            try:
+                row["sdpa_graph_us"] = time_graph(fn, reps, args.samples)
+                row["sdpa_eager_us_after_graph"] = time_batch(fn, reps, args.samples)
+            except Exception as e:  # noqa: BLE001 - report, keep the eager row
+                row["sdpa_graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        print(json.dumps(row), flush=True)
         del q, k, v
         torch.cuda.empty_cache()
     return 0

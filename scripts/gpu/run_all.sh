@@ -57,7 +57,7 @@ grep -E '^\[  FAILED|Failure|gpu .* ref |\[ graph \]' "$out/gpu_test.log" | head
 echo "== kernel bench rc=$bench_rc ($((t2 - t1)) s)"
 tail -5 "$out/kernel_bench.err"
 sed -n '1,/^{/p' "$out/kernel_bench.txt" | grep -v '^{'
-grep -E '"(int2_vs_sdpa_b32_32k|int2_vs_sdpa_b1_100k|int2_vs_sdpa_b1_32k|bf16pages_vs_sdpa_b32_32k|int2_bw_fraction_b32|quant_bw_fraction|int2_best_variant_b32_32k|int2_best_variant_b1_100k|int2_default_vs_fastest_worst|int2_default_check_ok|quant_prefill_step_us|quant_share_of_attention_projections|quant_share_of_attention_projections_sdpa|quant_share_of_layer|extend_vs_best_sdpa_32k_512|extend_vs_sdpa_flash_32k_512|extend_tflops_32k_512)"' \
+grep -E '"(int2_vs_sdpa_b32_32k|int2_vs_sdpa_b1_100k|int2_vs_sdpa_b1_32k|bf16pages_vs_sdpa_b32_32k|int2_vs_sdpa_[a-z0-9]+_graph|bf16pages_vs_sdpa_b32_32k_graph|int2_bw_fraction_b32|quant_bw_fraction|int2_best_variant_b32_32k|int2_best_variant_b1_100k|int2_default_vs_fastest_worst|int2_default_check_ok|quant_prefill_step_us|quant_share_of_attention_projections|quant_share_of_attention_projections_sdpa|quant_share_of_layer|extend_vs_best_sdpa_32k_512|extend_vs_sdpa_flash_32k_512|extend_tflops_32k_512)"' \
   "$out/kernel_bench.json"
 if [ -f "$out/write_probe.txt" ]; then
   echo "== write probe rc=$probe_rc"
