@@ -173,7 +173,6 @@ def main():
         if args.graph:
             try:
                 row["sdpa_graph_us"] = time_graph(fn, reps, args.samples)
-                row["sdpa_eager_us_after_graph"] = time_batch(fn, reps, args.samples)
             except Exception as e:  # noqa: BLE001 - report, keep the eager row
                 row["sdpa_graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         print(json.dumps(row), flush=True)
