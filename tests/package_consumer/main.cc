@@ -1,6 +1,6 @@
 // Uses the installed C++ headers and oscarkv::client: block keys against the FORMAT.md golden
 // vector, and a clear UNAVAILABLE from Connect when no daemon listens. (main_c.c does the same
-// through the C ABI and oscarkv::c; one process links one of the two, see oscarkv_c.h.)
+// through the C ABI and oscarkv::c; main_both.cc uses both APIs through oscarkv::c_static.)
 #include <cstdio>
 
 #include "oscarkv/client/client.h"

@@ -17,7 +17,8 @@
  *   copy of the client and of the oscarkv.proto stubs, so it cannot be loaded into a process
  *   that also has oscarkv::client: the shared libprotobuf aborts on the second registration of
  *   oscarkv.proto. A C++ program that uses both APIs links oscarkv::c_static (this ABI as a
- *   static library over the program's own oscarkv::client) instead.
+ *   static library over the program's own oscarkv::client) instead; CMake refuses to generate
+ *   a target that links oscarkv::c and oscarkv::client (property OSCARKV_C_STATIC_BESIDE_CLIENT).
  * - Functions marked "no daemon" (profiles, codec ids, block keys, rotations, the page builder)
  *   need no connection.
  */
