@@ -230,6 +230,29 @@ TEST_F(TenantShmTest, TenantStoresAndLoadsOverSharedMemoryWithoutThePool) {
   EXPECT_EQ(bufs[5], p.bytes[5]);
 }
 
+// Pages larger than a load staging slot (2 MiB) move in several chunks, copied and hashed with
+// one fused state across them: Qwen3-8B BF16 pages are 9.4 MB. A wrong digest would be DATA_LOSS.
+TEST_F(TenantShmTest, PagesLargerThanASlotLoadInChunks) {
+  auto a = As("tenant-a");
+  ASSERT_NE(a, nullptr);
+  auto codec = a->RegisterCodec(*BuiltinProfile("qwen3-8b"));
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  ASSERT_GT(codec->page_bytes(PageKind::kBf16), 4u << 20);
+  const auto keys = client::Client::BlockKeys(*codec, Tokens(9, 2 * codec->profile.page_tokens));
+  std::vector<std::vector<uint8_t>> pages;
+  std::vector<client::PageWrite> writes;
+  for (size_t i = 0; i < 2; ++i) pages.push_back(MakePage(codec->profile, PageKind::kBf16, 60 + i));
+  for (size_t i = 0; i < 2; ++i) writes.push_back({keys[i], PageKind::kBf16, pages[i]});
+  auto stored = a->Store(*codec, writes);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->stored, 2u);
+  auto loaded = a->Load(*codec, keys);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->matched, 2u);
+  EXPECT_TRUE(loaded->pages[0] == pages[0]);
+  EXPECT_TRUE(loaded->pages[1] == pages[1]);
+}
+
 TEST_F(TenantShmTest, TenantGetsNoPoolAndBadLoadStagingRequestsAreRefused) {
   auto a = As("tenant-a");
   ASSERT_NE(a, nullptr);

@@ -80,7 +80,7 @@ absl::Status ShmLoadStaging::Fetch(uint64_t lease_id, std::span<const PageRef> p
   std::deque<InFlight> inflight;
   // Pages larger than a slot are hashed chunk by chunk, in order (their chunks are answered in
   // request order).
-  std::vector<std::unique_ptr<PageChecksummer>> hashers(pages.size());
+  std::vector<std::unique_ptr<PageCopyChecksummer>> hashers(pages.size());
   absl::Status failed;  // the daemon refused a chunk: finish the answers owed, then report it
   auto settle = [&]() -> absl::Status {
     const InFlight f = inflight.front();
@@ -98,13 +98,14 @@ absl::Status ShmLoadStaging::Fetch(uint64_t lease_id, std::span<const PageRef> p
     if (hash && f.length == dst[f.page].size()) {
       (*digests)[f.page] = CopyPageWithChecksum(out, src);  // one fused pass
     } else if (hash) {
-      if (f.page_offset == 0) hashers[f.page] = std::make_unique<PageChecksummer>();
-      // Copy and hash in L2-sized pieces: each piece is hashed while it is still cached.
-      for (uint64_t off = 0; off < f.length; off += kChecksumChunkBytes) {
-        const uint64_t n = std::min<uint64_t>(kChecksumChunkBytes, f.length - off);
-        std::memcpy(out.data() + off, src.data() + off, n);
-        hashers[f.page]->Update(out.subspan(off, n));
+      // A page over several chunks: the same fused copy + hash, its state carried across them.
+      if (f.page_offset == 0) {
+        hashers[f.page] = std::make_unique<PageCopyChecksummer>(dst[f.page].size());
       }
+      if (hashers[f.page] == nullptr || hashers[f.page]->offset() != f.page_offset) {
+        return absl::InternalError("load staging: chunks of a page answered out of order");
+      }
+      hashers[f.page]->Copy(dst[f.page], src);
       if (f.page_offset + f.length == dst[f.page].size()) {
         (*digests)[f.page] = hashers[f.page]->Digest();
         hashers[f.page].reset();

@@ -29,7 +29,7 @@ class ShmLoadStaging final : public PageSource {
  public:
   // Region geometry: kSlots slots of kSlotBytes (the pipeline's depth and grain). A page of at
   // most kSlotBytes moves in one chunk (copied and hashed in one fused pass); a larger page in
-  // kSlotBytes chunks.
+  // kSlotBytes chunks, copied and hashed by one PageCopyChecksummer (still one fused pass).
   static constexpr uint64_t kSlotBytes = uint64_t{2} << 20;
   static constexpr uint32_t kSlots = 4;
 
