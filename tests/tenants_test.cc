@@ -211,7 +211,7 @@ TEST_F(TenantsTest, AdminClearsEveryTenantAndSeesEveryonesStats) {
 
 // The UCX data plane's remote key covers the whole pool: only an admin tenant gets it.
 TEST_F(TenantsTest, OnlyTheAdminGetsTheWholePoolUcxKey) {
-  auto get = [&](const std::string& cert) {
+  auto get = [&](const std::string& cert, pb::GetDataPlaneResponse* resp) {
     grpc::SslCredentialsOptions o;
     o.pem_root_certs = ReadTextFile(pki_->path("ca.pem"));
     o.pem_private_key = ReadTextFile(pki_->path(cert + ".key"));
@@ -220,18 +220,25 @@ TEST_F(TenantsTest, OnlyTheAdminGetsTheWholePoolUcxKey) {
         grpc::CreateChannel(daemon_->address(), grpc::SslCredentials(o)));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    pb::GetDataPlaneResponse resp;
-    return stub->GetDataPlane(&ctx, pb::GetDataPlaneRequest(), &resp);
+    return stub->GetDataPlane(&ctx, pb::GetDataPlaneRequest(), resp);
   };
-  grpc::Status s = get("tenant-a");
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
-  s = get("mallory");
+  pb::GetDataPlaneResponse admin, tenant, none;
+  grpc::Status s = get("mallory", &none);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
   EXPECT_NE(s.error_message().find("names no tenant"), std::string::npos) << s.error_message();
   // The admin: the key, or FAILED_PRECONDITION where this machine's UCX did not start.
-  s = get("admin");
+  s = get("admin", &admin);
   EXPECT_TRUE(s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
       << s.error_code() << ": " << s.error_message();
+  if (!s.ok()) return;
+  // A tenant: not the pool key but a data plane of its own over its staging region
+  // (ucx_tenant_test loads through it).
+  s = get("tenant-a", &tenant);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(tenant.staged());
+  EXPECT_FALSE(admin.staged());
+  EXPECT_NE(tenant.pool_rkey(), admin.pool_rkey());
+  EXPECT_NE(tenant.worker_address(), admin.worker_address());
 }
 
 // The one way to share: a configured shared namespace, chosen by the client option.

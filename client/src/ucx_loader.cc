@@ -1,5 +1,6 @@
 #include "oscarkv/client/ucx_loader.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -60,6 +61,7 @@ class UcxLoaderImpl final : public UcxLoader {
     info.daemon_transports.assign(dp_.transports().begin(), dp_.transports().end());
     info.endpoint_transports = ep_->Transports();
     info.peer_failure_detection = peer_detect_;
+    info.staged = dp_.staged();
     return info;
   }
 
@@ -68,8 +70,8 @@ class UcxLoaderImpl final : public UcxLoader {
     lo.pin = true;
     OSCARKV_ASSIGN_OR_RETURN(LookupResult lookup, hc_->client().Lookup(codec, keys, lo));
     LoadResult out;
-    absl::Status s = FetchVerified(codec, 0, lookup.pages, OwnedBuffers(lookup.pages, &out.pages),
-                                   staged_, options_.connect.verify_checksums);
+    absl::Status s =
+        FetchByLease(codec, lookup, OwnedBuffers(lookup.pages, &out.pages), staged_);
     // A dead daemon's leases die with it; a failure after good pages is still reported.
     absl::Status released = hc_->client().Release(lookup);
     if (!s.ok()) return s;
@@ -99,8 +101,7 @@ class UcxLoaderImpl final : public UcxLoader {
     LookupOptions lo;
     lo.pin = true;
     OSCARKV_ASSIGN_OR_RETURN(LookupResult lookup, hc_->client().Lookup(codec, keys, lo));
-    absl::Status s = FetchVerified(codec, 0, lookup.pages, dst, direct_,
-                                   options_.connect.verify_checksums);
+    absl::Status s = FetchByLease(codec, lookup, dst, direct_);
     hc_->client().Release(lookup).IgnoreError();
     if (!s.ok()) return s;
     if (bytes_out != nullptr) {
@@ -129,6 +130,22 @@ class UcxLoaderImpl final : public UcxLoader {
   }
 
  private:
+  // A Lookup pins one lease per max_batch chunk of its keys (client.h): page i belongs to
+  // lease_ids[i / max_batch]. A staging data plane stages each page under its own lease.
+  absl::Status FetchByLease(const Codec& codec, const LookupResult& lookup,
+                            std::span<const std::span<uint8_t>> dst, PageSource& source) {
+    const size_t batch = std::max<size_t>(1, hc_->client().server().max_batch);
+    const std::span<const PageRef> pages(lookup.pages);
+    for (size_t begin = 0, chunk = 0; begin < pages.size(); begin += batch, ++chunk) {
+      const size_t n = std::min(batch, pages.size() - begin);
+      const uint64_t lease = chunk < lookup.lease_ids.size() ? lookup.lease_ids[chunk] : 0;
+      OSCARKV_RETURN_IF_ERROR(FetchVerified(codec, lease, pages.subspan(begin, n),
+                                            dst.subspan(begin, n), source,
+                                            options_.connect.verify_checksums, begin));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status GetDataPlane(pb::GetDataPlaneResponse* resp) {
     auto ctx = rpc_->Context();
     return FromGrpc(rpc_->stub().GetDataPlane(ctx.get(), pb::GetDataPlaneRequest(), resp),
@@ -182,11 +199,14 @@ class UcxLoaderImpl final : public UcxLoader {
   class Source final : public PageSource {
    public:
     Source(UcxLoaderImpl* loader, bool direct) : loader_(loader), direct_(direct) {}
-    absl::Status Fetch(uint64_t, std::span<const PageRef> pages,
+    absl::Status Fetch(uint64_t lease_id, std::span<const PageRef> pages,
                        std::span<const std::span<uint8_t>> dst, bool hash,
                        std::vector<std::optional<uint64_t>>* digests) override {
       absl::MutexLock lock(&loader_->mu_);
-      return direct_ ? loader_->GetDirect(pages, dst) : loader_->GetStaged(pages, dst, hash, digests);
+      absl::Status s = direct_ ? loader_->GetDirect(lease_id, pages, dst)
+                               : loader_->GetStaged(lease_id, pages, dst, hash, digests);
+      loader_->FreeStages();
+      return s;
     }
 
    private:
@@ -207,8 +227,85 @@ class UcxLoaderImpl final : public UcxLoader {
                         absl::StrCat("UCX get from ", options_.connect.address, ": ", s.message()));
   }
 
-  absl::Status GetStaged(std::span<const PageRef> refs, std::span<const std::span<uint8_t>> dst,
-                         bool hash, std::vector<std::optional<uint64_t>>* digests)
+  // Tenant data plane (GetDataPlaneResponse.staged): the daemon copies refs[first, last) into
+  // the tenant's staging region (StageForRma, the lease's own checks) and answers where; the
+  // gets then read that region. The stage id is freed by the next StageForRma (FreeStages).
+  absl::StatusOr<std::vector<uint64_t>> Stage(uint64_t lease_id, std::span<const PageRef> refs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    pb::StageForRmaRequest req;
+    req.set_lease_id(lease_id);
+    for (const PageRef& r : refs) {
+      req.add_keys(reinterpret_cast<const char*>(r.key.bytes.data()), r.key.bytes.size());
+    }
+    for (uint64_t id : to_free_) req.add_free_stage_ids(id);
+    pb::StageForRmaResponse resp;
+    auto ctx = rpc_->Context();
+    OSCARKV_RETURN_IF_ERROR(
+        FromGrpc(rpc_->stub().StageForRma(ctx.get(), req, &resp), "StageForRma"));
+    to_free_.clear();
+    if (resp.stage_id() != 0) to_free_.push_back(resp.stage_id());
+    if (static_cast<size_t>(resp.pages_size()) != refs.size()) {
+      return absl::InternalError("StageForRma: daemon answered a page count != key count");
+    }
+    std::vector<uint64_t> offsets;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      const pb::StagedPage& p = resp.pages(static_cast<int>(i));
+      if (p.bytes() != refs[i].bytes || p.offset() > dp_.pool_bytes() ||
+          p.bytes() > dp_.pool_bytes() - p.offset()) {
+        return absl::DataLossError(absl::StrCat("StageForRma: page ", i, " staged as ",
+                                                p.bytes(), " bytes at ", p.offset(),
+                                                ", outside what was asked"));
+      }
+      offsets.push_back(p.offset());
+    }
+    return offsets;
+  }
+
+  // Frees the stages this loader has read (one small call; on failure they expire).
+  void FreeStages() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (to_free_.empty()) return;
+    pb::StageForRmaRequest req;
+    for (uint64_t id : to_free_) req.add_free_stage_ids(id);
+    pb::StageForRmaResponse resp;
+    auto ctx = rpc_->Context();
+    if (rpc_->stub().StageForRma(ctx.get(), req, &resp).ok()) to_free_.clear();
+    if (to_free_.size() > 64) to_free_.clear();  // the daemon frees them at their deadline
+  }
+
+  // Where page i of a round is read from: the pool (pool key) or the tenant's staging region.
+  // `budget` bounds the bytes of one round (each staged page takes its size rounded up to
+  // kStageAlign); `n` pages starting at `first` fit it.
+  static constexpr uint64_t kStageAlign = 256;
+  static uint64_t StagedSize(uint64_t bytes) {
+    return (bytes + kStageAlign - 1) / kStageAlign * kStageAlign;
+  }
+  absl::StatusOr<std::vector<uint64_t>> RemoteOffsets(uint64_t lease_id,
+                                                      std::span<const PageRef> refs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (dp_.staged()) return Stage(lease_id, refs);
+    std::vector<uint64_t> offsets;
+    for (const PageRef& r : refs) offsets.push_back(r.offset);
+    return offsets;
+  }
+  // Pages [first, end) that fit one round of at most `limit` bytes (at least one page).
+  size_t RoundEnd(std::span<const PageRef> refs, size_t first, uint64_t limit) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint64_t used = 0;
+    size_t end = first;
+    for (; end < refs.size(); ++end) {
+      const uint64_t need = dp_.staged() ? StagedSize(refs[end].bytes) : refs[end].bytes;
+      if (end > first && used + need > limit) break;
+      used += need;
+    }
+    return end;
+  }
+  uint64_t RoundLimit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return dp_.staged() ? dp_.pool_bytes() : UINT64_MAX;
+  }
+
+  absl::Status GetStaged(uint64_t lease_id, std::span<const PageRef> refs,
+                         std::span<const std::span<uint8_t>> dst, bool hash,
+                         std::vector<std::optional<uint64_t>>* digests)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const PageRef& r : refs) {
       if (r.bytes > buffer_.size()) {
@@ -219,14 +316,24 @@ class UcxLoaderImpl final : public UcxLoader {
     size_t next = 0;
     while (next < refs.size()) {
       OSCARKV_RETURN_IF_ERROR(EnsureConnected());
+      const size_t first = next;
+      // Both bounds: this loader's receive buffer, and (staged) the tenant's region.
+      size_t end = first;
+      for (uint64_t used = 0; end < refs.size() && used + refs[end].bytes <= buffer_.size();
+           ++end) {
+        used += refs[end].bytes;
+      }
+      end = std::min(end, RoundEnd(refs, first, RoundLimit()));
+      OSCARKV_ASSIGN_OR_RETURN(std::vector<uint64_t> remote,
+                               RemoteOffsets(lease_id, refs.subspan(first, end - first)));
       std::vector<transport::TransferDesc> descs;
       size_t used = 0;
-      const size_t first = next;
-      for (; next < refs.size() && used + refs[next].bytes <= buffer_.size(); ++next) {
-        descs.push_back({buffer_.data() + used, remote_->base() + refs[next].offset,
-                         refs[next].bytes});
-        used += refs[next].bytes;
+      for (size_t i = first; i < end; ++i) {
+        descs.push_back({buffer_.data() + used, remote_->base() + remote[i - first],
+                         refs[i].bytes});
+        used += refs[i].bytes;
       }
+      next = end;
       OSCARKV_RETURN_IF_ERROR(RunGets(*region_, descs));
       used = 0;
       for (size_t i = first; i < next; ++i) {
@@ -243,7 +350,8 @@ class UcxLoaderImpl final : public UcxLoader {
   }
 
   // RMA straight into caller buffers: one batch per registered region.
-  absl::Status GetDirect(std::span<const PageRef> refs, std::span<const std::span<uint8_t>> dst)
+  absl::Status GetDirect(uint64_t lease_id, std::span<const PageRef> refs,
+                         std::span<const std::span<uint8_t>> dst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<std::vector<size_t>> by_region(user_regions_.size());  // page indices
     for (size_t i = 0; i < refs.size(); ++i) {
@@ -260,12 +368,27 @@ class UcxLoaderImpl final : public UcxLoader {
     }
     OSCARKV_RETURN_IF_ERROR(EnsureConnected());
     for (size_t r = 0; r < by_region.size(); ++r) {
-      if (by_region[r].empty()) continue;
-      std::vector<transport::TransferDesc> descs;
-      for (size_t i : by_region[r]) {
-        descs.push_back({dst[i].data(), remote_->base() + refs[i].offset, refs[i].bytes});
+      // Rounds of at most one staging region (one round in the pool).
+      const std::vector<size_t>& idx = by_region[r];
+      for (size_t first = 0; first < idx.size();) {
+        std::vector<PageRef> round;
+        uint64_t used = 0;
+        size_t end = first;
+        for (; end < idx.size(); ++end) {
+          const uint64_t need = dp_.staged() ? StagedSize(refs[idx[end]].bytes) : 0;
+          if (end > first && used + need > RoundLimit()) break;
+          used += need;
+          round.push_back(refs[idx[end]]);
+        }
+        OSCARKV_ASSIGN_OR_RETURN(std::vector<uint64_t> remote, RemoteOffsets(lease_id, round));
+        std::vector<transport::TransferDesc> descs;
+        for (size_t k = first; k < end; ++k) {
+          const size_t i = idx[k];
+          descs.push_back({dst[i].data(), remote_->base() + remote[k - first], refs[i].bytes});
+        }
+        OSCARKV_RETURN_IF_ERROR(RunGets(*user_regions_[r], descs));
+        first = end;
       }
-      OSCARKV_RETURN_IF_ERROR(RunGets(*user_regions_[r], descs));
     }
     return absl::OkStatus();
   }
@@ -283,6 +406,7 @@ class UcxLoaderImpl final : public UcxLoader {
   std::unique_ptr<transport::Endpoint> ep_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<transport::RemoteMemory> remote_ ABSL_GUARDED_BY(mu_);
   pb::GetDataPlaneResponse dp_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> to_free_ ABSL_GUARDED_BY(mu_);  // stages read, not yet freed
   bool peer_detect_ ABSL_GUARDED_BY(mu_) = false;
 };
 

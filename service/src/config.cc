@@ -78,6 +78,7 @@ ucx:
   tls: tcp                      # UCX_TLS: tcp, shm (posix/sysv/cma), rc,ud, ...
   net_devices: ""               # UCX_NET_DEVICES; "" = the listen address's interface, all = every one
   share_pool_key: false         # hand the whole-pool RMA key to tenants too (default: admins only)
+  tenant_region_mb: 64          # per-tenant RMA staging region (own data-plane process), MiB
 tier:
   path: ""                      # SSD tier directory; "" = no tier (evicted pages are dropped)
   capacity_mb: 0                # tier file bytes, MiB (oldest segment dropped beyond); required with a path
@@ -151,6 +152,7 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "ucx.tls") return ReadString(v, key, &c->ucx_tls);
   if (key == "ucx.net_devices") return ReadString(v, key, &c->ucx_net_devices);
   if (key == "ucx.share_pool_key") return ReadBool(v, key, &c->ucx_share_pool_key);
+  if (key == "ucx.tenant_region_mb") return ReadUint(v, key, &c->ucx_tenant_region_mb, 1, 4096);
   if (key == "tls.cert") return ReadString(v, key, &c->tls_cert);
   if (key == "tls.key") return ReadString(v, key, &c->tls_key);
   if (key == "tls.client_ca") return ReadString(v, key, &c->tls_client_ca);

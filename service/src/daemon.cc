@@ -30,6 +30,7 @@
 #include "tls.h"
 #ifdef OSCARKV_HAVE_UCX
 #include "ucx_data_plane.h"
+#include "ucx_tenant_regions.h"
 #endif
 #include "grpc/grpc.h"
 #include "grpc/support/log.h"
@@ -341,6 +342,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
     }
   } data_plane_pool_fd_closer{&data_plane_pool_fd};
   std::unique_ptr<UcxDataPlane> data_plane;
+  std::unique_ptr<TenantRegions> tenant_rma;  // tenants' own data planes (ucx_tenant_regions.h)
   if (config.ucx) {
     UcxDataPlaneOptions dpo;
     dpo.tls = config.ucx_tls;
@@ -361,6 +363,15 @@ absl::Status RunDaemon(const DaemonConfig& config) {
       data_plane = std::move(*dp);
       UcxDataPlane* d = data_plane.get();
       service.SetDataPlane([d] { return d->Info(); }, "");
+      if (tenants->get()->configured() && !config.ucx_share_pool_key) {
+        TenantRegionOptions tro;
+        tro.tls = dpo.tls;
+        tro.net_devices = dpo.net_devices;
+        tro.region_bytes = config.ucx_tenant_region_mb << 20;
+        tro.max_regions = tenants->get()->size();
+        tenant_rma = std::make_unique<TenantRegions>(&cache, tro);
+        service.SetTenantRma(tenant_rma.get());
+      }
     } else {
       // The control plane and the shm/gRPC data paths still work; say why UCX does not.
       LogEvent(LogLevel::kWarn, "ucx_unavailable", {{"error", std::string(dp.status().message())}});
@@ -545,6 +556,9 @@ absl::Status RunDaemon(const DaemonConfig& config) {
     tier_flushed = tier->Flush(deadline);
   }
   metrics_server.Stop();
+#ifdef OSCARKV_HAVE_UCX
+  tenant_rma.reset();
+#endif
   data_plane.reset();
   stop_reaper.Notify();
   reaper.join();

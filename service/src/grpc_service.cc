@@ -222,12 +222,21 @@ grpc::ServerUnaryReactor* KvCacheService::GetDataPlane(grpc::CallbackServerConte
   } else if (!data_plane_) {
     s = absl::FailedPreconditionError(no_data_plane_);
   } else if (const Caller& caller = *caller_or; !caller.admin && !share_pool_key_) {
-    // A remote key is a capability over everything it covers: this one covers every tenant's
-    // pages, so a tenant (who may read only its own) does not get it.
-    s = absl::PermissionDeniedError(absl::StrCat(
-        "tenant '", caller.tenant, "': the UCX pool key reads every tenant's pages, so only an "
-        "admin gets it (ucx.share_pool_key: true hands it to every tenant); load over gRPC or "
-        "shared memory instead"));
+    // The pool key reads every tenant's pages, so a tenant (who may read only its own) gets
+    // the data plane of its own staging region instead (ucx_tenant_regions.h says why a key
+    // over just its pages would isolate nothing on emulated RMA).
+    if (tenant_rma_ != nullptr) {
+      if (auto own = tenant_rma_->DataPlane(caller); own.ok()) {
+        *resp = *std::move(own);
+      } else {
+        s = own.status();
+      }
+    } else {
+      s = absl::PermissionDeniedError(absl::StrCat(
+          "tenant '", caller.tenant, "': the UCX pool key reads every tenant's pages, so only "
+          "an admin gets it (ucx.share_pool_key: true hands it to every tenant); load over "
+          "gRPC or shared memory instead"));
+    }
   } else if (auto info = data_plane_(); info.ok()) {
     *resp = *std::move(info);
   } else {
@@ -236,6 +245,26 @@ grpc::ServerUnaryReactor* KvCacheService::GetDataPlane(grpc::CallbackServerConte
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(t.Done(s));
   return reactor;
+}
+
+grpc::Status KvCacheService::StageForRma(grpc::ServerContext* ctx,
+                                         const pb::StageForRmaRequest* req,
+                                         pb::StageForRmaResponse* resp) {
+  Admission admitted(this);
+  if (!admitted) return kDraining;
+  CallTimer t(metrics_, Rpc::kStageForRma);
+  const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);
+  if (!caller.ok()) return t.Done(caller.status());
+  if (!data_plane_) return t.Done(absl::FailedPreconditionError(no_data_plane_));
+  if (caller->admin || share_pool_key_) {
+    return t.Done(absl::FailedPreconditionError(
+        "this caller gets the pool key from GetDataPlane: RMA-read leased pages from the pool "
+        "directly (StageForRma serves tenants without it)"));
+  }
+  if (tenant_rma_ == nullptr) {
+    return t.Done(absl::FailedPreconditionError("this daemon has no per-tenant UCX staging"));
+  }
+  return t.Done(tenant_rma_->Stage(*caller, *req, resp));
 }
 
 grpc::Status KvCacheService::WritePages(grpc::ServerContext* ctx,

@@ -41,6 +41,18 @@ class LookupMessagePool final
   std::vector<Holder*> free_ ABSL_GUARDED_BY(mu_);
 };
 
+// UCX access for tenants that may not hold the pool key (ucx_tenant_regions.h implements it
+// when the transport module is built): a data plane of the caller's own, and StageForRma.
+class TenantRma {
+ public:
+  virtual ~TenantRma() = default;
+  // The caller's own data plane (GetDataPlaneResponse.staged = true).
+  virtual absl::StatusOr<pb::GetDataPlaneResponse> DataPlane(const Caller& caller) = 0;
+  // The StageForRma contract of the proto.
+  virtual absl::Status Stage(const Caller& caller, const pb::StageForRmaRequest& req,
+                             pb::StageForRmaResponse* resp) = 0;
+};
+
 // The short, never-blocking unary calls use gRPC's callback API: they finish on the thread that
 // read the request, with no hand-off to a worker thread. Calls that can wait or run long --
 // Reserve (may evict many pages), Commit (checksums of up to max_batch pages), Abort (waits for
@@ -81,9 +93,15 @@ class KvCacheService final : public KvCacheAsyncBase {
   // callers (without tenants every caller is one), and to tenants only when `share` is set
   // (ucx.share_pool_key); a tenant asking otherwise is refused with PERMISSION_DENIED.
   void SharePoolKeyWithTenants(bool share) { share_pool_key_ = share; }
+  // Per-tenant UCX staging (owned by the caller, outlives serving): with it, a tenant's
+  // GetDataPlane answers its own data plane instead of PERMISSION_DENIED. Set before serving.
+  void SetTenantRma(TenantRma* rma) { tenant_rma_ = rma; }
   grpc::ServerUnaryReactor* GetDataPlane(grpc::CallbackServerContext*,
                                          const pb::GetDataPlaneRequest*,
                                          pb::GetDataPlaneResponse*) override;
+  // Copies up to a region's worth of pages: the sync pool.
+  grpc::Status StageForRma(grpc::ServerContext*, const pb::StageForRmaRequest*,
+                           pb::StageForRmaResponse*) override;
 
   grpc::ServerUnaryReactor* Handshake(grpc::CallbackServerContext*, const pb::HandshakeRequest*,
                                       pb::HandshakeResponse*) override;
@@ -129,6 +147,7 @@ class KvCacheService final : public KvCacheAsyncBase {
   DataPlaneInfoFn data_plane_;
   std::string no_data_plane_ = "the daemon runs without a UCX data plane";
   bool share_pool_key_ = false;
+  TenantRma* tenant_rma_ = nullptr;
   LookupMessagePool lookup_messages_;
   // Own cache lines: in_flight_ is written by every call on every handler thread.
   alignas(64) std::atomic<int64_t> in_flight_{0};

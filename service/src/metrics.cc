@@ -13,7 +13,8 @@ const char* RpcName(Rpc rpc) {
   static const char* kNames[] = {"Handshake", "RegisterCodec", "Lookup",     "Reserve",
                                  "Commit",    "Abort",         "WritePages", "ReadPages",
                                  "Release",   "RenewLease",    "Delete",     "Clear",
-                                 "Stats",     "PublishHandle", "OpenHandle", "CloseHandle", "GetDataPlane"};
+                                 "Stats",     "PublishHandle", "OpenHandle", "CloseHandle", "GetDataPlane",
+                                 "StageForRma"};
   const int i = static_cast<int>(rpc);
   return i >= 0 && i < static_cast<int>(Rpc::kCount) ? kNames[i] : "unknown";
 }

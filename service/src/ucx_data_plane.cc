@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -122,8 +123,22 @@ absl::StatusOr<std::unique_ptr<UcxDataPlane>> UcxDataPlane::Start(
     return dp;
   }
   dp->isolated_ = true;
-  OSCARKV_RETURN_IF_ERROR(dp->SpawnChild());
-  dp->supervisor_ = std::thread([d = dp.get()] { d->Supervise(); });
+  // Every child is spawned by the supervisor thread, which lives as long as this object: the
+  // child's parent-death signal fires when the THREAD that forked it exits, and Start may run on
+  // a transient one (a gRPC handler starting a tenant's data plane).
+  std::promise<absl::Status> first;
+  std::future<absl::Status> started = first.get_future();
+  dp->supervisor_ = std::thread([d = dp.get(), &first] {
+    absl::Status s = d->SpawnChild();
+    const bool ok = s.ok();
+    first.set_value(std::move(s));
+    if (ok) d->Supervise();
+  });
+  if (absl::Status s = started.get(); !s.ok()) {
+    dp->supervisor_.join();
+    dp->stop_.store(true);
+    return s;
+  }
   return dp;
 }
 

@@ -76,15 +76,6 @@ class UcxDataPlane {
   class Core;
   friend int RunUcxDataPlaneChild(int argc, char** argv);
 
-// UCX_NET_DEVICES of the data plane. `configured` (config ucx.net_devices) wins when set ("all" =
-// every device). Empty: the interfaces the gRPC `listen` address is reachable on, so the data
-// plane listens nowhere the control plane does not: the loopback device for a loopback or
-// unix-socket address, the interface that holds the address for any other IP, "all" for a
-// wildcard (0.0.0.0, ::). NOT_FOUND when no local interface holds the address.
-// UCX_NET_DEVICES filters network devices only: shared-memory transports are not affected, and
-// an RDMA transport (rc, ud, dc) needs its HCA port named here explicitly (e.g. mlx5_0:1).
-absl::StatusOr<std::string> DataPlaneNetDevices(const std::string& configured,
-                                                const ListenAddress& listen);
   UcxDataPlane() = default;
   absl::Status SpawnChild();
   void Supervise();
@@ -109,14 +100,5 @@ absl::StatusOr<std::string> DataPlaneNetDevices(const std::string& configured,
 // (the daemon is gone or stopping it). Returns the process exit code.
 int RunUcxDataPlaneChild(int argc, char** argv);
 
-// UCX_NET_DEVICES of the data plane. `configured` (config ucx.net_devices) wins when set ("all" =
-// every device). Empty: the interfaces the gRPC `listen` address is reachable on, so the data
-// plane listens nowhere the control plane does not: the loopback device for a loopback or
-// unix-socket address, the interface that holds the address for any other IP, "all" for a
-// wildcard (0.0.0.0, ::). NOT_FOUND when no local interface holds the address.
-// UCX_NET_DEVICES filters network devices only: shared-memory transports are not affected, and
-// an RDMA transport (rc, ud, dc) needs its HCA port named here explicitly (e.g. mlx5_0:1).
-absl::StatusOr<std::string> DataPlaneNetDevices(const std::string& configured,
-                                                const ListenAddress& listen);
 
 }  // namespace oscarkv::service

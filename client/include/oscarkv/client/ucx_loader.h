@@ -6,6 +6,12 @@
 //   pool's exported rkey, creates this loader's ucp context and worker, registers ONE receive
 //   buffer of `buffer_bytes` (the engine-facing staging buffer; batches larger than it are moved
 //   in several rounds), connects an endpoint and imports the rkey.
+// * A tenant without the pool key (the daemon's tenants and ucx.share_pool_key: false) gets a
+//   data plane of its own instead (UcxDataPlaneInfo::staged): before each round of gets the
+//   loader asks StageForRma to copy the round's leased pages into the tenant's staging region,
+//   reads them there, and frees the stage on its next call. A round then holds at most one
+//   region (GetDataPlaneResponse.pool_bytes); a region full of other loaders' stages of the same
+//   tenant fails the call with RESOURCE_EXHAUSTED.
 // * Load/LoadHandle: pin (Lookup with a lease / OpenHandle) → RMA get of every page into the
 //   registered buffer → verify each page (size, header, codec, kind, XXH3 checksum when
 //   verify_checksums) → copy out → release the lease. No page that failed verification is ever
@@ -46,6 +52,7 @@ struct UcxDataPlaneInfo {
   std::vector<std::string> daemon_transports;    // what the daemon's context got
   std::vector<std::string> endpoint_transports;  // lanes of this loader's endpoint
   bool peer_failure_detection = false;
+  bool staged = false;  // reads the tenant's own staging region, not the pool (StageForRma)
 };
 
 class UcxLoader {

@@ -30,6 +30,7 @@ enum class Rpc {
   kOpenHandle,
   kCloseHandle,
   kGetDataPlane,
+  kStageForRma,
   kCount
 };
 const char* RpcName(Rpc rpc);

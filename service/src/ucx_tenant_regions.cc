@@ -1,0 +1,249 @@
+#include "ucx_tenant_regions.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cache_wire.h"
+
+namespace oscarkv::service {
+
+namespace {
+
+std::string Errno(int e) { return std::strerror(e); }
+
+int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
+
+uint64_t AlignUp(uint64_t v) {
+  return (v + TenantRegions::kAlign - 1) / TenantRegions::kAlign * TenantRegions::kAlign;
+}
+
+}  // namespace
+
+struct TenantRegions::Region {
+  struct Stage {
+    uint64_t id = 0;
+    uint64_t bytes = 0;  // aligned length of the range
+    int64_t deadline_ms = 0;
+    bool filling = true;  // being copied into: a free of it waits for its deadline
+  };
+
+  ~Region() {
+    plane.reset();  // the child first: it maps the region
+    if (base != nullptr) ::munmap(base, bytes);
+    if (ro_fd >= 0) ::close(ro_fd);
+    if (fd >= 0) ::close(fd);
+  }
+
+  // Zeroes [offset, offset + len) and gives its memory back (a hole in the memfd), so freed
+  // pages neither linger readable nor stay resident. memset when the kernel refuses the hole.
+  void Scrub(uint64_t offset, uint64_t len) {
+    if (::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                    static_cast<off_t>(len)) != 0) {
+      std::memset(base + offset, 0, len);
+    }
+  }
+
+  // Frees stages whose deadline passed (never one still being filled).
+  void ReapExpired(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    for (auto it = stages.begin(); it != stages.end();) {
+      if (it->second.deadline_ms <= now_ms && !it->second.filling) {
+        Scrub(it->first, it->second.bytes);
+        staged_bytes -= it->second.bytes;
+        it = stages.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // First fit of `len` bytes among the gaps between stages; nullopt when none is big enough.
+  std::optional<uint64_t> FindGap(uint64_t len) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    uint64_t cursor = 0;
+    for (const auto& [off, st] : stages) {
+      if (off - cursor >= len) return cursor;
+      cursor = off + st.bytes;
+    }
+    if (bytes - cursor >= len) return cursor;
+    return std::nullopt;
+  }
+
+  uint32_t tenant = 0;
+  int fd = -1;     // the memfd, read-write: only the daemon holds it
+  int ro_fd = -1;  // read-only open of it: what the data-plane child inherits
+  uint8_t* base = nullptr;  // the daemon's writable mapping
+  uint64_t bytes = 0;
+  std::unique_ptr<UcxDataPlane> plane;
+
+  absl::Mutex mu;
+  std::map<uint64_t, Stage> stages ABSL_GUARDED_BY(mu);  // by offset
+  uint64_t next_id ABSL_GUARDED_BY(mu) = 1;
+  uint64_t staged_bytes ABSL_GUARDED_BY(mu) = 0;
+};
+
+TenantRegions::TenantRegions(PageCache* cache, TenantRegionOptions options)
+    : cache_(cache), options_(std::move(options)) {}
+
+TenantRegions::~TenantRegions() {
+  absl::MutexLock lock(&mu_);
+  regions_.clear();
+}
+
+size_t TenantRegions::regions() const {
+  absl::MutexLock lock(&mu_);
+  return regions_.size();
+}
+
+uint64_t TenantRegions::restarts(uint32_t tenant) const {
+  absl::MutexLock lock(&mu_);
+  auto it = regions_.find(tenant);
+  return it == regions_.end() || !it->second->plane ? 0 : it->second->plane->restarts();
+}
+
+absl::StatusOr<TenantRegions::Region*> TenantRegions::RegionFor(uint32_t tenant) {
+  if (tenant >= options_.max_regions) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("tenant id ", tenant, " has no UCX staging region"));
+  }
+  // Held while a first region is made (one child start, about a second): calls of tenants that
+  // already have theirs wait that long once; the number of regions is bounded by max_regions.
+  absl::MutexLock lock(&mu_);
+  if (auto it = regions_.find(tenant); it != regions_.end()) return it->second.get();
+  auto r = std::make_unique<Region>();
+  r->tenant = tenant;
+  r->bytes = options_.region_bytes;
+  const std::string name = absl::StrCat("oscarkv-rma-tenant-", tenant);
+  r->fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (r->fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", Errno(errno)));
+  if (::ftruncate(r->fd, static_cast<off_t>(r->bytes)) != 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("sizing a ", r->bytes, "-byte UCX staging region: ", Errno(errno)));
+  }
+  // Its size is fixed: the child's PROT_READ mapping can never be cut under it.
+  (void)::fcntl(r->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  void* base = ::mmap(nullptr, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+  if (base == MAP_FAILED) return absl::InternalError(absl::StrCat("mmap: ", Errno(errno)));
+  r->base = static_cast<uint8_t*>(base);
+  // A new open file description, read-only (a dup() would share the O_RDWR one).
+  const std::string self = absl::StrCat("/proc/self/fd/", r->fd);
+  r->ro_fd = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
+  if (r->ro_fd < 0) return absl::InternalError(absl::StrCat("open ", self, ": ", Errno(errno)));
+  UcxDataPlaneOptions dpo;
+  dpo.tls = options_.tls;
+  dpo.net_devices = options_.net_devices;
+  dpo.pool_bytes = r->bytes;
+  dpo.shm_fd = r->ro_fd;  // always a child of its own, mapping only this region, read-only
+  dpo.self_exe = options_.self_exe;
+  auto plane = UcxDataPlane::Start(dpo);
+  if (!plane.ok()) {
+    return absl::Status(plane.status().code(),
+                        absl::StrCat("starting the tenant's UCX data plane: ",
+                                     plane.status().message()));
+  }
+  r->plane = std::move(*plane);
+  Region* out = r.get();
+  regions_.emplace(tenant, std::move(r));
+  return out;
+}
+
+absl::StatusOr<pb::GetDataPlaneResponse> TenantRegions::DataPlane(const Caller& caller) {
+  absl::StatusOr<Region*> r = RegionFor(caller.tenant_id);
+  if (!r.ok()) return r.status();
+  absl::StatusOr<pb::GetDataPlaneResponse> info = (*r)->plane->Info();
+  if (!info.ok()) return info.status();
+  info->set_staged(true);
+  return info;
+}
+
+absl::Status TenantRegions::Stage(const Caller& caller, const pb::StageForRmaRequest& req,
+                                  pb::StageForRmaResponse* resp) {
+  if (static_cast<size_t>(req.free_stage_ids_size()) > kMaxStages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        req.free_stage_ids_size(), " stage ids to free; at most ", kMaxStages, " per call"));
+  }
+  absl::StatusOr<Region*> r_or = RegionFor(caller.tenant_id);
+  if (!r_or.ok()) return r_or.status();
+  Region& r = **r_or;
+  const int64_t now = NowUnixMs();
+  {
+    absl::MutexLock lock(&r.mu);
+    for (uint64_t id : req.free_stage_ids()) {
+      for (auto it = r.stages.begin(); it != r.stages.end(); ++it) {
+        if (it->second.id != id) continue;
+        if (!it->second.filling) {
+          r.Scrub(it->first, it->second.bytes);
+          r.staged_bytes -= it->second.bytes;
+          r.stages.erase(it);
+        }
+        break;
+      }
+    }
+  }
+  if (req.lease_id() == 0) return absl::OkStatus();
+
+  // The same checks as ReadPages: the lease is the caller's and pins every key. The plan holds
+  // pool references, so the pages stay valid while they are copied.
+  pb::ReadRequest read;
+  read.set_lease_id(req.lease_id());
+  *read.mutable_keys() = req.keys();
+  absl::StatusOr<std::unique_ptr<ReadPlan>> plan = wire::PrepareRead(*cache_, caller, read);
+  if (!plan.ok()) return plan.status();
+  const std::vector<ReadPlan::Page>& pages = (*plan)->pages();
+  uint64_t total = 0;
+  for (const ReadPlan::Page& p : pages) total += AlignUp(p.bytes);
+  if (total > r.bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "StageForRma: ", pages.size(), " pages (", total, " bytes) exceed the ", r.bytes,
+        "-byte UCX staging region (ucx.tenant_region_mb); stage fewer pages per call"));
+  }
+  if (pages.empty()) return absl::OkStatus();  // a lease of no pages: nothing staged (id 0)
+  uint64_t start = 0, id = 0;
+  const int64_t deadline = now + kStageTtlMs;
+  {
+    absl::MutexLock lock(&r.mu);
+    std::optional<uint64_t> gap = r.stages.size() < kMaxStages ? r.FindGap(total) : std::nullopt;
+    if (!gap) {
+      // Reap only under pressure: a live stage is never cut short.
+      r.ReapExpired(now);
+      if (r.stages.size() < kMaxStages) gap = r.FindGap(total);
+    }
+    if (!gap) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "StageForRma: no free ", total, "-byte range in the UCX staging region (", r.staged_bytes,
+          " of ", r.bytes, " bytes held by ", r.stages.size(), " stages); free stages that "
+          "were read (free_stage_ids) or wait ", kStageTtlMs, " ms for them to expire"));
+    }
+    start = *gap;
+    id = r.next_id++;
+    r.stages[start] = Region::Stage{id, total, deadline, /*filling=*/true};
+    r.staged_bytes += total;
+  }
+  // Copied outside the lock: the range is this stage's alone.
+  uint64_t off = start;
+  resp->Clear();
+  for (const ReadPlan::Page& p : pages) {
+    std::memcpy(r.base + off, p.data, p.bytes);
+    pb::StagedPage* sp = resp->add_pages();
+    sp->set_offset(off);
+    sp->set_bytes(p.bytes);
+    off += AlignUp(p.bytes);
+  }
+  {
+    absl::MutexLock lock(&r.mu);
+    auto it = r.stages.find(start);
+    if (it != r.stages.end() && it->second.id == id) it->second.filling = false;
+  }
+  resp->set_stage_id(id);
+  resp->set_deadline_unix_ms(static_cast<uint64_t>(deadline));
+  return absl::OkStatus();
+}
+
+}  // namespace oscarkv::service

@@ -1,0 +1,498 @@
+// Per-tenant UCX access against a real daemon: tenants by mTLS client certificates (made by
+// openssl at test time), UCX over tcp on loopback. A tenant gets a data plane of its own (a
+// child process mapping only the tenant's staging region) and loads its pages through
+// StageForRma; another tenant cannot stage them, never finds them in its own region, and cannot
+// reach them with the first tenant's key; a killed tenant child is restarted and the loader
+// reconnects; requests that do not fit the region are refused with RESOURCE_EXHAUSTED.
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "oscarkv/client/ucx_loader.h"
+#include "oscarkv/transport/transport.h"
+#include "oscarkv/v1/oscarkv.grpc.pb.h"
+#include "tenant_pki.h"
+#include "test_util.h"
+
+namespace oscarkv::testing {
+namespace {
+
+namespace pb = ::oscarkv::v1;
+
+constexpr uint64_t kRegionBytes = uint64_t{1} << 20;  // ucx.tenant_region_mb: 1
+constexpr uint64_t kAlign = 256;                      // each staged page's slot granularity
+
+uint64_t Aligned(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::string KeyString(const BlockKey& k) {
+  return std::string(reinterpret_cast<const char*>(k.bytes.data()), k.bytes.size());
+}
+
+// Whether `hay` holds a 256-byte run from the middle of `page` (random codes: no false hits).
+bool Holds(const std::vector<uint8_t>& hay, const std::vector<uint8_t>& page) {
+  const size_t at = page.size() / 2;
+  const auto needle = std::span<const uint8_t>(page).subspan(at, 256);
+  return std::search(hay.begin(), hay.end(), needle.begin(), needle.end()) != hay.end();
+}
+
+// What any UCX peer can do with a worker address and an exported key: its own context and
+// worker, an endpoint to that worker, RMA gets of whatever address it names.
+class RawPeer {
+ public:
+  static std::unique_ptr<RawPeer> Connect(const std::string& worker_address, size_t bytes) {
+    auto p = std::unique_ptr<RawPeer>(new RawPeer);
+    transport::ContextOptions co;
+    co.tls = "tcp";
+    co.net_devices = "lo";
+    co.name = "raw-peer";
+    auto ctx = transport::Context::Create(co);
+    EXPECT_TRUE(ctx.ok()) << ctx.status();
+    if (!ctx.ok()) return nullptr;
+    p->context_ = *std::move(ctx);
+    p->buffer_.resize(bytes);
+    auto region = p->context_->Register(p->buffer_.data(), p->buffer_.size());
+    EXPECT_TRUE(region.ok()) << region.status();
+    if (!region.ok()) return nullptr;
+    p->region_ = *std::move(region);
+    auto worker = transport::Worker::Create(*p->context_);
+    EXPECT_TRUE(worker.ok()) << worker.status();
+    if (!worker.ok()) return nullptr;
+    p->worker_ = *std::move(worker);
+    transport::EndpointOptions eo;
+    eo.peer_timeout = absl::Milliseconds(1000);
+    eo.error_handling = transport::EndpointOptions::ErrorHandling::kPeer;
+    auto ep = p->worker_->Connect(worker_address, eo);
+    EXPECT_TRUE(ep.ok()) << ep.status();
+    if (!ep.ok()) return nullptr;
+    p->ep_ = *std::move(ep);
+    return p;
+  }
+  ~RawPeer() {
+    ep_.reset();
+    worker_.reset();
+    region_.reset();
+    context_.reset();
+  }
+  // `n` bytes at `addr` of the peer, using the key `rkey_blob` (a MemoryRegion::exported()).
+  absl::StatusOr<std::vector<uint8_t>> Get(const std::string& rkey_blob, uint64_t addr,
+                                           size_t n) {
+    if (n > buffer_.size()) return absl::InvalidArgumentError("larger than the buffer");
+    auto remote = ep_->ImportRemote(rkey_blob);
+    if (!remote.ok()) return remote.status();
+    std::fill(buffer_.begin(), buffer_.end(), 0);
+    const transport::TransferDesc d{buffer_.data(), addr, n};
+    absl::Status s = ep_->Run(transport::Direction::kGet, *region_, **remote,
+                              std::span<const transport::TransferDesc>(&d, 1),
+                              absl::Milliseconds(3000));
+    remote->reset();
+    if (!s.ok()) return s;
+    return std::vector<uint8_t>(buffer_.begin(), buffer_.begin() + n);
+  }
+
+ private:
+  RawPeer() = default;
+  std::unique_ptr<transport::Context> context_;
+  std::vector<uint8_t> buffer_;
+  std::unique_ptr<transport::MemoryRegion> region_;
+  std::unique_ptr<transport::Worker> worker_;
+  std::unique_ptr<transport::Endpoint> ep_;
+};
+
+// The daemon's tenant data-plane children: oscarkvd processes whose parent is the daemon, in
+// the internal data-plane mode, over a region of kRegionBytes (the pool's child maps 64 MiB).
+std::vector<pid_t> TenantChildren(pid_t daemon) {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    const std::string stat = ReadTextFile("/proc/" + std::to_string(pid) + "/stat");
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+    if (f.size() < 2 || std::atoi(f[1].c_str()) != daemon) continue;
+    std::vector<std::string> argv =
+        absl::StrSplit(ReadTextFile("/proc/" + std::to_string(pid) + "/cmdline"), '\0');
+    if (argv.size() > 3 && argv[1] == "--internal-ucx-data-plane" &&
+        argv[3] == std::to_string(kRegionBytes)) {
+      out.push_back(pid);
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+class UcxTenantTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { pki_ = new TenantPki("ucx_tenant_test"); }
+  static void TearDownTestSuite() {
+    delete pki_;
+    pki_ = nullptr;
+  }
+  void SetUp() override {
+    ASSERT_TRUE(pki_->ok()) << pki_->log();
+    const std::string cfg = pki_->path("ucx_tenants.yaml");
+    std::ofstream(cfg) << "tls:\n  cert: " << pki_->path("server.pem") << "\n  key: "
+                       << pki_->path("server.key") << "\n  client_ca: " << pki_->path("ca.pem")
+                       << "\nucx:\n  tls: tcp\n  net_devices: lo\n  tenant_region_mb: 1\n"
+                          "tenants:\n  - name: tenant-a\n  - name: tenant-b\n"
+                          "  - name: admin\n    role: admin\n";
+    daemon_ = StartDaemon({"--config", cfg});
+    ASSERT_NE(daemon_, nullptr);
+  }
+
+  client::ConnectOptions Options(const std::string& who) const {
+    client::ConnectOptions o;
+    o.address = daemon_->address();
+    o.rpc_timeout_ms = 5000;
+    o.data_path = client::DataPath::kGrpc;  // control plane only; pages come by UCX
+    o.tls_ca_file = pki_->path("ca.pem");
+    o.tls_cert_file = pki_->path(who + ".pem");
+    o.tls_key_file = pki_->path(who + ".key");
+    return o;
+  }
+  std::unique_ptr<client::Client> As(const std::string& who) {
+    auto c = client::Client::Connect(Options(who));
+    EXPECT_TRUE(c.ok()) << who << ": " << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+  std::unique_ptr<client::UcxLoader> Loader(const std::string& who) {
+    client::UcxLoaderOptions o;
+    o.connect = Options(who);
+    o.tls = "tcp";
+    o.net_devices = "lo";
+    o.buffer_bytes = 8 << 20;
+    o.peer_timeout_ms = 1000;
+    o.transfer_timeout_ms = 1500;
+    auto l = client::UcxLoader::Connect(o);
+    EXPECT_TRUE(l.ok()) << who << ": " << l.status();
+    return l.ok() ? *std::move(l) : nullptr;
+  }
+  // Raw gRPC as `who`, for the calls the client library makes for it.
+  std::unique_ptr<pb::KvCache::Stub> Stub(const std::string& who) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = ReadTextFile(pki_->path("ca.pem"));
+    o.pem_private_key = ReadTextFile(pki_->path(who + ".key"));
+    o.pem_cert_chain = ReadTextFile(pki_->path(who + ".pem"));
+    return pb::KvCache::NewStub(grpc::CreateChannel(daemon_->address(), grpc::SslCredentials(o)));
+  }
+  static grpc::Status Call(pb::KvCache::Stub& stub, const pb::GetDataPlaneRequest& req,
+                           pb::GetDataPlaneResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub.GetDataPlane(&ctx, req, resp);
+  }
+  static grpc::Status Call(pb::KvCache::Stub& stub, const pb::StageForRmaRequest& req,
+                           pb::StageForRmaResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub.StageForRma(&ctx, req, resp);
+  }
+  // A pinning Lookup of `keys` as the client's tenant: the lease id.
+  static uint64_t Pin(client::Client& c, const client::Codec& codec,
+                      std::span<const BlockKey> keys) {
+    client::LookupOptions lo;
+    lo.pin = true;
+    auto r = c.Lookup(codec, keys, lo);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return 0;
+    EXPECT_EQ(r->matched, keys.size());
+    EXPECT_EQ(r->lease_ids.size(), 1u);
+    return r->lease_ids.empty() ? 0 : r->lease_ids[0];
+  }
+  static pb::StageForRmaRequest StageRequest(uint64_t lease, std::span<const BlockKey> keys) {
+    pb::StageForRmaRequest req;
+    req.set_lease_id(lease);
+    for (const BlockKey& k : keys) req.add_keys(KeyString(k));
+    return req;
+  }
+
+  static TenantPki* pki_;
+  std::unique_ptr<testing::LocalDaemon> daemon_;
+};
+TenantPki* UcxTenantTest::pki_ = nullptr;
+
+TEST_F(UcxTenantTest, TenantLoadsItsPagesThroughItsOwnDataPlane) {
+  auto a = As("tenant-a");
+  ASSERT_NE(a, nullptr);
+  const client::Codec codec = RegisterRefmodel(*a);
+  TenantPages p = MakeTenantPages(codec, 100, 40);  // ~3 regions' worth: several stages
+  auto stored = a->Store(codec, p.writes);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_EQ(stored->stored, 40u);
+
+  auto loader = Loader("tenant-a");
+  ASSERT_NE(loader, nullptr);
+  auto info = loader->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->staged);
+  // Stages are freed after each load: five loads of three regions' worth through one region.
+  for (int round = 0; round < 5; ++round) {
+    auto r = loader->Load(codec, p.keys);
+    ASSERT_TRUE(r.ok()) << round << ": " << r.status();
+    ASSERT_EQ(r->matched, 40u);
+    for (size_t i = 0; i < 40; ++i) ASSERT_EQ(r->pages[i], p.bytes[i]) << round << "/" << i;
+  }
+  // Straight into a registered engine buffer.
+  std::vector<uint8_t> engine(size_t{40} * codec.int2_page_bytes);
+  ASSERT_TRUE(loader->RegisterBuffer(engine.data(), engine.size()).ok());
+  std::vector<std::span<uint8_t>> slots;
+  for (size_t i = 0; i < 40; ++i) {
+    slots.emplace_back(engine.data() + i * codec.int2_page_bytes, codec.int2_page_bytes);
+  }
+  auto n = loader->LoadInto(codec, p.keys, slots);
+  ASSERT_TRUE(n.ok()) << n.status();
+  ASSERT_EQ(*n, 40u);
+  for (size_t i = 0; i < 40; ++i) {
+    EXPECT_TRUE(std::equal(p.bytes[i].begin(), p.bytes[i].end(), slots[i].begin())) << i;
+  }
+  // A transfer handle of the tenant, by RMA through the same region.
+  ASSERT_TRUE(loader->handles().PublishKeys(codec, "ucx-tenant-handle", p.keys, "", 60000).ok());
+  auto h = loader->LoadHandle(codec, "ucx-tenant-handle");
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->pages.size(), 40u);
+  for (size_t i = 0; i < 40; ++i) EXPECT_EQ(h->pages[i], p.bytes[i]) << i;
+
+  // The tenant's data plane is not the pool's: another worker, a key over kRegionBytes only.
+  pb::GetDataPlaneResponse mine, pool;
+  ASSERT_TRUE(Call(*Stub("tenant-a"), pb::GetDataPlaneRequest(), &mine).ok());
+  ASSERT_TRUE(Call(*Stub("admin"), pb::GetDataPlaneRequest(), &pool).ok());
+  EXPECT_TRUE(mine.staged());
+  EXPECT_FALSE(pool.staged());
+  EXPECT_EQ(mine.pool_bytes(), kRegionBytes);
+  EXPECT_EQ(pool.pool_bytes(), uint64_t{64} << 20);
+  EXPECT_NE(mine.worker_address(), pool.worker_address());
+  EXPECT_NE(mine.pool_rkey(), pool.pool_rkey());
+  auto admin_loader = Loader("admin");
+  ASSERT_NE(admin_loader, nullptr);
+  auto admin_info = admin_loader->Info();
+  ASSERT_TRUE(admin_info.ok()) << admin_info.status();
+  EXPECT_FALSE(admin_info->staged);
+}
+
+TEST_F(UcxTenantTest, TenantBCannotStageTenantAsPagesNorReachThemWithItsEndpoint) {
+  auto a = As("tenant-a"), b = As("tenant-b");
+  ASSERT_TRUE(a && b);
+  const client::Codec codec = RegisterRefmodel(*a);
+  const client::Codec codec_b = RegisterRefmodel(*b);
+  TenantPages p = MakeTenantPages(codec, 200, 4);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  const uint64_t lease = Pin(*a, codec, p.keys);
+  ASSERT_NE(lease, 0u);
+  auto stub_a = Stub("tenant-a"), stub_b = Stub("tenant-b");
+
+  // A stages its pages and keeps the stage (not freed) while B tries everything it can.
+  pb::GetDataPlaneResponse dp_a, dp_b;
+  ASSERT_TRUE(Call(*stub_a, pb::GetDataPlaneRequest(), &dp_a).ok());
+  pb::StageForRmaResponse staged;
+  grpc::Status s = Call(*stub_a, StageRequest(lease, p.keys), &staged);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(staged.pages_size(), 4);
+
+  // B cannot stage A's lease, by keys or whole.
+  pb::StageForRmaResponse refused;
+  s = Call(*stub_b, StageRequest(lease, p.keys), &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  s = Call(*stub_b, StageRequest(lease, {}), &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  EXPECT_EQ(refused.pages_size(), 0);
+  // B's own Lookup of the same keys pins nothing of A's.
+  client::LookupOptions lo;
+  lo.pin = true;
+  auto lb = b->Lookup(codec_b, p.keys, lo);
+  ASSERT_TRUE(lb.ok()) << lb.status();
+  EXPECT_EQ(lb->matched, 0u);
+
+  // B's data plane is its own: another process, another region.
+  ASSERT_TRUE(Call(*stub_b, pb::GetDataPlaneRequest(), &dp_b).ok());
+  EXPECT_TRUE(dp_b.staged());
+  EXPECT_NE(dp_b.worker_address(), dp_a.worker_address());
+
+  // Positive control: A's own child serves A's staged bytes at the answered offsets.
+  auto peer_a = RawPeer::Connect(dp_a.worker_address(), kRegionBytes);
+  ASSERT_NE(peer_a, nullptr);
+  auto got = peer_a->Get(dp_a.pool_rkey(), dp_a.pool_base() + staged.pages(0).offset(),
+                         staged.pages(0).bytes());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, p.bytes[0]);
+
+  // Everything B's endpoint reaches with its own key -- its whole region -- holds none of A's
+  // bytes, while A's are staged.
+  auto peer_b = RawPeer::Connect(dp_b.worker_address(), kRegionBytes);
+  ASSERT_NE(peer_b, nullptr);
+  auto region_b = peer_b->Get(dp_b.pool_rkey(), dp_b.pool_base(), kRegionBytes);
+  ASSERT_TRUE(region_b.ok()) << region_b.status();
+  for (size_t i = 0; i < 4; ++i) EXPECT_FALSE(Holds(*region_b, p.bytes[i])) << i;
+
+  // A's key on B's endpoint names addresses of A's child, but the get runs in B's child: it
+  // fails (nothing mapped there; B's child may die of it and is restarted) or reads B's child's
+  // own memory -- never A's pages.
+  auto cross = peer_b->Get(dp_a.pool_rkey(), dp_a.pool_base(), kRegionBytes);
+  if (cross.ok()) {
+    for (size_t i = 0; i < 4; ++i) EXPECT_FALSE(Holds(*cross, p.bytes[i])) << i;
+  } else {
+    std::printf("A's key on B's endpoint: %s\n", std::string(cross.status().message()).c_str());
+  }
+
+  // A is unaffected: it still loads its pages by RMA.
+  auto loader = Loader("tenant-a");
+  ASSERT_NE(loader, nullptr);
+  auto r = loader->Load(codec, p.keys);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->matched, 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(r->pages[i], p.bytes[i]) << i;
+  ASSERT_TRUE(a->Release(lease).ok());
+}
+
+// The documented limit of emulated (tcp) RMA: a peer that reaches a tenant's worker address can
+// read what that child maps -- the tenant's region -- whatever key it holds. Freed stages are
+// scrubbed, so what it can find is only the stages not yet freed.
+TEST_F(UcxTenantTest, APeerOfATenantsWorkerReadsOnlyItsUnfreedStages) {
+  auto a = As("tenant-a");
+  ASSERT_NE(a, nullptr);
+  const client::Codec codec = RegisterRefmodel(*a);
+  TenantPages p = MakeTenantPages(codec, 300, 2);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  const uint64_t lease = Pin(*a, codec, p.keys);
+  auto stub_a = Stub("tenant-a");
+  pb::GetDataPlaneResponse dp;
+  ASSERT_TRUE(Call(*stub_a, pb::GetDataPlaneRequest(), &dp).ok());
+  pb::StageForRmaResponse staged;
+  ASSERT_TRUE(Call(*stub_a, StageRequest(lease, p.keys), &staged).ok());
+
+  auto peer = RawPeer::Connect(dp.worker_address(), kRegionBytes);
+  ASSERT_NE(peer, nullptr);
+  auto before = peer->Get(dp.pool_rkey(), dp.pool_base(), kRegionBytes);
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_TRUE(Holds(*before, p.bytes[0]));
+  EXPECT_TRUE(Holds(*before, p.bytes[1]));
+
+  pb::StageForRmaRequest free_only;
+  free_only.add_free_stage_ids(staged.stage_id());
+  pb::StageForRmaResponse none;
+  ASSERT_TRUE(Call(*stub_a, free_only, &none).ok());
+  EXPECT_EQ(none.stage_id(), 0u);
+  auto after = peer->Get(dp.pool_rkey(), dp.pool_base(), kRegionBytes);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(std::all_of(after->begin(), after->end(), [](uint8_t v) { return v == 0; }));
+  ASSERT_TRUE(a->Release(lease).ok());
+}
+
+TEST_F(UcxTenantTest, KilledTenantChildIsRestartedAndTheLoaderReconnects) {
+  auto a = As("tenant-a");
+  ASSERT_NE(a, nullptr);
+  const client::Codec codec = RegisterRefmodel(*a);
+  TenantPages p = MakeTenantPages(codec, 400, 8);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  auto loader = Loader("tenant-a");
+  ASSERT_NE(loader, nullptr);
+  ASSERT_TRUE(loader->Load(codec, p.keys).ok());
+  pb::GetDataPlaneResponse before;
+  ASSERT_TRUE(Call(*Stub("tenant-a"), pb::GetDataPlaneRequest(), &before).ok());
+
+  const std::vector<pid_t> children = TenantChildren(daemon_->pid());
+  ASSERT_EQ(children.size(), 1u);  // only tenant-a asked for a data plane
+  ASSERT_EQ(::kill(children[0], SIGKILL), 0);
+
+  // Errors (never a wrong page) until the supervisor has restarted it, then loads again.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  absl::StatusOr<client::LoadResult> r = absl::UnavailableError("not tried");
+  int failures = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    r = loader->Load(codec, p.keys);
+    if (r.ok()) break;
+    ++failures;
+    EXPECT_TRUE(r.status().code() == absl::StatusCode::kUnavailable ||
+                r.status().code() == absl::StatusCode::kDeadlineExceeded)
+        << r.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->matched, 8u);
+  for (size_t i = 0; i < 8; ++i) EXPECT_EQ(r->pages[i], p.bytes[i]) << i;
+  std::printf("tenant child restarted: %d failed loads before the first good one\n", failures);
+  pb::GetDataPlaneResponse after;
+  ASSERT_TRUE(Call(*Stub("tenant-a"), pb::GetDataPlaneRequest(), &after).ok());
+  EXPECT_NE(after.worker_address(), before.worker_address());
+  const std::vector<pid_t> now = TenantChildren(daemon_->pid());
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_NE(now[0], children[0]);
+}
+
+TEST_F(UcxTenantTest, StagesBeyondTheRegionAreResourceExhausted) {
+  auto a = As("tenant-a");
+  ASSERT_NE(a, nullptr);
+  const client::Codec codec = RegisterRefmodel(*a);
+  TenantPages p = MakeTenantPages(codec, 500, 40);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  const uint64_t lease = Pin(*a, codec, p.keys);
+  ASSERT_NE(lease, 0u);
+  auto stub = Stub("tenant-a");
+  pb::GetDataPlaneResponse dp;
+  ASSERT_TRUE(Call(*stub, pb::GetDataPlaneRequest(), &dp).ok());
+  const std::span<const BlockKey> keys(p.keys);
+
+  // One request larger than the whole region.
+  pb::StageForRmaResponse resp;
+  grpc::Status s = Call(*stub, StageRequest(lease, keys), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_NE(s.error_message().find("ucx.tenant_region_mb"), std::string::npos)
+      << s.error_message();
+
+  // Two stages of a bit under half the region fit; a third does not until one is freed.
+  const uint64_t slot = Aligned(codec.int2_page_bytes);
+  const size_t per = kRegionBytes / 2 / slot;
+  ASSERT_GT(per, 0u);
+  ASSERT_GT(3 * per * slot, kRegionBytes);
+  pb::StageForRmaResponse first, second, third;
+  ASSERT_TRUE(Call(*stub, StageRequest(lease, keys.subspan(0, per)), &first).ok());
+  ASSERT_TRUE(Call(*stub, StageRequest(lease, keys.subspan(per, per)), &second).ok());
+  EXPECT_NE(first.stage_id(), second.stage_id());
+  s = Call(*stub, StageRequest(lease, keys.subspan(2 * per, per)), &third);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  pb::StageForRmaRequest retry = StageRequest(lease, keys.subspan(2 * per, per));
+  retry.add_free_stage_ids(first.stage_id());
+  s = Call(*stub, retry, &third);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(third.pages_size(), static_cast<int>(per));
+  for (const pb::StagedPage& sp : third.pages()) {
+    EXPECT_LE(sp.offset() + sp.bytes(), kRegionBytes);
+    EXPECT_EQ(sp.offset() % kAlign, 0u);
+  }
+
+  // More ids to free than a region can have stages: refused before anything is done.
+  pb::StageForRmaRequest many;
+  for (uint64_t i = 0; i < 257; ++i) many.add_free_stage_ids(i + 1);
+  s = Call(*stub, many, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  // A key the lease does not pin.
+  const BlockKey stranger = MakeTenantPages(codec, 900, 1).keys[0];
+  s = Call(*stub, StageRequest(lease, std::span<const BlockKey>(&stranger, 1)), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  // An admin reads the pool with its own key: StageForRma is not for it.
+  s = Call(*Stub("admin"), StageRequest(lease, keys.subspan(0, 1)), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  // Free-only, including unknown ids: OK.
+  pb::StageForRmaRequest free_all;
+  free_all.add_free_stage_ids(second.stage_id());
+  free_all.add_free_stage_ids(third.stage_id());
+  free_all.add_free_stage_ids(987654321);
+  ASSERT_TRUE(Call(*stub, free_all, &resp).ok());
+  ASSERT_TRUE(a->Release(lease).ok());
+}
+
+}  // namespace
+}  // namespace oscarkv::testing
