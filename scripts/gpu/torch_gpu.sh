@@ -2,7 +2,7 @@
 # On the GPU machine: the oscarkv.torch GPU tests, the reference model's quality through
 # transformers + oscarkv, and `python -m oscarkv.bench model`, from a folder packed by
 # scripts/gpu/torch_pack.sh. Logs and JSON go to $OUT (or /tmp/oscarkv-torch-out).
-#   usage: torch_gpu.sh [PACK_DIR] [STAGES]   STAGES: comma list of tests,quality,smoke,bench
+#   usage: [BENCH_ARGS=...] torch_gpu.sh [PACK_DIR] [STAGES]   STAGES: comma list of tests,quality,smoke,bench
 set -uo pipefail
 pack=$(cd "${1:-$(dirname "$0")}" && pwd)
 stages=${2:-tests,quality,bench}
@@ -26,7 +26,8 @@ for s in ${stages//,/ }; do
   case $s in
     tests)
       timeout ${TEST_TIMEOUT:-200} $py -m pytest -q -p no:cacheprovider "$pack/python/tests/test_torch_ops.py" \
-        "$pack/python/tests/test_torch_refmodel.py" -rA 2>&1 | tee "$out/tests.log" | tail -25 ;;
+        "$pack/python/tests/test_torch_refmodel.py" "$pack/python/tests/test_torch_bench_model.py" \
+        -rA 2>&1 | tee "$out/tests.log" | tail -25 ;;
     quality)
       timeout 300 $py -m oscarkv.bench quality --model "$pack/refmodel" --text "$pack/refmodel/val.txt" \
         --codec hadamard 2>&1 | tee "$out/quality.log" | tail -3 ;;
@@ -34,7 +35,8 @@ for s in ${stages//,/ }; do
       timeout 90 $py -m oscarkv.bench model --layers 2 --contexts 4096 --max-batch 4,2 \
         --ttft 4096,512 2>&1 | tee "$out/smoke.log" | tail -20 ;;
     bench)
-      timeout ${BENCH_TIMEOUT:-260} $py -m oscarkv.bench model --json "$out/bench_model.json" 2>&1 \
+      # BENCH_ARGS: e.g. "--profile $OUT/profile --eager-too" (kernel tables, eager rows)
+      timeout ${BENCH_TIMEOUT:-260} $py -m oscarkv.bench model --json "$out/bench_model.json" ${BENCH_ARGS:-} 2>&1 \
         | tee "$out/bench_model.log" | tail -30 ;;
   esac
   r=${PIPESTATUS[0]}

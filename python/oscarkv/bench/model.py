@@ -6,7 +6,10 @@ Sides: int2 -- PagedKVCache (INT2 history, BF16 sink/tail; quantize-on-write + p
 bf16-sdpa -- a dense BF16 cache read by SDPA (enable_gqa) over exactly the cached length;
 bf16-pages -- BF16 pages read by oscarkv's paged decode kernel. The BF16 baseline of each figure
 is the faster BF16 side. The model (embeddings, RMSNorm, fused QKV, q/k norm, RoPE, SwiGLU,
-lm_head) is this file's own few lines of torch, the same for every side.
+lm_head) is this file's own, the same for every side: cuBLAS GEMMs (residual adds in place, in
+their epilogue) and, with Triton, three fused kernels per layer for the rest (kernels.py:
+RMSNorm, q/k norm + RoPE writing q/k/v where the side reads them, SiLU*up); --model-kernels
+eager runs the plain torch form instead.
 
 Bounds: (weight bytes read per step + KV bytes read per step) / the copy bandwidth measured in
 the same run (a device-to-device copy, read + write bytes over time).
@@ -20,14 +23,18 @@ import torch
 import torch.nn.functional as F
 
 from ..torch import BF16, INT2, KVCodec, PagedKVCache
+from . import kernels as K
 
 QWEN3_8B = dict(layers=36, hidden=4096, q_heads=32, kv_heads=8, head_dim=128, inter=12288,
                 vocab=151936, rope_theta=1e6, eps=1e-6)
 
 
 class Model:
-    def __init__(self, cfg: Dict, device: str = "cuda", seed: int = 0) -> None:
+    def __init__(self, cfg: Dict, device: str = "cuda", seed: int = 0,
+                 fused: Optional[bool] = None) -> None:
         self.cfg = c = cfg
+        # fused: the Triton kernels of kernels.py for the per-layer non-attention work
+        self.fused = K.available() if fused is None else fused
         g = torch.Generator(device=device).manual_seed(seed)
         d, hq, h = c["head_dim"], c["q_heads"], c["kv_heads"]
 
@@ -64,9 +71,32 @@ class Model:
         sin = torch.cat([-f.sin(), f.sin()], -1)[:, None, :].to(torch.bfloat16)
         return cos, sin
 
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, attend) -> torch.Tensor:
-        """ids, pos [T] (T tokens of the step, sequence-major); attend(layer, q, k, v) -> [T, Hq, d].
-        Returns the logits of the last token of every row of `last` (see callers)."""
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, attn: "Attn") -> torch.Tensor:
+        """ids, pos [T] (T tokens of the step, sequence-major); attn an Attn (where q/k/v go and
+        attend(layer, q, k, v) -> [T, Hq, d]). Returns the hidden states [T, hidden]."""
+        if not self.fused:
+            return self.forward_eager(ids, pos, attn)
+        c = self.cfg
+        d, hq, h, eps = c["head_dim"], c["q_heads"], c["kv_heads"], c["eps"]
+        x = self.embed[ids]
+        T = x.shape[0]
+        for i, l in enumerate(self.layers):
+            qkv = K.rms_norm(x, l["ln1"], eps) @ l["qkv"].t()
+            q = attn.q_buffer(T)
+            kd, vd = attn.kv_dst(i, T)
+            K.qk_norm_rope(qkv, l["qkn"], pos, self.inv_freq, q, kd, vd, hq, h, d, eps)
+            heads = qkv.view(T, hq + 2 * h, d)
+            k = kd if kd is not None else heads[:, hq:hq + h]
+            v = vd if vd is not None else heads[:, hq + h:]
+            a = attn.attend(i, q, k, v)
+            x.addmm_(a.reshape(T, -1).to(x.dtype), l["o"].t())  # in place: no copy of x
+            gu = K.rms_norm(x, l["ln2"], eps) @ l["gu"].t()
+            x.addmm_(K.silu_mul(gu), l["down"].t())
+        return x
+
+    def forward_eager(self, ids: torch.Tensor, pos: torch.Tensor, attn: "Attn") -> torch.Tensor:
+        """The same layer in plain torch ops (the form before the fused kernels; the tests'
+        reference and the profile's comparison). q/k/v go where attn says, as in forward."""
         c = self.cfg
         d, hq, h, eps = c["head_dim"], c["q_heads"], c["kv_heads"], c["eps"]
         x = self.embed[ids]
@@ -78,11 +108,17 @@ class Model:
             # q and k heads are adjacent in qkv: one norm and one RoPE for both
             qk = F.rms_norm(qkv[:, :(hq + h) * d].view(T, hq + h, d), (d,), None, eps) * l["qkn"]
             qk = torch.addcmul(qk * cos, qk.roll(d // 2, -1), sin)
-            # k back into qkv: k and v then share strides, so the INT2 write needs no copies
             heads = qkv.view(T, hq + 2 * h, d)
-            heads[:, hq:hq + h].copy_(qk[:, hq:])
-            q, k, v = qk[:, :hq], heads[:, hq:hq + h], heads[:, hq + h:]
-            a = attend(i, q, k, v)
+            kd, vd = attn.kv_dst(i, T)
+            q = attn.q_buffer(T)
+            q.copy_(qk[:, :hq])
+            if kd is None:  # k back into qkv: k and v share strides (the INT2 write's input)
+                kd = heads[:, hq:hq + h]
+            kd.copy_(qk[:, hq:])
+            if vd is not None:
+                vd.copy_(heads[:, hq + h:])
+            v = vd if vd is not None else heads[:, hq + h:]
+            a = attn.attend(i, q, kd, v)
             x = torch.addmm(x, a.reshape(T, -1).to(x.dtype), l["o"].t())
             y = F.rms_norm(x, (c["hidden"],), l["ln2"], eps)
             gu = y @ l["gu"].t()
@@ -188,8 +224,31 @@ def paged_kv_bytes(cache: PagedKVCache) -> int:
     return n
 
 
-class PagedSide:
+class Attn:
+    """Where a step's q / k / v go and how a layer attends (the forward's callbacks). Default:
+    q in a fresh bf16 buffer, k (normed, rotated) back into the QKV output, v left there."""
+
+    def __init__(self, cfg: Dict) -> None:
+        self.hq, self.d = cfg["q_heads"], cfg["head_dim"]
+
+    def q_buffer(self, T: int) -> torch.Tensor:
+        return torch.empty(T, self.hq, self.d, dtype=torch.bfloat16, device="cuda")
+
+    def kv_dst(self, layer: int, T: int):
+        """(k_dst, v_dst) [T, kv_heads, d] views to write this layer's rows to, or None."""
+        return None, None
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class PagedSide(Attn):
+    """The model on a PagedKVCache: q goes straight into the decoder's f32 query buffer; per
+    layer one quantize-on-write launch (K and V from the QKV output, no copies) and the paged
+    decode."""
+
     def __init__(self, model: Model, codec: KVCodec, batch: int, ctx: int) -> None:
+        super().__init__(model.cfg)
         self.model, self.batch = model, batch
         self.cache = paged_cache(model, codec, batch, ctx)
         self.cache.begin_step([1] * batch)
@@ -197,16 +256,23 @@ class PagedSide:
         self.pos = torch.full((batch,), ctx, dtype=torch.long, device="cuda")
         self.kv_bytes = paged_kv_bytes(self.cache)
 
+    def q_buffer(self, T):
+        return self.cache.query_buffer(T)
+
     def attend(self, layer, q, k, v):
         self.cache.write(layer, k, v)
         return self.cache.decode(layer, q)
 
     def step(self):
-        return self.model.logits(self.model.forward(self.ids, self.pos, self.attend))
+        return self.model.logits(self.model.forward(self.ids, self.pos, self))
 
 
-class SdpaSide:
+class SdpaSide(Attn):
+    """The model on a dense BF16 cache: k / v written straight into the cache's slot by the
+    q/k-norm + RoPE kernel, SDPA (enable_gqa) over exactly the cached length."""
+
     def __init__(self, model: Model, batch: int, ctx: int) -> None:
+        super().__init__(model.cfg)
         c = model.cfg
         self.model, self.batch, self.n = model, batch, ctx + 1
         self.k = [torch.zeros(batch, c["kv_heads"], ctx + 1, c["head_dim"], device="cuda",
@@ -216,18 +282,18 @@ class SdpaSide:
             t.normal_()
         self.ids = torch.zeros(batch, dtype=torch.long, device="cuda")
         self.pos = torch.full((batch,), ctx, dtype=torch.long, device="cuda")
-        self.slot = torch.tensor([ctx], device="cuda")
         self.kv_bytes = 2 * 2 * batch * (ctx + 1) * c["kv_heads"] * c["head_dim"] * c["layers"]
 
+    def kv_dst(self, layer, T):
+        return self.k[layer][:, :, self.n - 1], self.v[layer][:, :, self.n - 1]
+
     def attend(self, layer, q, k, v):
-        self.k[layer].index_copy_(2, self.slot, k.unsqueeze(2))
-        self.v[layer].index_copy_(2, self.slot, v.unsqueeze(2))
         o = F.scaled_dot_product_attention(q.unsqueeze(2), self.k[layer][:, :, :self.n],
                                            self.v[layer][:, :, :self.n], enable_gqa=True)
         return o.squeeze(2)
 
     def step(self):
-        return self.model.logits(self.model.forward(self.ids, self.pos, self.attend))
+        return self.model.logits(self.model.forward(self.ids, self.pos, self))
 
 
 def int2_codec(cfg: Dict, all_bf16: bool = False, max_tokens: int = 0) -> KVCodec:
@@ -238,11 +304,74 @@ def int2_codec(cfg: Dict, all_bf16: bool = False, max_tokens: int = 0) -> KVCode
     return c
 
 
-def time_side(side, n: int = 20) -> float:
+def kernel_category(name: str) -> str:
+    """The per-layer split the profile reports: gemm / attn_write / attn_decode / elementwise."""
+    n = name.lower()
+    if any(s in n for s in ("gemm", "gemv", "cutlass", "xmma", "nvjet", "splitk", "cublas")):
+        return "gemm"
+    if any(s in n for s in ("quantize", "index_copy", "scatter")):
+        return "attn_write"
+    if any(s in n for s in ("decode", "flash", "fmha", "cudnn", "attention", "queryprep", "merge",
+                            "sdpa")):
+        return "attn_decode"
+    return "elementwise"
+
+
+def profile_replays(g, label: str, layers: int, out_dir: str, step_s: float, n: int = 5) -> Dict:
+    """Kernels of n graph replays under torch.profiler (CUDA activity): the top kernels and the
+    per-step time by category, written to out_dir/<label>.txt; returns the summary."""
+    import os
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            g.replay()
+        torch.cuda.synchronize()
+    kern = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None)
+        if t is None:
+            t = getattr(e, "cuda_time_total", 0)
+        if t and "CUDA" in str(getattr(e, "device_type", "CUDA")) and e.key not in (
+                "cudaGraphLaunch", "cudaDeviceSynchronize"):
+            kern.append((t / n, e.count / n, e.key))  # us per step, launches per step
+    kern.sort(reverse=True)
+    split: Dict[str, float] = {}
+    launches: Dict[str, float] = {}
+    for t, c, k in kern:
+        cat = kernel_category(k)
+        split[cat] = split.get(cat, 0.0) + t
+        launches[cat] = launches.get(cat, 0.0) + c
+    busy = sum(split.values())
+    lines = ["%s: step %.1f us (graph replay median), kernels busy %.1f us, idle/gaps %.1f us"
+             % (label, step_s * 1e6, busy, step_s * 1e6 - busy)]
+    lines += ["  %-12s %9.1f us/step %7.2f us/layer %6.1f launches/layer" % (
+        k, v, v / layers, launches[k] / layers) for k, v in sorted(split.items())]
+    lines += ["  top kernels (us/step, launches/step, name):"]
+    lines += ["  %9.1f %6.0f  %s" % (t, c, k[:150]) for t, c, k in kern[:25]]
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, label + ".txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines[:2 + len(split)]))
+    return dict(label=label, step_us=step_s * 1e6, busy_us=busy, split_us=split,
+                launches_per_step=launches, top=[(t, c, k[:150]) for t, c, k in kern[:25]])
+
+
+PROFILE: Dict = dict(dir="", results=[])  # --profile: where run_side's B=1 profiles go
+
+
+def time_side(side, n: int = 20, label: str = "") -> float:
     g, _ = capture(side.step)
     for _ in range(3):
         g.replay()
-    return median_time(g.replay, n)
+    t = median_time(g.replay, n)
+    if PROFILE["dir"] and label:
+        try:
+            PROFILE["results"].append(profile_replays(g, label, side.model.cfg["layers"],
+                                                      PROFILE["dir"], t))
+        except Exception as e:  # the figures stand without the profile
+            print("  profile %s failed: %s" % (label, e))
+    return t
 
 
 def per_seq_bytes(cfg: Dict, side: str, ctx: int) -> int:
@@ -260,9 +389,10 @@ def run_side(model: Model, name: str, batch: int, ctx: int) -> Dict:
         side = SdpaSide(model, batch, ctx)
     else:
         side = PagedSide(model, int2_codec(cfg, name == "bf16-pages", ctx + 128), batch, ctx)
-    t = time_side(side)
+    kernels = "triton-fused" if model.fused else "eager"
+    t = time_side(side, label="%s-%s-b%d-%d" % (name, kernels, batch, ctx) if batch == 1 else "")
     r = dict(side=name, batch=batch, ctx=ctx, step_s=t, kv_bytes=side.kv_bytes,
-             tokens_per_s=batch / t)
+             tokens_per_s=batch / t, model_kernels=kernels)
     if isinstance(side, PagedSide):
         t0 = time.perf_counter()
         for _ in range(5):
@@ -298,12 +428,16 @@ def ttft(model: Model, prefix: int, new: int) -> Dict:
     ids = torch.randint(0, cfg["vocab"], (new,), device="cuda")
     pos = torch.arange(prefix, prefix + new, device="cuda")
 
-    def attend(layer, q, k, v):
-        cache.write(layer, k, v)
-        return cache.extend(layer, q, k, v)
+    class HitAttn(Attn):
+        def q_buffer(self, T):  # extend's query: f32, contiguous
+            return torch.empty(T, self.hq, self.d, dtype=torch.float32, device="cuda")
+
+        def attend(self, layer, q, k, v):
+            cache.write(layer, k, v)
+            return cache.extend(layer, q, k, v)
 
     def prefill():
-        x = model.forward(ids, pos, attend)
+        x = model.forward(ids, pos, HitAttn(cfg))
         return model.logits(x[-1:])
 
     def load_pages_pinned():  # one H2D copy per page from pinned staging, as a daemon load lands
@@ -345,10 +479,16 @@ def ttft(model: Model, prefix: int, new: int) -> Dict:
 
     gqa = cfg["q_heads"] // cfg["kv_heads"]
 
-    def full(backend, expand=False):
-        def attend2(layer, q, k, v):
-            kc[layer].copy_(k.transpose(0, 1))
-            vc[layer].copy_(v.transpose(0, 1))
+    class FullAttn(Attn):  # k / v written straight into the dense cache [kv_heads, n, d]
+        def __init__(self, backend, expand):
+            super().__init__(cfg)
+            self.backend, self.expand = backend, expand
+
+        def kv_dst(self, layer, T):
+            return kc[layer].transpose(0, 1), vc[layer].transpose(0, 1)
+
+        def attend(self, layer, q, k, v):
+            backend, expand = self.backend, self.expand
             kk, vv = kc[layer][None], vc[layer][None]
             if expand:  # a backend without GQA support: K/V expanded to the query heads
                 kk, vv = kk.repeat_interleave(gqa, 1), vv.repeat_interleave(gqa, 1)
@@ -356,7 +496,9 @@ def ttft(model: Model, prefix: int, new: int) -> Dict:
                 o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kk, vv,
                                                    is_causal=True, enable_gqa=not expand)
             return o[0].transpose(0, 1)
-        x = model.forward(ids2, pos2, attend2)
+
+    def full(backend, expand=False):
+        x = model.forward(ids2, pos2, FullAttn(backend, expand))
         return model.logits(x[-1:])
 
     best = None
@@ -396,6 +538,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ttft", default="32768,512", help="PREFIX,NEW for TTFT ('off' to skip)")
     ap.add_argument("--layers", type=int, default=0, help="override the layer count (smoke runs)")
     ap.add_argument("--json", default="", help="write the figures as JSON to this file ('-': stdout)")
+    ap.add_argument("--model-kernels", choices=("auto", "fused", "eager"), default="auto",
+                    help="the per-layer non-attention work: Triton kernels (fused; auto: when "
+                    "Triton is there) or plain torch ops (eager); every side runs the same")
+    ap.add_argument("--eager-too", action="store_true",
+                    help="also time every batch-1 side with the eager model form (extra rows)")
+    ap.add_argument("--profile", default="", help="folder for torch.profiler kernel tables of "
+                    "every batch-1 graph replay (per-layer split by kernel category)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("oscarkv bench model: needs a CUDA GPU")
@@ -403,11 +552,13 @@ def main(argv=None) -> int:
     cfg = dict(QWEN3_8B)
     if a.layers:
         cfg["layers"] = a.layers
-    model = Model(cfg)
+    model = Model(cfg, fused=None if a.model_kernels == "auto" else a.model_kernels == "fused")
+    PROFILE["dir"] = a.profile
     bw = copy_bandwidth()
     wbytes = model.weight_bytes_per_step()
     out: Dict = dict(device=torch.cuda.get_device_name(), copy_bandwidth_Bps=bw,
-                     weight_bytes=wbytes, config=cfg, runs=[])
+                     weight_bytes=wbytes, config=cfg, runs=[],
+                     model_kernels="triton-fused" if model.fused else "eager")
     print("device %s, copy bandwidth %.2f TB/s, weights read per step %.2f GB"
           % (out["device"], bw / 1e12, wbytes / 1e9))
 
@@ -415,9 +566,9 @@ def main(argv=None) -> int:
         r["bound_s"] = (wbytes + r["kv_bytes"]) / bw
         r["vs_bound"] = r["step_s"] / r["bound_s"]
         out["runs"].append(r)
-        print("  %-10s B=%-4d ctx=%-6d step %8.3f ms  bound %8.3f ms (x%.2f)  %9.1f tok/s%s"
-              % (r["side"], r["batch"], r["ctx"], r["step_s"] * 1e3, r["bound_s"] * 1e3,
-                 r["vs_bound"], r["tokens_per_s"],
+        print("  %-10s %-5s B=%-4d ctx=%-6d step %8.3f ms  bound %8.3f ms (x%.2f)  %9.1f tok/s%s"
+              % (r["side"], r["model_kernels"][:5], r["batch"], r["ctx"], r["step_s"] * 1e3,
+                 r["bound_s"] * 1e3, r["vs_bound"], r["tokens_per_s"],
                  "  host plan %.2f ms" % (r["host_plan_s"] * 1e3) if "host_plan_s" in r else ""))
         return r
 
@@ -439,6 +590,14 @@ def main(argv=None) -> int:
             except Exception:  # report the others
                 traceback.print_exc()
                 torch.cuda.empty_cache()
+            if a.eager_too and model.fused:  # the same side with the eager layer (extra row)
+                model.fused = False
+                try:
+                    report(run_side(model, s, 1, ctx))
+                except Exception:
+                    traceback.print_exc()
+                    torch.cuda.empty_cache()
+                model.fused = True
         if "int2" not in res or len(res) < 2:
             continue
         res.setdefault("bf16-pages", res.get("bf16-sdpa"))
@@ -488,5 +647,7 @@ def main(argv=None) -> int:
               "prefill of %d: %.2f ms (%s); ttft_prefix_hit_vs_prefill_32k = %.2f"
               % (p, n, r["hit_s"] * 1e3, r["hit_page_bytes"] / 1e6, p + n, r["prefill_s"] * 1e3,
                  r["prefill_backend"], r["ratio"]))
+    if PROFILE["results"]:
+        out["profile"] = PROFILE["results"]
     save()
     return 0

@@ -373,16 +373,28 @@ class PagedKVCache:
                            self.rotations if self.device.type != "cuda" else None, clips, modes,
                            c.num_layers, layer, c.group_size, c.page_tokens, 0, self.fixed_only)
 
+    def query_buffer(self, rows: int) -> torch.Tensor:
+        """The decode's f32 query rows [rows, Hq, d] on CUDA (after begin_step of a decode
+        step): a q written here is read by decode() in place, without a conversion copy. Rows
+        past the batch stay zero (the decoder plans rows for its capacity, reads none past it)."""
+        if self._decoder is None:
+            raise ValueError("query_buffer: no decode step planned (begin_step first)")
+        if not 0 <= rows <= self._decoder.max_seqs:
+            raise ValueError("query_buffer: %d rows (capacity %d)" % (rows, self._decoder.max_seqs))
+        if self._qbuf is None:
+            c = self.codec
+            self._qbuf = torch.zeros(self._decoder.max_seqs, self.num_q_heads, c.head_dim,
+                                     dtype=torch.float32, device=self.device)
+        return self._qbuf[:rows]
+
     def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Attention of one new token per sequence (after write): q [active, Hq, d] ->
         out f32 [active, Hq, d] in the model's value space."""
         c = self.codec
         if self.device.type == "cuda":
-            rows = self._decoder.max_seqs
-            if self._qbuf is None or self._qbuf.shape[1:] != q.shape[1:]:
-                self._qbuf = torch.zeros(rows, *q.shape[1:], dtype=torch.float32, device=self.device)
-            # rows past the batch are not read as queries (their outputs are zero)
-            self._qbuf[:q.shape[0]].copy_(q)
+            qb = self.query_buffer(q.shape[0])
+            if q.data_ptr() != qb.data_ptr() or q.dtype != qb.dtype or q.stride() != qb.stride():
+                qb.copy_(q)  # a query written elsewhere (query_buffer's rows need no copy)
             qp, dec = self._qbuf, self._decoder.handle
         else:
             qp, dec = q.to(torch.float32).contiguous(), 0

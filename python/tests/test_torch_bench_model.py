@@ -1,0 +1,130 @@
+"""The bench model's fused Triton kernels (oscarkv/bench/kernels.py) against plain torch, and the
+fused model step against its eager form on every side (gpu marker).
+
+The kernel tests also run without a GPU under Triton's interpreter (TRITON_INTERPRET=1, CPU
+tensors); everything is skipped without PyTorch and Triton.
+"""
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+pytest.importorskip("triton", reason="Triton is not installed")
+
+from oscarkv.bench import kernels as K  # noqa: E402
+
+DEV = ("cuda" if torch.cuda.is_available()
+       else "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else None)
+needs_dev = pytest.mark.skipif(DEV is None, reason="needs a CUDA GPU (or TRITON_INTERPRET=1)")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def ref_rms(x, w, eps):
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+
+
+@needs_dev
+def test_rms_norm_equals_torch():
+    g = torch.Generator(device=DEV).manual_seed(0)
+    x = torch.randn(5, 4096, device=DEV, generator=g).to(torch.bfloat16) * 3
+    w = torch.rand(4096, device=DEV, generator=g).to(torch.bfloat16) + 0.5
+    y = K.rms_norm(x, w, 1e-6)
+    assert y.dtype == torch.bfloat16 and y.shape == x.shape
+    torch.testing.assert_close(y.float(), ref_rms(x, w, 1e-6), rtol=1e-2, atol=1e-2)
+    # rows of a strided view (the kernel takes the row stride)
+    big = torch.randn(3, 8192, device=DEV, generator=g).to(torch.bfloat16)
+    torch.testing.assert_close(K.rms_norm(big[:, :4096], w, 1e-6).float(),
+                               ref_rms(big[:, :4096], w, 1e-6), rtol=1e-2, atol=1e-2)
+
+
+def ref_rope(x, pos, inv_freq):
+    """HF Qwen3 rotate-half RoPE, f32: x [T, heads, d]."""
+    f = pos.float()[:, None] * inv_freq[None, :]
+    cos = torch.cat([f.cos(), f.cos()], -1)[:, None]
+    sin = torch.cat([f.sin(), f.sin()], -1)[:, None]
+    d = x.shape[-1]
+    rot = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
+    return x * cos + rot * sin
+
+
+@needs_dev
+@pytest.mark.parametrize("dense_v", [False, True])
+def test_qk_norm_rope_equals_torch(dense_v):
+    hq, h, d, T, eps = 4, 2, 128, 3, 1e-6
+    g = torch.Generator(device=DEV).manual_seed(1)
+    qkv = torch.randn(T, (hq + 2 * h) * d, device=DEV, generator=g).to(torch.bfloat16)
+    qkn = (torch.rand(hq + h, d, device=DEV, generator=g) + 0.5).to(torch.bfloat16)
+    pos = torch.tensor([0, 7, 40000], device=DEV)
+    inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, device=DEV).float() / d))
+    orig = qkv.clone()
+    heads = orig.view(T, hq + 2 * h, d)
+    want = ref_rope(ref_rms(heads[:, :hq + h], qkn, eps), pos, inv)
+    q = torch.full((T + 2, hq, d), 7.0, device=DEV)[:T]  # f32, as the INT2 decoder reads it
+    kd = vd = None
+    if dense_v:  # a dense cache's slot: [B, h, N, d][:, :, slot] has strides (h N d, N d, 1)
+        kc = torch.zeros(T, h, 5, d, device=DEV, dtype=torch.bfloat16)
+        vc = torch.zeros_like(kc)
+        kd, vd = kc[:, :, 3], vc[:, :, 3]
+    K.qk_norm_rope(qkv, qkn, pos, inv, q, kd, vd, hq, h, d, eps)
+    torch.testing.assert_close(q, want[:, :hq], rtol=2e-2, atol=2e-2)
+    out = qkv.view(T, hq + 2 * h, d)
+    torch.testing.assert_close(out[:, :hq], heads[:, :hq], rtol=0, atol=0)  # q not written back
+    torch.testing.assert_close(out[:, hq + h:], heads[:, hq + h:], rtol=0, atol=0)  # v untouched
+    if dense_v:
+        torch.testing.assert_close(kd.float(), want[:, hq:], rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(vd, heads[:, hq + h:], rtol=0, atol=0)
+        assert not kc[:, :, :3].any() and not vc[:, :, 4].any()  # only the slot is written
+        torch.testing.assert_close(out[:, hq:hq + h], heads[:, hq:hq + h], rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(out[:, hq:hq + h].float(), want[:, hq:], rtol=2e-2, atol=2e-2)
+
+
+@needs_dev
+def test_silu_mul_equals_torch():
+    g = torch.Generator(device=DEV).manual_seed(2)
+    gu = torch.randn(3, 2 * 3000, device=DEV, generator=g).to(torch.bfloat16) * 4
+    y = K.silu_mul(gu)
+    a, b = gu.float().chunk(2, -1)
+    torch.testing.assert_close(y.float(), torch.nn.functional.silu(a) * b, rtol=1e-2, atol=1e-2)
+
+
+@needs_dev
+def test_bad_shapes_are_errors():
+    x = torch.zeros(2, 256, device=DEV, dtype=torch.bfloat16)
+    with pytest.raises(ValueError):
+        K.rms_norm(x.t(), torch.ones(2, device=DEV, dtype=torch.bfloat16), 1e-6)
+    with pytest.raises(ValueError):
+        K.qk_norm_rope(x, torch.ones(3, 128, device=DEV, dtype=torch.bfloat16),
+                       torch.zeros(2, device=DEV, dtype=torch.long),
+                       torch.ones(64, device=DEV), torch.empty(2, 1, 128, device=DEV), None,
+                       None, 1, 1, 128, 1e-6)  # 256 columns are not (1 + 2) * 128
+
+
+SMALL = dict(layers=2, hidden=512, q_heads=32, kv_heads=8, head_dim=128, inter=1024, vocab=1000,
+             rope_theta=1e6, eps=1e-6)
+
+
+@gpu
+@pytest.mark.parametrize("side", ["int2", "bf16-sdpa", "bf16-pages"])
+def test_fused_step_equals_eager_step(side):
+    """The fused layer and the eager layer give the same logits on the same cache (each step
+    writes the same slot, so the two steps see the same history)."""
+    pytest.importorskip("oscarkv.torch")
+    from oscarkv.bench import model as M
+    m = M.Model(SMALL, fused=True)
+    s = (M.SdpaSide(m, 2, 1000) if side == "bf16-sdpa"
+         else M.PagedSide(m, M.int2_codec(SMALL, side == "bf16-pages", 1128), 2, 1000))
+    s.pos = torch.tensor([1000, 1000], device="cuda")
+    s.ids = torch.tensor([3, 17], device="cuda")
+    fused = s.step().float()
+    m.fused = False
+    eager = s.step().float()
+    cos = torch.nn.functional.cosine_similarity(fused, eager, dim=-1)
+    assert bool((cos > 0.999).all()), cos
+    torch.testing.assert_close(fused, eager, rtol=5e-2, atol=5e-2 * float(eager.abs().max()))
+    # and under a CUDA graph (the bench's form), the fused step again
+    m.fused = True
+    g, out = M.capture(s.step)
+    g.replay()
+    torch.testing.assert_close(out.float(), fused, rtol=2e-2, atol=2e-2 * float(fused.abs().max()))
