@@ -101,30 +101,65 @@ def test_bad_shapes_are_errors():
                        None, 1, 1, 128, 1e-6)  # 256 columns are not (1 + 2) * 128
 
 
+@needs_dev
+@pytest.mark.parametrize("mode", ["plain", "norm", "residual_f32_in", "swiglu"])
+def test_gemv_equals_torch(mode):
+    g = torch.Generator(device=DEV).manual_seed(4)
+    Kd, N = 1024, 72  # N not a multiple of the row block: masked rows
+    x = torch.randn(1, Kd, device=DEV, generator=g).to(torch.bfloat16)
+    w = (torch.randn(2 * N if mode == "swiglu" else N, Kd, device=DEV, generator=g) * 0.05).to(torch.bfloat16)
+    nw = (torch.rand(Kd, device=DEV, generator=g) + 0.5).to(torch.bfloat16)
+    if mode == "plain":
+        y, want = K.gemv(x, w), x.float() @ w.float().t()
+    elif mode == "norm":
+        y = K.gemv(x, w, norm=nw, eps=1e-6)
+        want = ref_rms(x, nw, 1e-6).to(torch.bfloat16).float() @ w.float().t()
+    elif mode == "residual_f32_in":
+        x32 = torch.randn(1, Kd, device=DEV, generator=g)
+        r = torch.randn(1, N, device=DEV, generator=g).to(torch.bfloat16)
+        want = r.float() + x32 @ w.float().t()
+        y = K.gemv(x32, w, out=r, residual=r)  # in place, as the model's x += a W_o^T
+        assert y is r
+    else:
+        y = K.gemv(x, w, norm=nw, eps=1e-6, swiglu=True)
+        hn = ref_rms(x, nw, 1e-6).to(torch.bfloat16).float()
+        gate, up = (hn @ w.float().t()).chunk(2, -1)
+        want = torch.nn.functional.silu(gate) * up
+    assert y.shape == want.shape and y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), want, rtol=2e-2, atol=2e-2 * float(want.abs().max()))
+    for cf in ({"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4},):  # another configuration
+        if mode == "plain":
+            torch.testing.assert_close(K.gemv(x, w, config=cf).float(), want, rtol=2e-2,
+                                       atol=2e-2 * float(want.abs().max()))
+    with pytest.raises(ValueError):
+        K.gemv(x, w, norm=nw, out=x)  # the normed input may not be the output
+
+
 SMALL = dict(layers=2, hidden=512, q_heads=32, kv_heads=8, head_dim=128, inter=1024, vocab=1000,
              rope_theta=1e6, eps=1e-6)
 
 
 @gpu
 @pytest.mark.parametrize("side", ["int2", "bf16-sdpa", "bf16-pages"])
-def test_fused_step_equals_eager_step(side):
-    """The fused layer and the eager layer give the same logits on the same cache (each step
-    writes the same slot, so the two steps see the same history)."""
+@pytest.mark.parametrize("form,batch", [("fused", 2), ("gemv", 1)])
+def test_fused_step_equals_eager_step(side, form, batch):
+    """The fused layer (batch 2: Triton kernels around cuBLAS; batch 1: the GEMV form) and the
+    eager layer give the same logits on the same cache (each step writes the same slot, so the
+    two steps see the same history)."""
     pytest.importorskip("oscarkv.torch")
     from oscarkv.bench import model as M
-    m = M.Model(SMALL, fused=True)
-    s = (M.SdpaSide(m, 2, 1000) if side == "bf16-sdpa"
-         else M.PagedSide(m, M.int2_codec(SMALL, side == "bf16-pages", 1128), 2, 1000))
-    s.pos = torch.tensor([1000, 1000], device="cuda")
-    s.ids = torch.tensor([3, 17], device="cuda")
+    m = M.Model(SMALL, form=form)
+    s = (M.SdpaSide(m, batch, 1000) if side == "bf16-sdpa"
+         else M.PagedSide(m, M.int2_codec(SMALL, side == "bf16-pages", 1128), batch, 1000))
+    s.ids = torch.tensor([3, 17][:batch], device="cuda")
     fused = s.step().float()
-    m.fused = False
+    m.form = "eager"
     eager = s.step().float()
     cos = torch.nn.functional.cosine_similarity(fused, eager, dim=-1)
     assert bool((cos > 0.999).all()), cos
     torch.testing.assert_close(fused, eager, rtol=5e-2, atol=5e-2 * float(eager.abs().max()))
     # and under a CUDA graph (the bench's form), the fused step again
-    m.fused = True
+    m.form = form
     g, out = M.capture(s.step)
     g.replay()
     torch.testing.assert_close(out.float(), fused, rtol=2e-2, atol=2e-2 * float(fused.abs().max()))

@@ -86,6 +86,81 @@ if triton is not None:
         tl.store(out_ptr + t * stride_out + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+    @triton.jit
+    def _gemv_kernel(x_ptr, w_ptr, y_ptr, res_ptr, nw_ptr, N, stride_x, stride_y, stride_r, eps,
+                     K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     NORM: tl.constexpr, RESID: tl.constexpr, SWIGLU: tl.constexpr):
+        # One input row (program_id 1) times BLOCK_N rows of W [*, K] (row-major, K contiguous).
+        m = tl.program_id(1).to(tl.int64)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rmask = rows < N
+        ks = tl.arange(0, BLOCK_K)
+        xrow = x_ptr + m * stride_x
+        rstd = 1.0
+        if NORM:  # RMSNorm of the input row (each program re-reads it: K*2 bytes from L2)
+            ss = tl.zeros([BLOCK_K], tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                xv = tl.load(xrow + k0 + ks).to(tl.float32)
+                ss += xv * xv
+            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        if SWIGLU:
+            acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xv = tl.load(xrow + k0 + ks).to(tl.float32)
+            if NORM:  # rounded to bf16 as the unfused norm's output is
+                xv = (xv * rstd * tl.load(nw_ptr + k0 + ks).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
+            w = tl.load(w_ptr + rows[:, None] * K + (k0 + ks)[None, :], mask=rmask[:, None],
+                        other=0.0)
+            acc += w.to(tl.float32) * xv[None, :]
+            if SWIGLU:  # the up row of each gate row: N rows further
+                w2 = tl.load(w_ptr + (rows + N)[:, None] * K + (k0 + ks)[None, :],
+                             mask=rmask[:, None], other=0.0)
+                acc2 += w2.to(tl.float32) * xv[None, :]
+        y = tl.sum(acc, axis=1)
+        if SWIGLU:
+            y = y.to(tl.bfloat16).to(tl.float32)  # rounded as the unfused GEMM's output is
+            u = tl.sum(acc2, axis=1).to(tl.bfloat16).to(tl.float32)
+            y = y / (1.0 + tl.exp(-y)) * u
+        if RESID:
+            y += tl.load(res_ptr + m * stride_r + rows, mask=rmask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m * stride_y + rows, y.to(y_ptr.dtype.element_ty), mask=rmask)
+
+
+GEMV_CONFIG = dict(BLOCK_N=8, BLOCK_K=512, num_warps=4)  # see --gemv-probe
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
+         residual: Optional[torch.Tensor] = None, norm: Optional[torch.Tensor] = None,
+         eps: float = 1e-6, swiglu: bool = False, config: Optional[dict] = None) -> torch.Tensor:
+    """For a few rows (decode at batch 1): y = f(x) @ w.T (+ residual), bf16 out, f32 sums.
+    x [M, K] (bf16 or f32; f32 is read as is: no cast kernel); w [N', K] contiguous bf16;
+    norm: RMSNorm weight [K] applied to x first; swiglu: w holds gate rows then up rows
+    (N' = 2N), y = silu(x w_gate.T) * (x w_up.T) [M, N]. residual may be out itself (in place:
+    each program reads only its own rows of it), never x."""
+    _check_rows("x", x)
+    if w.dim() != 2 or not w.is_contiguous() or w.shape[1] != x.shape[1] or w.dtype != torch.bfloat16:
+        raise ValueError("w must be contiguous bf16 [N, %d]" % x.shape[1])
+    M, Kd = x.shape
+    N = w.shape[0] // 2 if swiglu else w.shape[0]
+    if norm is not None and (norm.numel() != Kd or residual is x or out is x):
+        raise ValueError("norm needs a [K] weight and an input that is not the output")
+    y = torch.empty(M, N, dtype=torch.bfloat16, device=x.device) if out is None else out
+    _check_rows("out", y)
+    if y.shape != (M, N) or (residual is not None and residual.shape != (M, N)):
+        raise ValueError("out / residual must be [%d, %d]" % (M, N))
+    cfg = dict(GEMV_CONFIG if config is None else config)
+    if Kd % cfg["BLOCK_K"]:
+        raise ValueError("K %d is not a multiple of BLOCK_K %d" % (Kd, cfg["BLOCK_K"]))
+    r = residual if residual is not None else y
+    if M:
+        _gemv_kernel[(triton.cdiv(N, cfg["BLOCK_N"]), M)](
+            x, w, y, r, norm if norm is not None else w, N, x.stride(0), y.stride(0), r.stride(0),
+            eps, K=Kd, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], NORM=norm is not None,
+            RESID=residual is not None, SWIGLU=swiglu, num_warps=cfg["num_warps"])
+    return y
+
+
 def _check_rows(name: str, t: torch.Tensor) -> None:
     if t.dim() != 2 or t.stride(-1) != 1:
         raise ValueError("%s must be 2-D with a contiguous last dimension" % name)

@@ -29,12 +29,20 @@ QWEN3_8B = dict(layers=36, hidden=4096, q_heads=32, kv_heads=8, head_dim=128, in
                 vocab=151936, rope_theta=1e6, eps=1e-6)
 
 
+# Forms of the model's non-attention work, every side the same: eager (plain torch ops), fused
+# (kernels.py's three Triton kernels per layer around cuBLAS GEMMs), gemv (fused, and at one
+# token per step the projections as Triton GEMVs with the norms / residual / SiLU*up folded in).
+FORMS = ("eager", "fused", "gemv")
+
+
 class Model:
     def __init__(self, cfg: Dict, device: str = "cuda", seed: int = 0,
-                 fused: Optional[bool] = None) -> None:
+                 form: Optional[str] = None) -> None:
         self.cfg = c = cfg
-        # fused: the Triton kernels of kernels.py for the per-layer non-attention work
-        self.fused = K.available() if fused is None else fused
+        # form of the per-layer non-attention work (FORMS); default: gemv where Triton is there
+        self.form = form or ("gemv" if K.available() else "eager")
+        if self.form not in FORMS:
+            raise ValueError("model form %r: one of %s" % (self.form, ", ".join(FORMS)))
         g = torch.Generator(device=device).manual_seed(seed)
         d, hq, h = c["head_dim"], c["q_heads"], c["kv_heads"]
 
@@ -74,12 +82,14 @@ class Model:
     def forward(self, ids: torch.Tensor, pos: torch.Tensor, attn: "Attn") -> torch.Tensor:
         """ids, pos [T] (T tokens of the step, sequence-major); attn an Attn (where q/k/v go and
         attend(layer, q, k, v) -> [T, Hq, d]). Returns the hidden states [T, hidden]."""
-        if not self.fused:
+        if self.form == "eager":
             return self.forward_eager(ids, pos, attn)
         c = self.cfg
         d, hq, h, eps = c["head_dim"], c["q_heads"], c["kv_heads"], c["eps"]
         x = self.embed[ids]
         T = x.shape[0]
+        if self.form == "gemv" and T == 1:
+            return self._forward_gemv(x, pos, attn)
         for i, l in enumerate(self.layers):
             qkv = K.rms_norm(x, l["ln1"], eps) @ l["qkv"].t()
             q = attn.q_buffer(T)
@@ -92,6 +102,25 @@ class Model:
             x.addmm_(a.reshape(T, -1).to(x.dtype), l["o"].t())  # in place: no copy of x
             gu = K.rms_norm(x, l["ln2"], eps) @ l["gu"].t()
             x.addmm_(K.silu_mul(gu), l["down"].t())
+        return x
+
+    def _forward_gemv(self, x: torch.Tensor, pos: torch.Tensor, attn: "Attn") -> torch.Tensor:
+        """One token: every projection a Triton GEMV with the RMSNorm in its prologue and the
+        residual add or SiLU*up in its epilogue (the attention's f32 output read as is)."""
+        c = self.cfg
+        d, hq, h, eps = c["head_dim"], c["q_heads"], c["kv_heads"], c["eps"]
+        for i, l in enumerate(self.layers):
+            qkv = K.gemv(x, l["qkv"], norm=l["ln1"], eps=eps)
+            q = attn.q_buffer(1)
+            kd, vd = attn.kv_dst(i, 1)
+            K.qk_norm_rope(qkv, l["qkn"], pos, self.inv_freq, q, kd, vd, hq, h, d, eps)
+            heads = qkv.view(1, hq + 2 * h, d)
+            k = kd if kd is not None else heads[:, hq:hq + h]
+            v = vd if vd is not None else heads[:, hq + h:]
+            a = attn.attend(i, q, k, v)
+            K.gemv(a.reshape(1, -1), l["o"], out=x, residual=x)
+            K.gemv(K.gemv(x, l["gu"], norm=l["ln2"], eps=eps, swiglu=True), l["down"], out=x,
+                   residual=x)
         return x
 
     def forward_eager(self, ids: torch.Tensor, pos: torch.Tensor, attn: "Attn") -> torch.Tensor:
@@ -127,6 +156,8 @@ class Model:
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.form == "gemv" and x.shape[0] == 1:
+            return K.gemv(x, self.lm_head, norm=self.norm, eps=self.cfg["eps"])
         return F.rms_norm(x, (self.cfg["hidden"],), self.norm, self.cfg["eps"]) @ self.lm_head.t()
 
 
@@ -389,7 +420,7 @@ def run_side(model: Model, name: str, batch: int, ctx: int) -> Dict:
         side = SdpaSide(model, batch, ctx)
     else:
         side = PagedSide(model, int2_codec(cfg, name == "bf16-pages", ctx + 128), batch, ctx)
-    kernels = "triton-fused" if model.fused else "eager"
+    kernels = model.form
     t = time_side(side, label="%s-%s-b%d-%d" % (name, kernels, batch, ctx) if batch == 1 else "")
     r = dict(side=name, batch=batch, ctx=ctx, step_s=t, kv_bytes=side.kv_bytes,
              tokens_per_s=batch / t, model_kernels=kernels)
@@ -527,6 +558,53 @@ def ttft(model: Model, prefix: int, new: int) -> Dict:
                 prefill_s=best[0], prefill_backend=best[1], ratio=best[0] / hit_s)
 
 
+GEMV_CONFIGS = [dict(BLOCK_N=8, BLOCK_K=512, num_warps=4), dict(BLOCK_N=16, BLOCK_K=256, num_warps=4),
+                dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4), dict(BLOCK_N=16, BLOCK_K=512, num_warps=8)]
+
+
+def gemv_probe(model: Model, bw: float, reps: int = 20) -> List[Dict]:
+    """Each projection of layer 0 (and lm_head) at one token: the cuBLAS form (with its norm /
+    SiLU / residual kernels) against the Triton GEMV in each configuration; `reps` calls per CUDA
+    graph, median replay / reps. Returns rows (name, form, us, weight GB/s, vs copy bandwidth)."""
+    c, l = model.cfg, model.layers[0]
+    eps = c["eps"]
+    x = torch.randn(1, c["hidden"], device="cuda", dtype=torch.bfloat16)
+    a32 = torch.randn(1, c["q_heads"] * c["head_dim"], device="cuda")
+    h_ = torch.randn(1, c["inter"], device="cuda", dtype=torch.bfloat16)
+    cases = {
+        "qkv": (l["qkv"], lambda: K.rms_norm(x, l["ln1"], eps) @ l["qkv"].t(),
+                lambda cf: K.gemv(x, l["qkv"], norm=l["ln1"], eps=eps, config=cf)),
+        "o(f32 in)": (l["o"], lambda: x.addmm_(a32.to(torch.bfloat16), l["o"].t()),
+                      lambda cf: K.gemv(a32, l["o"], out=x, residual=x, config=cf)),
+        "gate_up+silu": (l["gu"], lambda: K.silu_mul(K.rms_norm(x, l["ln2"], eps) @ l["gu"].t()),
+                         lambda cf: K.gemv(x, l["gu"], norm=l["ln2"], eps=eps, swiglu=True,
+                                           config=cf)),
+        "down": (l["down"], lambda: x.addmm_(h_, l["down"].t()),
+                 lambda cf: K.gemv(h_, l["down"], out=x, residual=x, config=cf)),
+        "lm_head": (model.lm_head, lambda: K.rms_norm(x, model.norm, eps) @ model.lm_head.t(),
+                    lambda cf: K.gemv(x, model.lm_head, norm=model.norm, eps=eps, config=cf)),
+    }
+    rows = []
+    for name, (w, cub, tri) in cases.items():
+        forms = [("cublas", cub)] + [("triton %d/%d/%d" % (cf["BLOCK_N"], cf["BLOCK_K"],
+                                                           cf["num_warps"]), (lambda cf=cf: tri(cf)))
+                                     for cf in GEMV_CONFIGS]
+        for form, fn in forms:
+            try:
+                x.normal_()  # the in-place forms grow x; keep it at unit scale
+                g, _ = capture(lambda: [fn() for _ in range(reps)])
+                t = median_time(g.replay, 10) / reps
+                r = dict(name=name, form=form, us=t * 1e6, weight_GBps=w.numel() * 2 / t / 1e9,
+                         vs_copy_bw=w.numel() * 2 / t / bw)
+                print("  gemv probe %-13s %-18s %8.2f us  %7.0f GB/s  (%.2f of copy bw)"
+                      % (name, form, r["us"], r["weight_GBps"], r["vs_copy_bw"]))
+                rows.append(r)
+                del g
+            except Exception as e:
+                print("  gemv probe %s %s failed: %s" % (name, form, str(e).splitlines()[0][:200]))
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m oscarkv.bench model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -538,11 +616,16 @@ def main(argv=None) -> int:
     ap.add_argument("--ttft", default="32768,512", help="PREFIX,NEW for TTFT ('off' to skip)")
     ap.add_argument("--layers", type=int, default=0, help="override the layer count (smoke runs)")
     ap.add_argument("--json", default="", help="write the figures as JSON to this file ('-': stdout)")
-    ap.add_argument("--model-kernels", choices=("auto", "fused", "eager"), default="auto",
-                    help="the per-layer non-attention work: Triton kernels (fused; auto: when "
-                    "Triton is there) or plain torch ops (eager); every side runs the same")
-    ap.add_argument("--eager-too", action="store_true",
-                    help="also time every batch-1 side with the eager model form (extra rows)")
+    ap.add_argument("--model-kernels", choices=("auto",) + FORMS, default="auto",
+                    help="form of the per-layer non-attention work, the same for every side: "
+                    "eager (torch ops), fused (three Triton kernels per layer around cuBLAS), "
+                    "gemv (fused + Triton GEMVs at batch 1); auto: gemv where Triton is there")
+    ap.add_argument("--also", default="",
+                    help="comma list of further forms to time every batch-1 side with (extra "
+                    "rows, model_kernels says which; the keys use --model-kernels' form)")
+    ap.add_argument("--gemv-probe", action="store_true",
+                    help="time each projection of one layer at batch 1: cuBLAS vs Triton GEMV "
+                    "configurations, under CUDA graphs")
     ap.add_argument("--profile", default="", help="folder for torch.profiler kernel tables of "
                     "every batch-1 graph replay (per-layer split by kernel category)")
     a = ap.parse_args(argv)
@@ -552,13 +635,14 @@ def main(argv=None) -> int:
     cfg = dict(QWEN3_8B)
     if a.layers:
         cfg["layers"] = a.layers
-    model = Model(cfg, fused=None if a.model_kernels == "auto" else a.model_kernels == "fused")
+    model = Model(cfg, form=None if a.model_kernels == "auto" else a.model_kernels)
+    main_form = model.form
     PROFILE["dir"] = a.profile
     bw = copy_bandwidth()
     wbytes = model.weight_bytes_per_step()
     out: Dict = dict(device=torch.cuda.get_device_name(), copy_bandwidth_Bps=bw,
                      weight_bytes=wbytes, config=cfg, runs=[],
-                     model_kernels="triton-fused" if model.fused else "eager")
+                     model_kernels=model.form)
     print("device %s, copy bandwidth %.2f TB/s, weights read per step %.2f GB"
           % (out["device"], bw / 1e12, wbytes / 1e9))
 
@@ -582,6 +666,9 @@ def main(argv=None) -> int:
             else:
                 open(a.json, "w").write(text)
 
+    if a.gemv_probe:
+        out["gemv_probe"] = gemv_probe(model, bw)
+        save()
     for ctx in [int(x) for x in a.contexts.split(",") if x]:
         res = {}
         for s in ("int2", "bf16-sdpa", "bf16-pages"):
@@ -590,14 +677,14 @@ def main(argv=None) -> int:
             except Exception:  # report the others
                 traceback.print_exc()
                 torch.cuda.empty_cache()
-            if a.eager_too and model.fused:  # the same side with the eager layer (extra row)
-                model.fused = False
+            for form in [f for f in a.also.split(",") if f and f != main_form]:
+                model.form = form  # the same side in another model form (an extra row)
                 try:
                     report(run_side(model, s, 1, ctx))
                 except Exception:
                     traceback.print_exc()
                     torch.cuda.empty_cache()
-                model.fused = True
+                model.form = main_form
         if "int2" not in res or len(res) < 2:
             continue
         res.setdefault("bf16-pages", res.get("bf16-sdpa"))
