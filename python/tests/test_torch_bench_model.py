@@ -163,3 +163,24 @@ def test_fused_step_equals_eager_step(side, form, batch):
     g, out = M.capture(s.step)
     g.replay()
     torch.testing.assert_close(out.float(), fused, rtol=2e-2, atol=2e-2 * float(fused.abs().max()))
+
+
+@gpu
+@pytest.mark.parametrize("side", ["int2", "bf16-pages"])
+def test_layer_major_step_equals_page_major_step(side):
+    """The same step on a layer-major pool (one region per layer) and on whole pages gives the
+    same logits on the GPU: the same pages, written, flushed and decoded the same way."""
+    pytest.importorskip("oscarkv.torch")
+    from oscarkv.bench import model as M
+    m = M.Model(SMALL, form="fused")
+    got = {}
+    try:
+        for layout in M.LAYOUTS:
+            M.LAYOUT["paged"] = layout
+            s = M.PagedSide(m, M.int2_codec(SMALL, side == "bf16-pages", 1128), 2, 1000)
+            s.ids = torch.tensor([3, 17], device="cuda")
+            got[layout] = s.step().float()
+    finally:
+        M.LAYOUT["paged"] = M.LAYOUTS[0]
+    a, b = got.values()
+    torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * float(b.abs().max()))

@@ -43,6 +43,10 @@ class Model:
         self.form = form or ("gemv" if K.available() else "eager")
         if self.form not in FORMS:
             raise ValueError("model form %r: one of %s" % (self.form, ", ".join(FORMS)))
+        # gemv form: projection (qkv, o, gate_up, down, lm_head) -> Triton GEMV config, or
+        # absent: cuBLAS. Every projection a GEMV until gemv_probe picks the faster per shape.
+        self.gemv_pick: Dict[str, Optional[dict]] = {
+            p: dict(K.GEMV_CONFIG) for p in ("qkv", "o", "gate_up", "down", "lm_head")}
         g = torch.Generator(device=device).manual_seed(seed)
         d, hq, h = c["head_dim"], c["q_heads"], c["kv_heads"]
 
@@ -105,22 +109,36 @@ class Model:
         return x
 
     def _forward_gemv(self, x: torch.Tensor, pos: torch.Tensor, attn: "Attn") -> torch.Tensor:
-        """One token: every projection a Triton GEMV with the RMSNorm in its prologue and the
-        residual add or SiLU*up in its epilogue (the attention's f32 output read as is)."""
+        """One token: each projection as gemv_pick says -- a Triton GEMV (its RMSNorm in the
+        prologue, the residual add or SiLU*up in the epilogue, the attention's f32 output read
+        as is) or cuBLAS with the fused form's kernels."""
         c = self.cfg
         d, hq, h, eps = c["head_dim"], c["q_heads"], c["kv_heads"], c["eps"]
+        pick = self.gemv_pick
         for i, l in enumerate(self.layers):
-            qkv = K.gemv(x, l["qkv"], norm=l["ln1"], eps=eps)
+            if pick.get("qkv"):
+                qkv = K.gemv(x, l["qkv"], norm=l["ln1"], eps=eps, config=pick["qkv"])
+            else:
+                qkv = K.rms_norm(x, l["ln1"], eps) @ l["qkv"].t()
             q = attn.q_buffer(1)
             kd, vd = attn.kv_dst(i, 1)
             K.qk_norm_rope(qkv, l["qkn"], pos, self.inv_freq, q, kd, vd, hq, h, d, eps)
             heads = qkv.view(1, hq + 2 * h, d)
             k = kd if kd is not None else heads[:, hq:hq + h]
             v = vd if vd is not None else heads[:, hq + h:]
-            a = attn.attend(i, q, k, v)
-            K.gemv(a.reshape(1, -1), l["o"], out=x, residual=x)
-            K.gemv(K.gemv(x, l["gu"], norm=l["ln2"], eps=eps, swiglu=True), l["down"], out=x,
-                   residual=x)
+            a = attn.attend(i, q, k, v).reshape(1, -1)
+            if pick.get("o"):
+                K.gemv(a, l["o"], out=x, residual=x, config=pick["o"])
+            else:
+                x.addmm_(a.to(x.dtype), l["o"].t())
+            if pick.get("gate_up"):
+                y = K.gemv(x, l["gu"], norm=l["ln2"], eps=eps, swiglu=True, config=pick["gate_up"])
+            else:
+                y = K.silu_mul(K.rms_norm(x, l["ln2"], eps) @ l["gu"].t())
+            if pick.get("down"):
+                K.gemv(y, l["down"], out=x, residual=x, config=pick["down"])
+            else:
+                x.addmm_(y, l["down"].t())
         return x
 
     def forward_eager(self, ids: torch.Tensor, pos: torch.Tensor, attn: "Attn") -> torch.Tensor:
@@ -156,8 +174,9 @@ class Model:
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        if self.form == "gemv" and x.shape[0] == 1:
-            return K.gemv(x, self.lm_head, norm=self.norm, eps=self.cfg["eps"])
+        if self.form == "gemv" and x.shape[0] == 1 and self.gemv_pick.get("lm_head"):
+            return K.gemv(x, self.lm_head, norm=self.norm, eps=self.cfg["eps"],
+                          config=self.gemv_pick["lm_head"])
         return F.rms_norm(x, (self.cfg["hidden"],), self.norm, self.cfg["eps"]) @ self.lm_head.t()
 
 
@@ -205,17 +224,25 @@ def plan_kinds(codec: KVCodec, n: int) -> List[int]:
     return [INT2 if codec.is_int2_page(i, n) else BF16 for i in range(-(-n // T))]
 
 
+# How the paged sides' pool holds pages (PagedKVCache layer_major): layer-major (one region per
+# layer; what the bench reports) or page-major (whole FORMAT.md pages in slots). --also adds rows.
+LAYOUTS = ("layer-major", "page-major")
+LAYOUT = dict(paged=LAYOUTS[0])
+
+
 def paged_cache(model: Model, codec: KVCodec, batch: int, ctx: int, extra: int = 64,
                 max_step_tokens: Optional[int] = None) -> PagedKVCache:
     """A cache of `batch` sequences of `ctx` tokens of real K/V pages (one page of each kind
-    written by quantize-on-write from random rows, copied into every slot of its kind)."""
+    written by quantize-on-write from random rows, copied into every slot of its kind), in
+    LAYOUT["paged"]."""
     kinds = plan_kinds(codec, ctx + extra)
     n2 = sum(1 for k in kinds if k == INT2)
     nb = len(kinds) - n2
     c = model.cfg
     cache = PagedKVCache(codec, c["q_heads"], batch, ctx + extra, int2_slots=batch * (n2 + 1) + 1,
                          bf16_slots=batch * (nb + 2) + 2,
-                         max_step_tokens=max_step_tokens or max(batch, 64))
+                         max_step_tokens=max_step_tokens or max(batch, 64),
+                         layer_major=LAYOUT["paged"] == "layer-major")
     T = codec.page_tokens
     # Template pages: slot 0 (BF16) and the first INT2 slot from 64 random rows.
     cache.reset(1)
@@ -224,10 +251,9 @@ def paged_cache(model: Model, codec: KVCodec, batch: int, ctx: int, extra: int =
     for l in range(codec.num_layers):
         r = torch.randn(T, codec.num_kv_heads, codec.head_dim, device="cuda", generator=g)
         cache.write(l, r, r * 0.5)
-    tb = cache.pool[:cache.pb].clone()
-    i2 = cache.n_bf16 * cache.pb
+    tb = cache.slot_rows(BF16)[:, 0].clone()  # slot 0 (every layer region)
     cache._flush(cache.pages[0][0], cache.n_bf16)  # an INT2 copy of the template
-    ti = cache.pool[i2:i2 + cache.pi].clone()
+    ti = cache.slot_rows(INT2)[:, 0].clone()
     cache.reset(batch)
     cache._free_int2 = list(range(cache.num_slots - 1, cache.n_bf16 - 1, -1))
     cache._free_bf16 = list(range(cache.n_bf16 - 1, -1, -1))
@@ -238,8 +264,8 @@ def paged_cache(model: Model, codec: KVCodec, batch: int, ctx: int, extra: int =
             cache.pages[b].append(s)
             cache.counts[s] = min(T, ctx - i * T)
         cache.lengths[b] = ctx
-    cache.pool[:cache.n_bf16 * cache.pb].view(cache.n_bf16, cache.pb).copy_(tb.expand(cache.n_bf16, -1))
-    cache.pool[i2:].view(cache.n_int2, cache.pi).copy_(ti.expand(cache.n_int2, -1))
+    cache.slot_rows(BF16).copy_(tb[:, None].expand(-1, cache.n_bf16, -1))
+    cache.slot_rows(INT2).copy_(ti[:, None].expand(-1, cache.n_int2, -1))
     return cache
 
 
@@ -350,7 +376,7 @@ def kernel_category(name: str) -> str:
 
 def profile_replays(g, label: str, layers: int, out_dir: str, step_s: float, n: int = 5) -> Dict:
     """Kernels of n graph replays under torch.profiler (CUDA activity): the top kernels and the
-    per-step time by category, written to out_dir/<label>.txt; returns the summary."""
+    per-step time by category, appended to out_dir/profile.txt; returns the summary."""
     import os
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
@@ -381,8 +407,8 @@ def profile_replays(g, label: str, layers: int, out_dir: str, step_s: float, n: 
     lines += ["  top kernels (us/step, launches/step, name):"]
     lines += ["  %9.1f %6.0f  %s" % (t, c, k[:150]) for t, c, k in kern[:25]]
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, label + ".txt"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(out_dir, "profile.txt"), "a") as f:  # one file: every replay's table
+        f.write("\n".join(lines) + "\n\n")
     print("\n".join(lines[:2 + len(split)]))
     return dict(label=label, step_us=step_s * 1e6, busy_us=busy, split_us=split,
                 launches_per_step=launches, top=[(t, c, k[:150]) for t, c, k in kern[:25]])
@@ -421,9 +447,11 @@ def run_side(model: Model, name: str, batch: int, ctx: int) -> Dict:
     else:
         side = PagedSide(model, int2_codec(cfg, name == "bf16-pages", ctx + 128), batch, ctx)
     kernels = model.form
-    t = time_side(side, label="%s-%s-b%d-%d" % (name, kernels, batch, ctx) if batch == 1 else "")
+    layout = LAYOUT["paged"] if isinstance(side, PagedSide) else "dense"
+    t = time_side(side, label="%s-%s-%s-b%d-%d" % (name, kernels, layout, batch, ctx)
+                  if batch == 1 else "")
     r = dict(side=name, batch=batch, ctx=ctx, step_s=t, kv_bytes=side.kv_bytes,
-             tokens_per_s=batch / t, model_kernels=kernels)
+             tokens_per_s=batch / t, model_kernels=kernels, page_layout=layout)
     if isinstance(side, PagedSide):
         t0 = time.perf_counter()
         for _ in range(5):
@@ -449,11 +477,11 @@ def ttft(model: Model, prefix: int, new: int) -> Dict:
     codec = int2_codec(cfg)
     cache = paged_cache(model, codec, 1, prefix, extra=new + 64, max_step_tokens=new)
     T = codec.page_tokens
-    host = [cache.pool[s * cache.pb:(s + 1) * cache.pb] if s < cache.n_bf16 else
-            cache.pool[cache.n_bf16 * cache.pb + (s - cache.n_bf16) * cache.pi:
-                       cache.n_bf16 * cache.pb + (s - cache.n_bf16 + 1) * cache.pi]
-            for s in cache.pages[0]]
-    staged = [h.cpu().pin_memory() for h in host]
+    # Whole FORMAT.md pages (the header left zero: the kernels do not read it), as a load
+    # delivers them, in pinned host memory.
+    staged = [torch.cat([torch.zeros(64, dtype=torch.uint8, device="cuda"),
+                         cache._page_view(s).reshape(-1)]).cpu().pin_memory()
+              for s in cache.pages[0]]
     kinds = [k for k, _, _ in cache.sequence_pages(0)]
     page_bytes = sum(t.numel() for t in staged)
     ids = torch.randint(0, cfg["vocab"], (new,), device="cuda")
@@ -471,12 +499,11 @@ def ttft(model: Model, prefix: int, new: int) -> Dict:
         x = model.forward(ids, pos, HitAttn(cfg))
         return model.logits(x[-1:])
 
-    def load_pages_pinned():  # one H2D copy per page from pinned staging, as a daemon load lands
+    def load_pages_pinned():  # one H2D copy per page from pinned staging, as load_pages does
         cache.reset(1)
         for kind, t in zip(kinds, staged):
             s = cache._alloc(kind)
-            off = cache._slot_ptr(s) - cache.pool.data_ptr()
-            cache.pool[off:off + t.numel()].copy_(t, non_blocking=True)
+            cache.copy_page_in(s, t, non_blocking=True)
             cache.pages[0].append(s)
             cache.counts[s] = min(T, prefix - (len(cache.pages[0]) - 1) * T)
         cache.lengths[0] = prefix
@@ -565,7 +592,8 @@ GEMV_CONFIGS = [dict(BLOCK_N=8, BLOCK_K=512, num_warps=4), dict(BLOCK_N=16, BLOC
 def gemv_probe(model: Model, bw: float, reps: int = 20) -> List[Dict]:
     """Each projection of layer 0 (and lm_head) at one token: the cuBLAS form (with its norm /
     SiLU / residual kernels) against the Triton GEMV in each configuration; `reps` calls per CUDA
-    graph, median replay / reps. Returns rows (name, form, us, weight GB/s, vs copy bandwidth)."""
+    graph, median replay / reps. Sets model.gemv_pick to the faster per projection (every side
+    then runs the same choice). Returns rows (name, form, us, weight GB/s, vs copy bandwidth)."""
     c, l = model.cfg, model.layers[0]
     eps = c["eps"]
     x = torch.randn(1, c["hidden"], device="cuda", dtype=torch.bfloat16)
@@ -574,9 +602,9 @@ def gemv_probe(model: Model, bw: float, reps: int = 20) -> List[Dict]:
     cases = {
         "qkv": (l["qkv"], lambda: K.rms_norm(x, l["ln1"], eps) @ l["qkv"].t(),
                 lambda cf: K.gemv(x, l["qkv"], norm=l["ln1"], eps=eps, config=cf)),
-        "o(f32 in)": (l["o"], lambda: x.addmm_(a32.to(torch.bfloat16), l["o"].t()),
+        "o": (l["o"], lambda: x.addmm_(a32.to(torch.bfloat16), l["o"].t()),
                       lambda cf: K.gemv(a32, l["o"], out=x, residual=x, config=cf)),
-        "gate_up+silu": (l["gu"], lambda: K.silu_mul(K.rms_norm(x, l["ln2"], eps) @ l["gu"].t()),
+        "gate_up": (l["gu"], lambda: K.silu_mul(K.rms_norm(x, l["ln2"], eps) @ l["gu"].t()),
                          lambda cf: K.gemv(x, l["gu"], norm=l["ln2"], eps=eps, swiglu=True,
                                            config=cf)),
         "down": (l["down"], lambda: x.addmm_(h_, l["down"].t()),
@@ -584,24 +612,30 @@ def gemv_probe(model: Model, bw: float, reps: int = 20) -> List[Dict]:
         "lm_head": (model.lm_head, lambda: K.rms_norm(x, model.norm, eps) @ model.lm_head.t(),
                     lambda cf: K.gemv(x, model.lm_head, norm=model.norm, eps=eps, config=cf)),
     }
-    rows = []
+    rows, pick = [], {}
     for name, (w, cub, tri) in cases.items():
-        forms = [("cublas", cub)] + [("triton %d/%d/%d" % (cf["BLOCK_N"], cf["BLOCK_K"],
-                                                           cf["num_warps"]), (lambda cf=cf: tri(cf)))
-                                     for cf in GEMV_CONFIGS]
-        for form, fn in forms:
+        forms = [("cublas", cub, None)] + [
+            ("triton %d/%d/%d" % (cf["BLOCK_N"], cf["BLOCK_K"], cf["num_warps"]),
+             (lambda cf=cf: tri(cf)), cf) for cf in GEMV_CONFIGS]
+        for form, fn, cf in forms:
             try:
                 x.normal_()  # the in-place forms grow x; keep it at unit scale
                 g, _ = capture(lambda: [fn() for _ in range(reps)])
                 t = median_time(g.replay, 10) / reps
                 r = dict(name=name, form=form, us=t * 1e6, weight_GBps=w.numel() * 2 / t / 1e9,
                          vs_copy_bw=w.numel() * 2 / t / bw)
+                if name not in pick or t < pick[name][0]:
+                    pick[name] = (t, cf)
                 print("  gemv probe %-13s %-18s %8.2f us  %7.0f GB/s  (%.2f of copy bw)"
                       % (name, form, r["us"], r["weight_GBps"], r["vs_copy_bw"]))
                 rows.append(r)
                 del g
             except Exception as e:
                 print("  gemv probe %s %s failed: %s" % (name, form, str(e).splitlines()[0][:200]))
+    model.gemv_pick = {n: cf for n, (_, cf) in pick.items() if cf is not None}
+    print("  gemv form: %s" % ", ".join(
+        "%s %s" % (n, "triton %d/%d/%d" % (cf["BLOCK_N"], cf["BLOCK_K"], cf["num_warps"])
+                   if cf else "cublas") for n, (_, cf) in pick.items()))
     return rows
 
 
@@ -620,12 +654,16 @@ def main(argv=None) -> int:
                     help="form of the per-layer non-attention work, the same for every side: "
                     "eager (torch ops), fused (three Triton kernels per layer around cuBLAS), "
                     "gemv (fused + Triton GEMVs at batch 1); auto: gemv where Triton is there")
+    ap.add_argument("--page-layout", choices=LAYOUTS, default=LAYOUTS[0],
+                    help="how the paged sides' pool holds pages (PagedKVCache layer_major)")
     ap.add_argument("--also", default="",
-                    help="comma list of further forms to time every batch-1 side with (extra "
-                    "rows, model_kernels says which; the keys use --model-kernels' form)")
-    ap.add_argument("--gemv-probe", action="store_true",
-                    help="time each projection of one layer at batch 1: cuBLAS vs Triton GEMV "
-                    "configurations, under CUDA graphs")
+                    help="comma list of further model forms / page layouts to time every "
+                    "batch-1 side with (extra rows: model_kernels / page_layout say which; the "
+                    "keys use --model-kernels and --page-layout)")
+    ap.add_argument("--no-gemv-probe", action="store_true",
+                    help="gemv form: skip timing each projection of one layer at batch 1 (cuBLAS "
+                    "vs Triton GEMV configurations, CUDA graphs) and picking the faster per "
+                    "projection; every projection then runs as a GEMV")
     ap.add_argument("--profile", default="", help="folder for torch.profiler kernel tables of "
                     "every batch-1 graph replay (per-layer split by kernel category)")
     a = ap.parse_args(argv)
@@ -638,11 +676,12 @@ def main(argv=None) -> int:
     model = Model(cfg, form=None if a.model_kernels == "auto" else a.model_kernels)
     main_form = model.form
     PROFILE["dir"] = a.profile
+    LAYOUT["paged"] = a.page_layout
     bw = copy_bandwidth()
     wbytes = model.weight_bytes_per_step()
     out: Dict = dict(device=torch.cuda.get_device_name(), copy_bandwidth_Bps=bw,
                      weight_bytes=wbytes, config=cfg, runs=[],
-                     model_kernels=model.form)
+                     model_kernels=model.form, page_layout=a.page_layout)
     print("device %s, copy bandwidth %.2f TB/s, weights read per step %.2f GB"
           % (out["device"], bw / 1e12, wbytes / 1e9))
 
@@ -650,8 +689,8 @@ def main(argv=None) -> int:
         r["bound_s"] = (wbytes + r["kv_bytes"]) / bw
         r["vs_bound"] = r["step_s"] / r["bound_s"]
         out["runs"].append(r)
-        print("  %-10s %-5s B=%-4d ctx=%-6d step %8.3f ms  bound %8.3f ms (x%.2f)  %9.1f tok/s%s"
-              % (r["side"], r["model_kernels"][:5], r["batch"], r["ctx"], r["step_s"] * 1e3,
+        print("  %-10s %-5s %-11s B=%-4d ctx=%-6d step %8.3f ms  bound %8.3f ms (x%.2f)  %9.1f tok/s%s"
+              % (r["side"], r["model_kernels"][:5], r["page_layout"], r["batch"], r["ctx"], r["step_s"] * 1e3,
                  r["bound_s"] * 1e3, r["vs_bound"], r["tokens_per_s"],
                  "  host plan %.2f ms" % (r["host_plan_s"] * 1e3) if "host_plan_s" in r else ""))
         return r
@@ -666,8 +705,9 @@ def main(argv=None) -> int:
             else:
                 open(a.json, "w").write(text)
 
-    if a.gemv_probe:
+    if "gemv" in (main_form,) + tuple(a.also.split(",")) and not a.no_gemv_probe:
         out["gemv_probe"] = gemv_probe(model, bw)
+        out["gemv_pick"] = model.gemv_pick
         save()
     for ctx in [int(x) for x in a.contexts.split(",") if x]:
         res = {}
@@ -677,14 +717,20 @@ def main(argv=None) -> int:
             except Exception:  # report the others
                 traceback.print_exc()
                 torch.cuda.empty_cache()
-            for form in [f for f in a.also.split(",") if f and f != main_form]:
-                model.form = form  # the same side in another model form (an extra row)
+            for extra in [f for f in a.also.split(",") if f and f not in (main_form, a.page_layout)]:
+                if extra in LAYOUTS and s == "bf16-sdpa":
+                    continue  # a dense cache has no page layout
+                # the same side in another model form or page layout (an extra row)
+                if extra in LAYOUTS:
+                    LAYOUT["paged"] = extra
+                else:
+                    model.form = extra
                 try:
                     report(run_side(model, s, 1, ctx))
                 except Exception:
                     traceback.print_exc()
                     torch.cuda.empty_cache()
-                model.form = main_form
+                model.form, LAYOUT["paged"] = main_form, a.page_layout
         if "int2" not in res or len(res) < 2:
             continue
         res.setdefault("bf16-pages", res.get("bf16-sdpa"))

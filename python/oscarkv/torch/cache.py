@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from . import _capi, ops
-from .ops import BF16, INT2
+from .ops import _HEADER, BF16, INT2
 
 
 class KVCodec:
@@ -133,8 +133,15 @@ class PagedKVCache:
 
     def __init__(self, codec: KVCodec, num_q_heads: int, max_seqs: int, max_seq_tokens: int,
                  device: Union[str, torch.device] = "cuda", int2_slots: Optional[int] = None,
-                 bf16_slots: Optional[int] = None, max_step_tokens: int = 4096) -> None:
+                 bf16_slots: Optional[int] = None, max_step_tokens: int = 4096,
+                 layer_major: bool = False) -> None:
         self.codec, self.num_q_heads = codec, num_q_heads
+        # layer_major: the pool holds one region per layer, each slot a one-layer page there
+        # (header + that layer's K/V segments), so a layer's decode reads one contiguous region
+        # instead of a segment of every page spread over the whole pool. Pages in and out
+        # (export_page / load_pages) are still whole FORMAT.md pages.
+        self.layer_major = layer_major
+        self.geo_layers = 1 if layer_major else codec.num_layers  # layers of a pool page
         self.device = torch.device(device)
         self.max_seqs, self.max_seq_tokens, self.max_step_tokens = max_seqs, max_seq_tokens, max_step_tokens
         T = codec.page_tokens
@@ -144,16 +151,22 @@ class PagedKVCache:
         if bf16_slots is None:
             tail = -(-(codec.recent_tokens + T) // T) + 1
             bf16_slots = max_seqs * (codec.sink_pages + tail) + -(-max_step_tokens // T) + max_seqs
-        self.pb, self.pi = codec.page_bytes(BF16), codec.page_bytes(INT2)
+        self.pb, self.pi = codec.page_bytes(BF16), codec.page_bytes(INT2)  # whole pages
+        geo = (self.geo_layers, codec.num_kv_heads, codec.head_dim, codec.group_size, T)
+        self.sb, self.si = ops.page_bytes(*geo, BF16), ops.page_bytes(*geo, INT2)  # pool slots
         self.n_bf16, self.n_int2 = bf16_slots, int2_slots
         self.num_slots = bf16_slots + int2_slots
         dev = self.device
-        self.pool = torch.zeros(bf16_slots * self.pb + int2_slots * self.pi, dtype=torch.uint8,
-                                device=dev)
+        self.region = bf16_slots * self.sb + int2_slots * self.si  # bytes of one layer region
+        regions = codec.num_layers if layer_major else 1
+        self.pool = torch.zeros(regions * self.region, dtype=torch.uint8, device=dev)
         base = self.pool.data_ptr()
-        addrs = [base + i * self.pb for i in range(bf16_slots)]
-        addrs += [base + bf16_slots * self.pb + i * self.pi for i in range(int2_slots)]
-        self.page_ptrs = torch.tensor(addrs, dtype=torch.int64, device=dev)
+        addrs = [[base + r * self.region + i * self.sb for i in range(bf16_slots)]
+                 + [base + r * self.region + bf16_slots * self.sb + i * self.si
+                    for i in range(int2_slots)] for r in range(regions)]
+        # [num_slots], or [layers, num_slots] when layer_major (the entries of each layer)
+        self.page_ptrs = torch.tensor(addrs if layer_major else addrs[0], dtype=torch.int64,
+                                      device=dev)
         self.kinds_host = bytes([BF16] * bf16_slots + [INT2] * int2_slots)
         self.page_kinds = torch.tensor(list(self.kinds_host), dtype=torch.uint8, device=dev)
         self.counts = np.zeros(self.num_slots, dtype=np.int16)  # valid tokens per slot
@@ -218,9 +231,36 @@ class PagedKVCache:
     def _kind(self, slot: int) -> int:
         return BF16 if slot < self.n_bf16 else INT2
 
-    def _slot_ptr(self, slot: int) -> int:
-        return (self.pool.data_ptr() + slot * self.pb if slot < self.n_bf16
-                else self.pool.data_ptr() + self.n_bf16 * self.pb + (slot - self.n_bf16) * self.pi)
+    def _slot_ptr(self, slot: int, layer: int = 0) -> int:
+        """Address of slot's pool page (of `layer`'s region when layer_major)."""
+        base = self.pool.data_ptr() + (layer * self.region if self.layer_major else 0)
+        return (base + slot * self.sb if slot < self.n_bf16
+                else base + self.n_bf16 * self.sb + (slot - self.n_bf16) * self.si)
+
+    def slot_rows(self, kind: int) -> torch.Tensor:
+        """uint8 view [regions, slots of kind, pool page bytes] of the pool (regions: layers
+        when layer_major, else 1): every slot of one kind, for bulk copies."""
+        r = self.codec.num_layers if self.layer_major else 1
+        v = self.pool.view(r, self.region)
+        if kind == BF16:
+            return v[:, :self.n_bf16 * self.sb].view(r, self.n_bf16, self.sb)
+        return v[:, self.n_bf16 * self.sb:].view(r, self.n_int2, self.si)
+
+    def _page_view(self, slot: int) -> torch.Tensor:
+        """The pool bytes of slot's page past its header: [regions, segment bytes] (the layers
+        in FORMAT.md order: whole page minus the header, split by region)."""
+        rows = self.slot_rows(self._kind(slot))
+        i = slot if slot < self.n_bf16 else slot - self.n_bf16
+        return rows[:, i, _HEADER:]
+
+    def _ptrs(self, layer: int) -> torch.Tensor:
+        return self.page_ptrs[layer] if self.layer_major else self.page_ptrs
+
+    def _geo(self, layer: int):
+        """(layer argument of the ops, rotations argument) for `layer`."""
+        if self.layer_major:
+            return 0, self.rotations[layer:layer + 1]
+        return layer, self.rotations
 
     # ---- steps ----
 
@@ -328,7 +368,7 @@ class PagedKVCache:
         if self._decoder is None:
             # Twice the sequences: the capture decoder sizes its work-item grid from uniform
             # (all-INT2 / all-BF16) batches, and a batch of mixed pages splits into more items.
-            self._decoder = ops.PagedDecoder(c.num_layers, c.num_kv_heads, self.num_q_heads,
+            self._decoder = ops.PagedDecoder(self.geo_layers, c.num_kv_heads, self.num_q_heads,
                                              2 * self.max_seqs, self.max_pages, c.head_dim,
                                              c.group_size, c.page_tokens)
         self._decoder.update(self._indptr_host, self._ids_host, self.kinds_host)
@@ -336,19 +376,23 @@ class PagedKVCache:
     def _flush(self, src: int, dst: int) -> None:
         """BF16 page `src` (rotated rows, all layers) -> INT2 page `dst`, no rotation."""
         c, T = self.codec, self.codec.page_tokens
-        L, H, d = c.num_layers, c.num_kv_heads, c.head_dim
-        off = src * self.pb + 64
-        rows = self.pool[off:off + L * 2 * H * T * d * 2].view(torch.bfloat16).view(L, 2, H, T, d)
-        k = rows[:, 0].permute(0, 2, 1, 3)  # [L, T, H, d], strides of the page layout
-        v = rows[:, 1].permute(0, 2, 1, 3)
+        L, H, d = self.geo_layers, c.num_kv_heads, c.head_dim
         dst_page = torch.full((T,), dst, dtype=torch.int32)
         dst_slot = torch.arange(T, dtype=torch.int32)
         if self.device.type == "cuda":
             dst_page = dst_page.to(self.device, non_blocking=True)
             dst_slot = dst_slot.to(self.device, non_blocking=True)
-        ops.quantize_write(self.pool, self.page_ptrs, self.page_kinds, dst_page, dst_slot, k, v,
-                           None, None, self.clips_used, self.range_modes, L, 0, c.group_size, T,
-                           0, self.fixed_only)
+        # One write of all layers; layer_major: one per layer region (its one-layer pages).
+        for r, seg in enumerate(self._page_view(src)):
+            rows = seg.view(torch.bfloat16).view(L, 2, H, T, d)
+            k = rows[:, 0].permute(0, 2, 1, 3)  # [L, T, H, d], strides of the page layout
+            v = rows[:, 1].permute(0, 2, 1, 3)
+            lm = slice(r, r + 1) if self.layer_major else slice(None)
+            ops.quantize_write(self.pool, self._ptrs(r), self.page_kinds, dst_page, dst_slot, k,
+                               v, None, None,
+                               None if self.clips_used is None else self.clips_used[lm],
+                               None if self.range_modes is None else self.range_modes[lm], L, 0,
+                               c.group_size, T, 0, self.fixed_only)
 
     # ---- per layer ----
 
@@ -368,10 +412,11 @@ class PagedKVCache:
             frag = self.fragments[layer * per * fb:(layer + 1) * per * fb]
         clips = None if self.clips_used is None else self.clips_used[layer]
         modes = None if self.range_modes is None else self.range_modes[layer]
-        ops.quantize_write(self.pool, self.page_ptrs, self.page_kinds, self.dst_page[:n],
+        gl, rot = self._geo(layer)
+        ops.quantize_write(self.pool, self._ptrs(layer), self.page_kinds, self.dst_page[:n],
                            self.dst_slot[:n], k, v, frag,
-                           self.rotations if self.device.type != "cuda" else None, clips, modes,
-                           c.num_layers, layer, c.group_size, c.page_tokens, 0, self.fixed_only)
+                           rot if self.device.type != "cuda" else None, clips, modes,
+                           self.geo_layers, gl, c.group_size, c.page_tokens, 0, self.fixed_only)
 
     def query_buffer(self, rows: int) -> torch.Tensor:
         """The decode's f32 query rows [rows, Hq, d] on CUDA (after begin_step of a decode
@@ -398,9 +443,10 @@ class PagedKVCache:
             qp, dec = self._qbuf, self._decoder.handle
         else:
             qp, dec = q.to(torch.float32).contiguous(), 0
-        out, _ = ops.paged_decode(qp, self.pool, self.page_ptrs, self.page_kinds,
+        gl, rot = self._geo(layer)
+        out, _ = ops.paged_decode(qp, self.pool, self._ptrs(layer), self.page_kinds,
                                   self.page_token_counts, self.seq_page_indptr[:self.active + 1],
-                                  self.seq_page_ids, self.rotations, layer, dec, c.num_layers,
+                                  self.seq_page_ids, rot, gl, dec, self.geo_layers,
                                   c.group_size, c.page_tokens, 0.0)
         return out[:q.shape[0]]
 
@@ -409,19 +455,19 @@ class PagedKVCache:
         each other: q [total_new, Hq, d], k / v [total_new, kv_heads, d] in the model's basis."""
         c = self.codec
         if self.device.type == "cuda" and self._extend is None:
-            self._extend = ops.ExtendPlan(c.num_layers, c.num_kv_heads, self.num_q_heads,
+            self._extend = ops.ExtendPlan(self.geo_layers, c.num_kv_heads, self.num_q_heads,
                                           self.max_seqs, self.max_step_tokens, c.head_dim,
                                           c.group_size, c.page_tokens)
         rk = torch.einsum("thd,hde->the", k.float(), self.rotations[layer, 0]).to(torch.bfloat16)
         rv = torch.einsum("thd,hde->the", v.float(), self.rotations[layer, 1]).to(torch.bfloat16)
         out, _ = ops.paged_extend(q.to(torch.float32).contiguous(), rk.contiguous(), rv.contiguous(),
-                                  self.q_indptr[:self.active + 1], self.pool, self.page_ptrs,
+                                  self.q_indptr[:self.active + 1], self.pool, self._ptrs(layer),
                                   self.page_kinds, self.prefix_token_counts,
                                   self.prefix_indptr[:self.active + 1], self.prefix_ids,
-                                  self.rotations, layer,
+                                  *self._geo(layer)[::-1],
                                   self._extend.handle if self._extend is not None else 0,
-                                  self._step_max_new, c.num_layers, c.group_size, c.page_tokens,
-                                  0.0)
+                                  self._step_max_new, self.geo_layers, c.group_size,
+                                  c.page_tokens, 0.0)
         return out
 
     # ---- pages in and out ----
@@ -434,12 +480,30 @@ class PagedKVCache:
         """The bytes of one page (header and checksum filled in), for storing in the daemon."""
         kind = self._kind(slot)
         size = self.pb if kind == BF16 else self.pi
-        off = self._slot_ptr(slot) - self.pool.data_ptr()
-        buf = bytearray(self.pool[off:off + size].cpu().numpy().tobytes())
+        if self.layer_major:  # the layers' segments gathered behind a header finish_page fills
+            buf = bytearray(_HEADER) + bytearray(self._page_view(slot).cpu().numpy().tobytes())
+        else:
+            off = self._slot_ptr(slot) - self.pool.data_ptr()
+            buf = bytearray(self.pool[off:off + size].cpu().numpy().tobytes())
         arr = (_capi.ctypes.c_uint8 * size).from_buffer(buf)
         _capi.check(_capi.load().oscarkv_cuda_finish_page(_capi.ctypes.byref(self.codec.c_profile()),
                                                           kind, int(self.counts[slot]), arr, size))
         return bytes(buf)
+
+    def copy_page_in(self, slot: int, src: torch.Tensor, non_blocking: bool = False) -> None:
+        """Copies a whole page (uint8 [page bytes], FORMAT.md layout; pinned host memory for an
+        asynchronous copy) into slot: one copy (layer_major: one strided copy into the layer
+        regions, the header left out -- the kernels do not read it)."""
+        size = self.pb if self._kind(slot) == BF16 else self.pi
+        if src.dtype != torch.uint8 or src.numel() != size:
+            raise ValueError("a %s page has %d bytes, got %d" % (
+                "BF16" if self._kind(slot) == BF16 else "INT2", size, src.numel()))
+        if self.layer_major:
+            dst = self._page_view(slot)
+            dst.copy_(src[_HEADER:].view(dst.shape), non_blocking=non_blocking)
+        else:
+            off = self._slot_ptr(slot) - self.pool.data_ptr()
+            self.pool[off:off + size].copy_(src, non_blocking=non_blocking)
 
     def load_pages(self, b: int, pages: Sequence[Tuple[int, object]], tokens: int) -> None:
         """Appends whole pages (kind, bytes of one page as the daemon returns it) to the empty
@@ -448,15 +512,14 @@ class PagedKVCache:
             raise ValueError("load_pages needs an empty sequence")
         T = self.codec.page_tokens
         for i, (kind, data) in enumerate(pages):
-            s = self._alloc(kind)
             size = self.pb if kind == BF16 else self.pi
             src = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             if src.numel() != size:
                 raise ValueError("page %d: %d bytes, a %s page has %d" % (i, src.numel(),
                                  "BF16" if kind == BF16 else "INT2", size))
-            off = self._slot_ptr(s) - self.pool.data_ptr()
+            s = self._alloc(kind)
             pin = self.device.type == "cuda"
-            self.pool[off:off + size].copy_(src.pin_memory() if pin else src, non_blocking=pin)
+            self.copy_page_in(s, src.pin_memory() if pin else src, non_blocking=pin)
             self.pages[b].append(s)
             self.counts[s] = min(T, tokens - i * T)
         self.lengths[b] = tokens
