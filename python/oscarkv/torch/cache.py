@@ -11,7 +11,10 @@ new rows is history already (a long prompt), into BF16 pages otherwise.
 
 Slots: the pool holds `bf16_slots` BF16 pages then `int2_slots` INT2 pages (each slot's kind is
 fixed, so the page table's kinds never change); page-table entry i is slot i. Loaded pages
-(load_pages) are copied into slots as they are -- INT2 pages stay INT2.
+(load_pages) are copied into slots as they are -- INT2 pages stay INT2. With layer_major=True
+the pool holds one such region per layer, each slot there a one-layer page (the ops then run
+with one-layer geometry and per-layer page_ptrs rows); pages in and out stay whole FORMAT.md
+pages (export_page gathers, copy_page_in scatters in one strided copy).
 """
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
