@@ -144,19 +144,25 @@ class UcxTenantTest : public ::testing::Test {
   }
   void SetUp() override {
     ASSERT_TRUE(pki_->ok()) << pki_->log();
-    const std::string cfg = pki_->path("ucx_tenants.yaml");
+    daemon_ = StartTenantDaemon(1);
+    ASSERT_NE(daemon_, nullptr);
+  }
+  // A daemon with mTLS, tenant-a, tenant-b and an admin, UCX tcp on lo, tenant regions of
+  // `region_mb` MiB.
+  std::unique_ptr<testing::LocalDaemon> StartTenantDaemon(int region_mb) {
+    const std::string cfg = pki_->path("ucx_tenants_" + std::to_string(region_mb) + ".yaml");
     std::ofstream(cfg) << "tls:\n  cert: " << pki_->path("server.pem") << "\n  key: "
                        << pki_->path("server.key") << "\n  client_ca: " << pki_->path("ca.pem")
-                       << "\nucx:\n  tls: tcp\n  net_devices: lo\n  tenant_region_mb: 1\n"
-                          "tenants:\n  - name: tenant-a\n  - name: tenant-b\n"
+                       << "\nucx:\n  tls: tcp\n  net_devices: lo\n  tenant_region_mb: "
+                       << region_mb
+                       << "\ntenants:\n  - name: tenant-a\n  - name: tenant-b\n"
                           "  - name: admin\n    role: admin\n";
-    daemon_ = StartDaemon({"--config", cfg});
-    ASSERT_NE(daemon_, nullptr);
+    return StartDaemon({"--config", cfg});
   }
 
   client::ConnectOptions Options(const std::string& who) const {
     client::ConnectOptions o;
-    o.address = daemon_->address();
+    o.address = address_.empty() ? daemon_->address() : address_;
     o.rpc_timeout_ms = 5000;
     o.data_path = client::DataPath::kGrpc;  // control plane only; pages come by UCX
     o.tls_ca_file = pki_->path("ca.pem");
@@ -222,6 +228,7 @@ class UcxTenantTest : public ::testing::Test {
 
   static TenantPki* pki_;
   std::unique_ptr<testing::LocalDaemon> daemon_;
+  std::string address_;  // set: the clients of Options() dial this daemon instead
 };
 TenantPki* UcxTenantTest::pki_ = nullptr;
 
@@ -430,6 +437,92 @@ TEST_F(UcxTenantTest, KilledTenantChildIsRestartedAndTheLoaderReconnects) {
   const std::vector<pid_t> now = TenantChildren(daemon_->pid());
   ASSERT_EQ(now.size(), 1u);
   EXPECT_NE(now[0], children[0]);
+}
+
+// Three loaders of one tenant share its region: rounds of half a region, a loader waiting for
+// room while the others free theirs; every page right.
+TEST_F(UcxTenantTest, ConcurrentLoadersOfOneTenantShareItsRegion) {
+  auto a = As("tenant-a");
+  ASSERT_NE(a, nullptr);
+  const client::Codec codec = RegisterRefmodel(*a);
+  TenantPages p = MakeTenantPages(codec, 600, 40);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  std::vector<std::unique_ptr<client::UcxLoader>> loaders;
+  for (int i = 0; i < 3; ++i) {
+    loaders.push_back(Loader("tenant-a"));
+    ASSERT_NE(loaders.back(), nullptr);
+  }
+  std::vector<std::string> errors(3);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 5 && errors[t].empty(); ++round) {
+        auto r = loaders[t]->Load(codec, p.keys);
+        if (!r.ok()) {
+          errors[t] = r.status().ToString();
+        } else if (r->matched != 40 || r->pages != p.bytes) {
+          errors[t] = "wrong pages in round " + std::to_string(round);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 3; ++t) EXPECT_EQ(errors[t], "") << "loader " << t;
+}
+
+// Side by side in one run (printed, not asserted): the pool path (an admin, the pool key) and
+// the staged path (a tenant: StageForRma copies, then RMA from its own child), 40 refmodel
+// pages (2.95 MB) per load, 10 loads each, interleaved, median of 3; with the 1 MiB region of
+// this fixture (rounds of half a region: 6 StageForRma per load) and with the default 64 MiB.
+TEST_F(UcxTenantTest, ThroughputStagedVsPoolSideBySide) {
+  auto mbps = [](client::UcxLoader& l, const client::Codec& c, const TenantPages& p) {
+    EXPECT_TRUE(l.Load(c, p.keys).ok());  // warm: connected, region touched
+    uint64_t bytes = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 10; ++i) {
+      auto r = l.Load(c, p.keys);
+      EXPECT_TRUE(r.ok()) << r.status();
+      if (r.ok()) bytes += r->bytes;
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return bytes / s / 1e6;
+  };
+  std::unique_ptr<testing::LocalDaemon> big = StartTenantDaemon(64);
+  ASSERT_NE(big, nullptr);
+  struct Path {
+    std::string name, who, address;
+    std::unique_ptr<client::UcxLoader> loader;
+    client::Codec codec;
+    TenantPages pages;
+    std::vector<double> mbps;
+  };
+  std::vector<Path> paths;
+  paths.push_back({"pool key (admin)", "admin", big->address(), nullptr, {}, {}, {}});
+  paths.push_back({"tenant staged, 64 MiB region", "tenant-a", big->address(), nullptr, {}, {}, {}});
+  paths.push_back({"tenant staged, 1 MiB region", "tenant-a", daemon_->address(), nullptr, {}, {}, {}});
+  uint64_t seed = 700;
+  for (Path& p : paths) {
+    address_ = p.address;
+    auto c = As(p.who);
+    ASSERT_NE(c, nullptr);
+    p.codec = RegisterRefmodel(*c);
+    p.pages = MakeTenantPages(p.codec, seed += 100, 40);
+    ASSERT_TRUE(c->Store(p.codec, p.pages.writes).ok());
+    p.loader = Loader(p.who);
+    ASSERT_NE(p.loader, nullptr);
+  }
+  address_.clear();
+  for (int i = 0; i < 3; ++i) {
+    for (Path& p : paths) p.mbps.push_back(mbps(*p.loader, p.codec, p.pages));
+  }
+  std::printf("UCX tcp/lo, 40 refmodel pages x 10 loads, median of 3 interleaved runs:\n");
+  double pool = 0;
+  for (Path& p : paths) {
+    std::sort(p.mbps.begin(), p.mbps.end());
+    if (pool == 0) pool = p.mbps[1];
+    std::printf("  %-30s %6.0f MB/s  %.2f of the pool path\n", p.name.c_str(), p.mbps[1],
+                p.mbps[1] / pool);
+  }
 }
 
 TEST_F(UcxTenantTest, StagesBeyondTheRegionAreResourceExhausted) {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -232,6 +233,13 @@ class UcxLoaderImpl final : public UcxLoader {
   // gets then read that region. The stage id is freed by the next StageForRma (FreeStages).
   absl::StatusOr<std::vector<uint64_t>> Stage(uint64_t lease_id, std::span<const PageRef> refs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    uint64_t need = 0;
+    for (const PageRef& r : refs) need += StagedSize(r.bytes);
+    if (need > dp_.pool_bytes()) {  // one page larger than the region: waiting cannot help
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a ", refs[0].bytes, "-byte page does not fit this tenant's ", dp_.pool_bytes(),
+          "-byte UCX staging region (the daemon's ucx.tenant_region_mb)"));
+    }
     pb::StageForRmaRequest req;
     req.set_lease_id(lease_id);
     for (const PageRef& r : refs) {
@@ -239,9 +247,23 @@ class UcxLoaderImpl final : public UcxLoader {
     }
     for (uint64_t id : to_free_) req.add_free_stage_ids(id);
     pb::StageForRmaResponse resp;
-    auto ctx = rpc_->Context();
-    OSCARKV_RETURN_IF_ERROR(
-        FromGrpc(rpc_->stub().StageForRma(ctx.get(), req, &resp), "StageForRma"));
+    // A region full of other loaders' stages (same tenant) frees up as they read theirs: retry
+    // for at most one transfer timeout. This loader holds no stage here (the request frees its
+    // last one first), and a round is at most half a region, so two loaders never wait.
+    const auto give_up = std::chrono::steady_clock::now() +
+                         std::chrono::milliseconds(options_.transfer_timeout_ms);
+    for (int wait_ms = 1;; wait_ms = std::min(wait_ms * 2, 50)) {
+      auto ctx = rpc_->Context();
+      absl::Status s = FromGrpc(rpc_->stub().StageForRma(ctx.get(), req, &resp), "StageForRma");
+      if (s.ok()) break;
+      if (s.code() != absl::StatusCode::kResourceExhausted ||
+          std::chrono::steady_clock::now() >= give_up) {
+        return s;
+      }
+      to_free_.clear();  // freed by the refused call (frees happen first)
+      req.clear_free_stage_ids();
+      std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    }
     to_free_.clear();
     if (resp.stage_id() != 0) to_free_.push_back(resp.stage_id());
     if (static_cast<size_t>(resp.pages_size()) != refs.size()) {
@@ -300,7 +322,7 @@ class UcxLoaderImpl final : public UcxLoader {
     return end;
   }
   uint64_t RoundLimit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return dp_.staged() ? dp_.pool_bytes() : UINT64_MAX;
+    return dp_.staged() ? dp_.pool_bytes() / 2 : UINT64_MAX;
   }
 
   absl::Status GetStaged(uint64_t lease_id, std::span<const PageRef> refs,

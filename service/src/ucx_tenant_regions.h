@@ -19,7 +19,8 @@
 // A load: StageForRma (the same lease checks as ReadPages) copies the leased pages into a free
 // range of the caller's region -- a stage, freed by the client when read, or at its deadline --
 // and answers the offsets; the client RMA-gets them from its child and verifies the checksums.
-// A freed stage is punched out of the memfd (zero, and no longer resident).
+// A freed stage is zeroed. A region's memory is allocated as it is first used and then stays
+// resident: at most max_regions x region_bytes in all.
 //
 // Bounds: one stage never exceeds the region; at most kMaxStages stages per region; a stage
 // lives at most kStageTtlMs. RESOURCE_EXHAUSTED when a request does not fit.

@@ -9,9 +9,10 @@
 // * A tenant without the pool key (the daemon's tenants and ucx.share_pool_key: false) gets a
 //   data plane of its own instead (UcxDataPlaneInfo::staged): before each round of gets the
 //   loader asks StageForRma to copy the round's leased pages into the tenant's staging region,
-//   reads them there, and frees the stage on its next call. A round then holds at most one
-//   region (GetDataPlaneResponse.pool_bytes); a region full of other loaders' stages of the same
-//   tenant fails the call with RESOURCE_EXHAUSTED.
+//   reads them there, and frees the stage on its next call. A round then holds at most half a
+//   region (GetDataPlaneResponse.pool_bytes), or one page; a region full of other loaders'
+//   stages of the same tenant is retried for transfer_timeout_ms, then the call fails with
+//   RESOURCE_EXHAUSTED.
 // * Load/LoadHandle: pin (Lookup with a lease / OpenHandle) → RMA get of every page into the
 //   registered buffer → verify each page (size, header, codec, kind, XXH3 checksum when
 //   verify_checksums) → copy out → release the lease. No page that failed verification is ever

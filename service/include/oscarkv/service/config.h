@@ -83,7 +83,7 @@ struct DaemonConfig {
   bool ucx_share_pool_key = false;
   // A tenant without the pool key loads over UCX through a staging region of its own (a memfd
   // of this many MiB, served by a data-plane process of its own, started on its first
-  // GetDataPlane): at most tenants x this much daemon memory, resident only while staged.
+  // GetDataPlane): at most tenants x this much daemon memory (resident once used).
   uint64_t ucx_tenant_region_mb = 64;
   // SSD tier (service/README.md "SSD tier"): off when tier_path is "".
   std::string tier_path;          // directory (RocksDB pages + the codecs file)
