@@ -88,16 +88,21 @@ class RawSession {
     pool_bytes_ = resp.pool_bytes();
     return s;
   }
+  // StageWrite; with `commit` the daemon also commits the key (*committed: it did).
   absl::Status Stage(uint64_t reservation, const BlockKey& key, uint64_t page_offset,
-                     uint64_t staging_offset, uint64_t length) {
+                     uint64_t staging_offset, uint64_t length, bool commit = false,
+                     bool* committed = nullptr) {
     pb::StageWriteRequest req;
     req.set_reservation_id(reservation);
     req.set_key(KeyBytes(key));
     req.set_page_offset(page_offset);
     req.set_staging_offset(staging_offset);
     req.set_length(length);
+    req.set_commit(commit);
     pb::StageWriteResponse resp;
-    return Call(local::Method::kStageWrite, req, &resp);
+    absl::Status s = Call(local::Method::kStageWrite, req, &resp);
+    if (committed != nullptr) *committed = s.ok() && resp.committed();
+    return s;
   }
   absl::Status Call(local::Method m, const google::protobuf::MessageLite& req,
                     google::protobuf::MessageLite* resp, int send_fd = -1, int* recv_fd = nullptr) {
@@ -367,6 +372,102 @@ TEST(ShmStagingTest, PageChangedInStagingIsRefusedOrStoredAsTheDaemonCopiedIt) {
       ++refused;
       continue;
     }
+    auto l = c->Load(codec, std::span(race_keys).subspan(i, 1));
+    ASSERT_TRUE(l.ok()) << l.status();
+    ASSERT_EQ(l->matched, 1u);
+    EXPECT_TRUE(l->pages[0] == page) << "round " << i << ": served bytes the daemon did not hash";
+    ++stored;
+  }
+  EXPECT_EQ(refused + stored, static_cast<int>(race_keys.size()));
+}
+
+// A page staged in several chunks (odd sizes, so XXH3 stripes straddle them) and committed by
+// its last StageWrite (`commit`, no Commit RPC): changed in staging before a chunk's copy ->
+// DATA_LOSS from that StageWrite, the slot and key released (the key can be reserved again at
+// once, never "in progress" or "already stored"); changed after each chunk's answer -> stored
+// exactly as the daemon copied it; changed while the daemon copies -> DATA_LOSS or exactly the
+// original page, never a mismatch served.
+TEST(ShmStagingTest, PageCommittedWithItsLastChunkIsWhatTheDaemonHashed) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto c = Connect(d->address(), DataPath::kSharedMemory);
+  ASSERT_NE(c, nullptr);
+  const client::Codec codec = RegisterRefmodel(*c);
+  const std::vector<uint8_t> page = MakePage(codec.profile, PageKind::kInt2, 78);
+  ASSERT_GT(page.size(), 4000u);
+  auto channel = grpc::CreateChannel(d->address(), grpc::InsecureChannelCredentials());
+  auto stub = pb::KvCache::NewStub(channel);
+  RawSession s;
+  ASSERT_TRUE(s.Dial(d->local_socket()));
+  ASSERT_TRUE(s.Attach(2 << 20).ok());
+  // Chunk boundaries: inside the header's first stripe, inside a later stripe, then the rest.
+  const std::vector<uint64_t> cuts = {0, 61, 1000 + 29, page.size()};
+  // Stages the page chunk by chunk (staging offset = page offset), `between(k)` running after
+  // chunk k's answer; the last chunk commits. The last chunk's status, *committed as answered.
+  auto stage = [&](uint64_t reservation, const BlockKey& key, auto&& between, bool* committed) {
+    absl::Status last;
+    for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+      const bool final_chunk = k + 2 == cuts.size();
+      std::memcpy(s.staging() + cuts[k], page.data() + cuts[k], cuts[k + 1] - cuts[k]);
+      between(k, /*before_copy=*/true);
+      last = s.Stage(reservation, key, cuts[k], cuts[k], cuts[k + 1] - cuts[k], final_chunk,
+                     committed);
+      if (!last.ok()) return last;
+      between(k, /*before_copy=*/false);
+    }
+    return last;
+  };
+  const size_t flip = cuts[2] + 100;  // in the last chunk
+  const auto keys = client::Client::BlockKeys(codec, Tokens(12, 2 * 64));
+
+  // Before: the last chunk's staged bytes no longer match the header's checksum.
+  Reserved r = Reserve(*stub, codec, keys);
+  bool committed = true;
+  absl::Status st = stage(r.reservation, keys[0], [&](size_t k, bool before) {
+    if (k == 2 && before) s.staging()[flip] ^= 0x10;
+  }, &committed);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_FALSE(committed);
+  EXPECT_EQ(c->Lookup(codec, std::span(keys).subspan(0, 1))->matched, 0u);
+  Reserved again = Reserve(*stub, codec, {keys[0]});  // expects OK: nothing left reserved
+  EXPECT_NE(again.reservation, 0u);
+
+  // After: every chunk's staging bytes changed once its answer came; the page is what the
+  // daemon copied, and a Commit RPC after the fact changes nothing.
+  st = stage(r.reservation, keys[1], [&](size_t k, bool before) {
+    if (!before) s.staging()[cuts[k]] ^= 0x44;
+  }, &committed);
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(committed);
+  EXPECT_TRUE(Commit(*stub, r.reservation, keys[1]).ok());  // already committed: OK
+  auto got = c->Load(codec, std::span(keys).subspan(1, 1));
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->matched, 1u);
+  EXPECT_TRUE(got->pages[0] == page);
+
+  // During: a thread flips a byte of the last chunk while the daemon copies it (bounded).
+  const auto race_keys = client::Client::BlockKeys(codec, Tokens(13, 16 * 64));
+  Reserved rr = Reserve(*stub, codec, race_keys);
+  int refused = 0, stored = 0;
+  for (size_t i = 0; i < race_keys.size(); ++i) {
+    std::atomic<bool> stop{false};
+    std::thread flipper;
+    st = stage(rr.reservation, race_keys[i], [&](size_t k, bool before) {
+      if (k != 2 || !before) return;
+      flipper = std::thread([&] {
+        volatile uint8_t* b = s.staging() + flip;
+        for (int n = 0; n < 2000000 && !stop.load(std::memory_order_relaxed); ++n) *b = *b ^ 0x01;
+      });
+    }, &committed);
+    stop = true;
+    if (flipper.joinable()) flipper.join();
+    if (!st.ok()) {
+      EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+      EXPECT_FALSE(committed);
+      ++refused;
+      continue;
+    }
+    EXPECT_TRUE(committed);
     auto l = c->Load(codec, std::span(race_keys).subspan(i, 1));
     ASSERT_TRUE(l.ok()) << l.status();
     ASSERT_EQ(l->matched, 1u);

@@ -187,8 +187,10 @@ ShmStaging::~ShmStaging() {
 
 absl::Status ShmStaging::StagePages(uint64_t reservation_id, std::span<const PageWrite> pages,
                                     std::span<const size_t> reserved,
-                                    std::vector<absl::Status>* status) {
+                                    std::vector<absl::Status>* status,
+                                    std::vector<bool>* committed) {
   std::lock_guard<std::mutex> lock(mu_);
+  committed->assign(pages.size(), false);
   struct InFlight {
     uint64_t id;
     size_t page;  // index into `pages`
@@ -209,8 +211,17 @@ absl::Status ShmStaging::StagePages(uint64_t reservation_id, std::span<const Pag
     if (a->fd >= 0) ::close(a->fd);
     if (!a->status.ok()) {
       if ((*status)[f.page].ok()) (*status)[f.page] = a->status;
-    } else if (f.last && (*status)[f.page].ok()) {
-      confirmed[f.page] = true;
+    } else if (f.last) {
+      pb::StageWriteResponse resp;
+      if (resp.ParseFromString(a->body) && resp.committed()) {
+        // The daemon verified and published the page: that is the page's truth, whatever an
+        // earlier chunk's answer said.
+        (*status)[f.page] = absl::OkStatus();
+        (*committed)[f.page] = true;
+        confirmed[f.page] = true;
+      } else if ((*status)[f.page].ok()) {
+        confirmed[f.page] = true;
+      }
     }
     return true;
   };
@@ -235,6 +246,7 @@ absl::Status ShmStaging::StagePages(uint64_t reservation_id, std::span<const Pag
       req.set_page_offset(off);
       req.set_staging_offset(slot);
       req.set_length(len);
+      req.set_commit(off + len == src.size());  // the last chunk commits the page
       const uint64_t id = next_id_++;
       if (absl::Status s = SendFrame(sock_, Frame(local::Method::kStageWrite, id, req)); !s.ok()) {
         broken = s;

@@ -46,12 +46,16 @@ class ShmStaging {
   // The pool, read-only; null for a tenant (the pool holds every tenant's pages).
   const ShmMapping* pool() const { return pool_.get(); }
 
-  // Stages pages[reserved[i]] into their slots of `reservation_id`, in order. (*status)[j] for
-  // j in `reserved` ends OK (copied and verified by the daemon: ready to Commit) or why not
-  // (DATA_LOSS: the bytes the daemon copied do not match the page's checksum). A non-OK return
-  // means the connection broke; every page not yet confirmed got that status.
+  // Stages pages[reserved[i]] into their slots of `reservation_id`, in order, asking the daemon
+  // to commit each page with its last chunk. (*status)[j] for j in `reserved` ends OK (copied
+  // and verified by the daemon) or why not (DATA_LOSS: the bytes the daemon copied do not match
+  // the page's checksum; the slot is released). (*committed)[j] says the daemon also committed
+  // it; an OK page that is not committed (a daemon without StageWriteRequest.commit) is ready
+  // for a Commit RPC. A non-OK return means the connection broke; every page not yet confirmed
+  // got that status.
   absl::Status StagePages(uint64_t reservation_id, std::span<const PageWrite> pages,
-                          std::span<const size_t> reserved, std::vector<absl::Status>* status);
+                          std::span<const size_t> reserved, std::vector<absl::Status>* status,
+                          std::vector<bool>* committed);
 
  private:
   ShmStaging(int sock, uint8_t* staging, uint64_t staging_bytes,

@@ -150,12 +150,20 @@ class StoreCall {
     // Over shared memory each page is copied into its slot and hashed in the same pass; a page
     // whose bytes do not match its checksum is not committed (DATA_LOSS to this caller).
     std::vector<size_t> to_commit;
+    size_t staged_committed = 0;  // committed by the daemon with their last staged chunk
     if (t_.staging != nullptr) {
       // Isolated: the daemon copies each page out of the staging region and hashes what it
       // copied; only the pages it confirmed are committed.
-      (void)t_.staging->StagePages(reservation, pages, reserved, status);
+      // The daemon commits each page with its last chunk; only pages it verified but did not
+      // commit (an older daemon) take the Commit RPC.
+      std::vector<bool> committed;
+      (void)t_.staging->StagePages(reservation, pages, reserved, status, &committed);
       for (size_t i : reserved) {
-        if ((*status)[i].ok()) to_commit.push_back(i);
+        if (committed[i]) {
+          ++staged_committed;
+        } else if ((*status)[i].ok()) {
+          to_commit.push_back(i);
+        }
       }
     } else if (t_.shm != nullptr) {
       for (size_t j = 0; j < reserved.size(); ++j) {
@@ -175,7 +183,8 @@ class StoreCall {
       }
     }
     if (to_commit.empty()) {
-      AbortReservation(reservation);
+      // Aborting releases only what is not committed; committed pages stay.
+      if (staged_committed < reserved.size()) AbortReservation(reservation);
       return absl::OkStatus();
     }
     pb::CommitRequest commit;
@@ -191,7 +200,7 @@ class StoreCall {
       auto ctx = t_.rpc.Context();
       gs = t_.rpc.stub().Commit(ctx.get(), commit, &cresp);
     }
-    bool all_committed = to_commit.size() == reserved.size();
+    bool all_committed = to_commit.size() + staged_committed == reserved.size();
     if (!gs.ok()) {
       for (size_t i : to_commit) (*status)[i] = FromGrpc(gs, "Commit");
       all_committed = false;

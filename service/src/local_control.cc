@@ -585,8 +585,10 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
           return malformed(h.id, "unparsable StageWriteRequest");
         }
         m->RecordLocalCall(Rpc::kWritePages);
+        w->stage_resp.Clear();
         absl::Status s = StageChunk(*calls_->cache(), c->caller, w->stage_req,
-                                    c->staging ? c->staging->bytes() : std::span<const uint8_t>());
+                                    c->staging ? c->staging->bytes() : std::span<const uint8_t>(),
+                                    &w->stage_resp);
         if (!Reply(w, c, h.method, h.id, s, &w->stage_resp)) return false;
         break;
       }

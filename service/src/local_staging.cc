@@ -90,7 +90,8 @@ absl::StatusOr<std::unique_ptr<StagingRegion>> StagingRegion::Map(int fd, uint64
 
 absl::Status StageChunk(PageCache& cache, const Caller& caller,
                         const ::oscarkv::v1::StageWriteRequest& req,
-                        std::span<const uint8_t> staging) {
+                        std::span<const uint8_t> staging, ::oscarkv::v1::StageWriteResponse* resp) {
+  resp->set_committed(false);
   if (staging.empty()) {
     return absl::FailedPreconditionError(
         "no staging region is attached to this connection (AttachStaging first)");
@@ -111,7 +112,17 @@ absl::Status StageChunk(PageCache& cache, const Caller& caller,
   chunk.offset = req.page_offset();
   chunk.data = staging.subspan(req.staging_offset(), req.length());
   auto written = cache.WriteChunk(caller, chunk);
-  return written.ok() ? absl::OkStatus() : written.status();
+  if (!written.ok()) return written.status();
+  if (!req.commit()) return absl::OkStatus();
+  CommitArgs commit;
+  commit.reservation_id = req.reservation_id();
+  commit.keys.push_back(chunk.key);
+  auto results = cache.Commit(caller, commit);
+  if (!results.ok()) return results.status();
+  if (results->size() != 1) return absl::InternalError("Commit of one key gave no result");
+  if (!(*results)[0].ok()) return (*results)[0];
+  resp->set_committed(true);
+  return absl::OkStatus();
 }
 
 StagingRegion::~StagingRegion() { ::munmap(const_cast<uint8_t*>(base_), size_); }

@@ -51,9 +51,11 @@ class StagingRegion {
 // into the reserved slot as a WritePages chunk would be (PageCache::WriteChunk copies it into
 // the slot and, in order from offset 0, hashes the slot's bytes in the same pass; Commit checks
 // that hash). The client may change its staging bytes at any time: only what was copied into
-// the slot -- memory no client can write -- is hashed and published.
+// the slot -- memory no client can write -- is hashed and published. With req.commit() the key
+// is then committed (PageCache::Commit of that one key: its status is the answer's) and
+// resp->committed says it was.
 absl::Status StageChunk(PageCache& cache, const Caller& caller,
                         const ::oscarkv::v1::StageWriteRequest& req,
-                        std::span<const uint8_t> staging);
+                        std::span<const uint8_t> staging, ::oscarkv::v1::StageWriteResponse* resp);
 
 }  // namespace oscarkv::service
