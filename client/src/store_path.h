@@ -1,7 +1,8 @@
 // The store path of the client library (Client::Store): client-side checks, Reserve, the page
-// bytes into their slots (isolated shared memory: through the staging region, copied and hashed
-// by the daemon; trusted shared memory: copied and hashed here in one pass; or WritePages), Commit,
-// and Abort of whatever was reserved and not committed. A page is reported as cached only when
+// bytes into their slots (isolated shared memory: through the staging region, copied, hashed
+// and committed by the daemon with each page's last chunk; trusted shared memory: copied and
+// hashed here in one pass; or WritePages), Commit of what the daemon did not commit yet, and
+// Abort of whatever was reserved and not committed. A page is reported as cached only when
 // the daemon committed it (OK) or had committed it before (ALREADY_EXISTS).
 #pragma once
 
