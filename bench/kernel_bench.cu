@@ -835,6 +835,25 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         (diag == 1 ? row.diag_no_dequant_us : row.diag_no_copies_us) = *d;
       }
     }
+    if (plan->tensor_cores && P == 0) {
+      auto ref = out->ToHost<float>();  // the reported kernel's outputs, which 3 and 4 reproduce
+      if (!ref.ok()) return ref.status();
+      for (int diag : {3, 4, 5}) {
+        auto d = TimeMedianUs([&] { return cuda::detail::LaunchExtendWgmma(e, C, nullptr, diag); }, o.samples);
+        if (!d.ok()) return d.status();
+        double* at[] = {&row.diag_dense_per_item_us, &row.diag_dense_persistent_us, &row.diag_dense_no_copies_us};
+        *at[diag - 3] = *d;
+        if (diag == 5) continue;
+        auto h = out->ToHost<float>();
+        if (!h.ok()) return h.status();
+        double diff = 0;
+        for (size_t i = 0; i < h->size(); ++i) diff = std::max(diff, double(std::fabs((*h)[i] - (*ref)[i])));
+        // (printed, not fatal: the GPU tests check the reported kernel; a diagnostic's time
+        // counts only with equal outputs)
+        std::fprintf(stderr, "[bench] extend B=%d new=%d diag %d: max |out - reported kernel's| %.3g%s\n", B, C, diag, diff,
+                     diff <= 1e-3 ? "" : " MISMATCH");
+      }
+    }
   }
 
   // Quantize-on-write: quant_tokens tokens of one layer, 8 KV heads, K and V.

@@ -128,6 +128,8 @@ struct ExtendRow {
   // Diagnostics of the wgmma kernel (wrong outputs, never the reported figure): its time with the
   // producer skipping the dequantization / the raw copies.
   double diag_no_dequant_us = 0, diag_no_copies_us = 0;
+  // Plain prefill (P = 0): the dense kernel alone, one CTA per work item / persistent CTAs.
+  double diag_dense_per_item_us = 0, diag_dense_persistent_us = 0, diag_dense_no_copies_us = 0;
   double best_sdpa_us() const;  // the fastest backend that ran (0: none)
 };
 

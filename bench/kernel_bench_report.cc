@@ -134,6 +134,11 @@ std::string FormatTable(const KernelBenchReport& r) {
         s += absl::StrFormat("  diagnostics B=%d P=%d C=%d (wrong outputs): producer without dequantization %.1f us, "
                              "without raw copies %.1f us\n", e.batch, e.prefix, e.new_tokens, e.diag_no_dequant_us,
                              e.diag_no_copies_us);
+      if (e.diag_dense_per_item_us > 0)
+        s += absl::StrFormat("  diagnostics B=%d P=%d C=%d: the plain-prefill kernel alone, one CTA per work item %.1f us, "
+                             "persistent CTAs %.1f us, persistent without tile loads (wrong outputs) %.1f us\n",
+                             e.batch, e.prefix, e.new_tokens, e.diag_dense_per_item_us, e.diag_dense_persistent_us,
+                             e.diag_dense_no_copies_us);
       if (!e.sdpa_how.empty()) s += absl::StrFormat("  SDPA B=%d P=%d C=%d: %s\n", e.batch, e.prefix, e.new_tokens, e.sdpa_how);
     }
   }

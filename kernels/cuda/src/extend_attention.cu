@@ -368,8 +368,9 @@ absl::Status LaunchExtendAttention(const ExtendPlan& plan, const ExtendParams& p
   if (p.unrotate_output && p.rot_v == nullptr) {
     return absl::InvalidArgumentError("unrotate_output needs rot_v");
   }
-  if (reinterpret_cast<uintptr_t>(p.rot_k) % 16 != 0 || reinterpret_cast<uintptr_t>(p.rot_v) % 16 != 0) {
-    return absl::InvalidArgumentError("extend attention: rot_k and rot_v must be 16-byte aligned");
+  if (reinterpret_cast<uintptr_t>(p.rot_k) % 16 != 0 || reinterpret_cast<uintptr_t>(p.rot_v) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.k_new) % 16 != 0 || reinterpret_cast<uintptr_t>(p.v_new) % 16 != 0) {
+    return absl::InvalidArgumentError("extend attention: rot_k, rot_v, k_new and v_new must be 16-byte aligned");
   }
   return plan.tensor_cores ? detail::LaunchExtendWgmma(p, plan.max_new_tokens, stream)
                            : detail::LaunchExtendMma(p, plan.max_new_tokens, stream);

@@ -274,6 +274,25 @@ TEST(ExtendAttentionGpu, PlainPrefillAndOddLengths) {
   RunExtend(d);
 }
 
+// Plain prefill over more work items (128-row token blocks x sequences x KV heads) than the
+// device has SMs, so that the plain-prefill kernel's persistent CTAs run several items each
+// (across KV heads, both rotation buffers, one tile ring), beside a sequence with prefix pages
+// (skipped by that kernel); GQA 1, 4 and 8, with unrotation and with pre-rotated queries.
+TEST(ExtendAttentionGpu, PlainPrefillPersistentCtas) {
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  for (uint32_t gqa : {1u, 4u, 8u}) {
+    ExtendCase c;
+    c.kv_heads = 8;
+    c.prefix = {0, 150, 0};
+    c.new_tokens = {900, 40, 517};
+    c.gqa = gqa;
+    c.unrotate = gqa == 4;
+    c.prerotated_q = gqa == 8;
+    c.seed = 50 + gqa;
+    RunExtend(c);
+  }
+}
+
 // GQA 3 (rows 126..127 of each CTA unused) and 2, queries given already rotated (rot_k
 // nullptr), with and without unrotation.
 TEST(ExtendAttentionGpu, Gqa3PaddingRowsAndPrerotatedQueries) {

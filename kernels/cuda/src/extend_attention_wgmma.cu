@@ -49,14 +49,10 @@ constexpr int kXRaw = 5120;
 constexpr int kXRot = 32768;         // a 128 x 128 fp16 rotation as a B operand
 constexpr int kXRawOff = kXStages * kXStage;
 constexpr int kXRotOff = kXRawOff + kXRawSlots * kXRaw;
-// The dense kernel (no prefix pages: bf16 rows copied straight into the stages) has no raw ring:
-// its stages fill the space up to the rotation area.
-constexpr int kXDenseStages = kXRotOff / kXStage;
-constexpr int kXMaxStages = kXDenseStages;
 constexpr int kXInfoOff = kXRotOff + kXRot;
-constexpr int kXBarOff = kXInfoOff + 8 * kXMaxStages;
-constexpr int kXSmemBytes = kXBarOff + 16 * kXMaxStages + 1024;  // + slack to align the base to 1 KiB
-static_assert(kXDenseStages == 5 && kXRotOff % 1024 == 0 && kXSmemBytes <= 232448, "shared memory layout");
+constexpr int kXBarOff = kXInfoOff + 8 * kXStages;
+constexpr int kXSmemBytes = kXBarOff + 16 * kXStages + 1024;  // + slack to align the base to 1 KiB
+static_assert(kXRotOff % 1024 == 0 && kXSmemBytes <= 232448, "shared memory layout");
 constexpr float kXLog2e = 1.4426950408889634f;
 constexpr float kXLn2 = 0.6931471805599453f;
 constexpr int kBarProducers = 1, kBarConsumers = 2, kBarTurn0 = 3;  // named barrier ids (3, 4: turns)
@@ -74,32 +70,13 @@ __device__ __forceinline__ float XEx2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ uint32_t Half2Bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-__device__ __forceinline__ __half2 BitsHalf2(uint32_t w) { return *reinterpret_cast<__half2*>(&w); }
-// Two fp32 values as the packed operand pair of the kernel's element type (fp16, or bf16 in the
-// dense kernel).
-template <bool kBf16>
-__device__ __forceinline__ uint32_t PackPair(float a, float b) {
-  if constexpr (kBf16) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    return Half2Bits(__floats2half2_rn(a, b));
-  }
-}
-
 // kDiag (bench diagnostics, outputs wrong): 1 the producer hands over tiles without dequantizing
 // them, 2 without copying their raw bytes.
-// kDense: the kernel of the sequences without prefix pages (plain prefill), which the paged one
-// (kDense false) skips: every key tile is new tokens' bf16 rows, copied by the producers
-// straight into a 6-stage ring in the wgmma layout (natural channel order) and multiplied as
-// bf16 (query, keys, values and probabilities; no conversion pass).
-template <int G, int kDiag = 0, bool kDense = false>
+// Sequences without prefix pages (plain prefill) are the other launch's
+// (extend_dense_wgmma.cu): this kernel's CTAs of them return at once.
+template <int G, int kDiag = 0>
 __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendParams p) {
-  constexpr int kSt = kDense ? kXDenseStages : kXStages;
-  // Channel order of the tiles (extend_wgmma.cuh; natural in the dense kernel).
-  auto channel_of = [](int pos) { return kDense ? pos : ExtendChannel(pos); };
-  auto position_of = [](int c) { return kDense ? c : ExtendPosition(c); };
+  constexpr int kSt = kXStages;
 #if OSCARKV_HAVE_WGMMA
   extern __shared__ uint8_t smem_raw_base[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw_base) + 1023) & ~uintptr_t(1023));
@@ -119,7 +96,7 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   if (tok0 >= num_new) return;  // uniform per CTA
   const int last_tok = min(num_new, tok0 + tpc) - 1;
   const int spp = static_cast<int>(sh.slices_per_page());
-  if ((p1 == p0) != kDense) return;  // the other kernel's sequence (uniform per CTA)
+  if (p1 == p0) return;  // the other kernel's sequence (uniform per CTA)
   const int role = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);  // warpgroup
   const int prefix_slices = (p1 - p0) * spp;
   const int num_tiles = prefix_slices + (last_tok + 64) / 64;
@@ -139,39 +116,6 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
     // ---------------- producers ----------------
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kXProducerRegs));
     const int tid = threadIdx.x, lane = tid & 31;
-    if constexpr (kDense) {
-      // Tile x = new tokens [64x, 64x + 64): bf16 rows copied into stage x % kSt, kSt - 1 tiles
-      // ahead (a stage is refilled once the consumers released its previous tile).
-      auto issue = [&](int x) {
-        const int n0 = 64 * x, valid = min(64, num_new - n0);
-        uint8_t* st = smem + (x % kSt) * kXStage;
-        for (int c = tid; c < 2048; c += kXProducers) {
-          const int kv = c >> 10, row = (c >> 4) & 63, ch = c & 15;
-          const bool ok = row < valid;
-          const uint16_t* base = kv ? p.v_new : p.k_new;
-          const uint16_t* src = ok ? base + (size_t(q_begin + n0 + row) * H + h) * 128 + ch * 8 : base;
-          CpAsync16(st + kv * kXTile + (ch >> 3) * 8192 + Swizzle128(row, ch & 7), src, ok);
-        }
-      };
-      for (int x = 0; x < kSt - 1; ++x) {
-        if (x < num_tiles) issue(x);
-        CpAsyncCommit();
-      }
-      for (int x = 0; x < num_tiles; ++x) {
-        CpAsyncWait<kSt - 2>();  // tile x's copies (one group per tile, empty past the end)
-        FenceProxyAsync();
-        const int stage = x % kSt;
-        if (tid == 0) info[stage] = make_int2(min(64, num_new - 64 * x), 64 * x);
-        MbarArrive(full_bar + 8 * stage);
-        const int y = x + kSt - 1;
-        if (y < num_tiles) {
-          MbarWaitParity(empty_bar + 8 * (y % kSt), ((y / kSt) & 1) ^ 1);
-          issue(y);
-        }
-        CpAsyncCommit();
-      }
-      return;
-    }
     const PageGeometry g2 = sh.geometry(PageKind::kInt2), gb = sh.geometry(PageKind::kBf16);
     const size_t seg2_k = g2.segment_offset(sh.layer, 0, h), seg2_v = g2.segment_offset(sh.layer, 1, h);
     const size_t segb_k = gb.segment_offset(sh.layer, 0, h), segb_v = gb.segment_offset(sh.layer, 1, h);
@@ -378,7 +322,7 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   const int qrow0 = 16 * warp + gid;  // rows r0, r1 within the warpgroup's tile
   auto store_q = [&](int row, int pos, float a, float b) {
     *reinterpret_cast<uint32_t*>(q_tile + (pos >> 6) * 8192 + Swizzle128(row, (pos & 63) >> 3) + 2 * (pos & 7)) =
-        PackPair<kDense>(a, b);
+        PackPair<false>(a, b);
   };
   if (p.rot_k != nullptr) {
     // R_K as a K-major B operand: n-row = position n (R_K column ExtendChannel(n)), k = input
@@ -402,7 +346,7 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
         auto at = [&](int t) { return cc == 0 ? v[u][t].x : cc == 1 ? v[u][t].y : cc == 2 ? v[u][t].z : v[u][t].w; };
         const uint4 w = make_uint4(Half2Bits(__floats2half2_rn(at(0), at(1))), Half2Bits(__floats2half2_rn(at(2), at(3))),
                                    Half2Bits(__floats2half2_rn(at(4), at(5))), Half2Bits(__floats2half2_rn(at(6), at(7))));
-        *reinterpret_cast<uint4*>(smem + kXRotOff + (m >> 3) * 16384 + Swizzle128(position_of(4 * cq + cc), m & 7)) = w;
+        *reinterpret_cast<uint4*>(smem + kXRotOff + (m >> 3) * 16384 + Swizzle128(ExtendPosition(4 * cq + cc), m & 7)) = w;
       }
     }
     FenceProxyAsync();
@@ -446,8 +390,8 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
       const int pos = 8 * j + 2 * tig;
       const float* q0 = ok_r0 ? q_row(r0, tok_r0) : nullptr;
       const float* q1 = ok_r1 ? q_row(r1, tok_r1) : nullptr;
-      store_q(qrow0, pos, ok_r0 ? q0[channel_of(pos)] * scale : 0.f, ok_r0 ? q0[channel_of(pos + 1)] * scale : 0.f);
-      store_q(qrow0 + 8, pos, ok_r1 ? q1[channel_of(pos)] * scale : 0.f, ok_r1 ? q1[channel_of(pos + 1)] * scale : 0.f);
+      store_q(qrow0, pos, ok_r0 ? q0[ExtendChannel(pos)] * scale : 0.f, ok_r0 ? q0[ExtendChannel(pos + 1)] * scale : 0.f);
+      store_q(qrow0 + 8, pos, ok_r1 ? q1[ExtendChannel(pos)] * scale : 0.f, ok_r1 ? q1[ExtendChannel(pos + 1)] * scale : 0.f);
     }
   }
   FenceProxyAsync();
@@ -468,11 +412,11 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   auto issue_scores = [&](int stage, float (&s0)[16], float (&s1)[16]) {
     const uint32_t kt = sbase + stage * kXStage;
     WgmmaFence32(s0, s1);
-    WgmmaF16N64SS<0, kDense>(s0, s1, SwizzledDesc(SwizzledDescLo(q_addr)), SwizzledDesc(SwizzledDescLo(kt)));
+    WgmmaF16N64SS<0>(s0, s1, SwizzledDesc(SwizzledDescLo(q_addr)), SwizzledDesc(SwizzledDescLo(kt)));
 #pragma unroll
     for (int s = 1; s < 8; ++s) {
       const uint32_t off = (s >> 2) * 8192 + (s & 3) * 32;
-      WgmmaF16N64SS<1, kDense>(s0, s1, SwizzledDesc(SwizzledDescLo(q_addr + off)), SwizzledDesc(SwizzledDescLo(kt + off)));
+      WgmmaF16N64SS<1>(s0, s1, SwizzledDesc(SwizzledDescLo(q_addr + off)), SwizzledDesc(SwizzledDescLo(kt + off)));
     }
     WgmmaCommit();
   };
@@ -480,7 +424,7 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
     const uint32_t vt = sbase + stage * kXStage + kXTile;
     WgmmaFence64(o0, o1, pa);
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) WgmmaF16N128R<1, 1, kDense>(o0, o1, pa[kk], ValueTileDesc(vt + kk * 2048));
+    for (int kk = 0; kk < 4; ++kk) WgmmaF16N128R<1, 1>(o0, o1, pa[kk], ValueTileDesc(vt + kk * 2048));
     WgmmaCommit();
   };
   // Masks and the online softmax of one tile's scores (in place: s becomes p); returns the
@@ -528,10 +472,10 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
   auto make_p = [&](const float (&s0)[16], const float (&s1)[16]) {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      pa[kk][0] = PackPair<kDense>(s0[4 * kk], s0[4 * kk + 1]);
-      pa[kk][1] = PackPair<kDense>(s1[4 * kk], s1[4 * kk + 1]);
-      pa[kk][2] = PackPair<kDense>(s0[4 * kk + 2], s0[4 * kk + 3]);
-      pa[kk][3] = PackPair<kDense>(s1[4 * kk + 2], s1[4 * kk + 3]);
+      pa[kk][0] = PackPair<false>(s0[4 * kk], s0[4 * kk + 1]);
+      pa[kk][1] = PackPair<false>(s1[4 * kk], s1[4 * kk + 1]);
+      pa[kk][2] = PackPair<false>(s0[4 * kk + 2], s0[4 * kk + 3]);
+      pa[kk][3] = PackPair<false>(s1[4 * kk + 2], s1[4 * kk + 3]);
     }
   };
   auto tile_info = [&](int stage, int& valid, int& new0) {
@@ -613,7 +557,7 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
         const float e4[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-          const int idx = 4 * (v0 + 256 * u) + t, i = idx >> 7, c = idx & 127, k = position_of(c);
+          const int idx = 4 * (v0 + 256 * u) + t, i = idx >> 7, c = idx & 127, k = ExtendPosition(c);
           *reinterpret_cast<__half*>(smem + kXRotOff + (k >> 6) * 16384 + Swizzle128(i, (k & 63) >> 3) + 2 * (k & 7)) =
               __float2half_rn(e4[t]);
         }
@@ -659,7 +603,7 @@ __global__ void __launch_bounds__(kXThreads, 1) ExtendWgmmaKernel(const ExtendPa
     for (int j = 0; j < 16; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int c = channel_of(8 * j + 2 * tig + e);
+        const int c = ExtendChannel(8 * j + 2 * tig + e);
         if (out0 != nullptr) out0[c] = o0[2 * j + e] * inv[0];
         if (out1 != nullptr) out1[c] = o1[2 * j + e] * inv[1];
       }
@@ -695,9 +639,9 @@ bool ExtendWgmmaAvailable() {
 }
 
 namespace {
-template <int G, int kDiag, bool kDense = false>
+template <int G, int kDiag>
 absl::Status SetSmem() {
-  return CudaStatus(cudaFuncSetAttribute(ExtendWgmmaKernel<G, kDiag, kDense>, cudaFuncAttributeMaxDynamicSharedMemorySize, kXSmemBytes),
+  return CudaStatus(cudaFuncSetAttribute(ExtendWgmmaKernel<G, kDiag>, cudaFuncAttributeMaxDynamicSharedMemorySize, kXSmemBytes),
                     "extend attention (wgmma) shared memory");
 }
 template <int kDiag>
@@ -712,7 +656,7 @@ void Launch(const ExtendParams& p, dim3 grid, cudaStream_t stream) {
 
 absl::Status PrepareExtendWgmma() {
   for (absl::Status s : {SetSmem<128, 0>(), SetSmem<64, 0>(), SetSmem<128, 1>(), SetSmem<128, 2>(),
-                         SetSmem<128, 0, true>()}) {
+                         PrepareExtendDense()}) {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
@@ -726,10 +670,12 @@ absl::Status LaunchExtendWgmma(const ExtendParams& p, int max_new_tokens, cudaSt
   } else if (diag == 2 && p.shape.group_size == 128) {
     Launch<2>(p, grid, stream);
   } else {
-    // The sequences with prefix pages, then those without (each kernel's CTAs of the other's
-    // sequences return at once).
-    Launch<0>(p, grid, stream);
-    ExtendWgmmaKernel<128, 0, true><<<grid, kXThreads, kXSmemBytes, stream>>>(p);
+    // The sequences with prefix pages (this kernel), then those without (the plain-prefill
+    // kernel's persistent CTAs; each kernel skips the other's sequences). Diagnostics 3..5: the
+    // plain-prefill kernel alone.
+    if (diag < 3) Launch<0>(p, grid, stream);
+    if (absl::Status s = CudaStatus(cudaGetLastError(), "extend attention (wgmma) launch"); !s.ok()) return s;
+    return LaunchExtendDense(p, max_new_tokens, static_cast<int>(grid.x), stream, diag);
   }
   return CudaStatus(cudaGetLastError(), "extend attention (wgmma) launch");
 }

@@ -22,8 +22,15 @@ bool ExtendWgmmaAvailable();
 absl::Status PrepareExtendWgmma();
 // Enqueues the wgmma kernel over max_new_tokens (checked by the caller, as the shape). diag
 // (bench diagnostics at group 128, wrong outputs): 1 the producer skips the dequantization, 2 the
-// raw copies.
+// raw copies; 3 and 4 (right outputs for sequences without prefix pages only): the plain-prefill
+// kernel alone, with one CTA per work item (3) or its persistent CTAs (4); 5 as 4 without the tile
+// loads (wrong outputs).
 absl::Status LaunchExtendWgmma(const ExtendParams& p, int max_new_tokens, cudaStream_t stream, int diag = 0);
+
+// The plain-prefill kernel (extend_dense_wgmma.cu): its shared-memory limit, and its launch over
+// the sequences without prefix pages of items_x token blocks each (diag as above, 3..5).
+absl::Status PrepareExtendDense();
+absl::Status LaunchExtendDense(const ExtendParams& p, int max_new_tokens, int items_x, cudaStream_t stream, int diag);
 
 // The mma.sync kernel (any sm_80+ device).
 absl::Status PrepareExtendMma();

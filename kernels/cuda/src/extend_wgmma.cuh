@@ -1,14 +1,17 @@
-// Device helpers of the wgmma extend-attention kernel (extend_attention_wgmma.cu): the channel
-// order of its fp16 tiles, the wgmma forms it issues (f16 operands, A from registers), shared-
-// memory descriptors of the value tiles, and mbarrier / named-barrier wrappers. The K-major
-// descriptor, the 128-byte swizzle and the fences are the quantize stream kernel's
-// (quantize_stream_device.cuh). Internal to kernels/cuda.
+// Device helpers of the wgmma extend-attention kernels (extend_attention_wgmma.cu, and
+// extend_dense_wgmma.cu for plain prefill): the channel order of their fp16 tiles, the wgmma forms
+// they issue (f16 / bf16 operands, A from registers or shared memory), shared-memory descriptors
+// of the value tiles, mbarrier / named-barrier / TMA wrappers, the work items and the query
+// rotation's R_K operand. The K-major descriptor, the 128-byte swizzle and the fences are the
+// quantize stream kernel's (quantize_stream_device.cuh). Internal to kernels/cuda.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cstdint>
 
+#include "oscarkv/cuda/extend_attention.h"
 #include "quantize_stream_device.cuh"
 
 namespace oscarkv::cuda::detail {
@@ -167,6 +170,89 @@ __device__ __forceinline__ void NamedBarrier(int id, int threads) {
 }
 __device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// TMA (cp.async.bulk.tensor) loads of one box into shared memory, completing on an mbarrier
+// whose transaction count the issuing thread raised by the box's bytes first.
+__device__ __forceinline__ void MbarArriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void TmaLoad3d(uint32_t dst, const void* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t Half2Bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 BitsHalf2(uint32_t w) { return *reinterpret_cast<__half2*>(&w); }
+// Two fp32 values as the packed operand pair of the kernel's element type (fp16, or bf16 in the
+// dense kernel).
+template <bool kBf16>
+__device__ __forceinline__ uint32_t PackPair(float a, float b) {
+  if constexpr (kBf16) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  } else {
+    return Half2Bits(__floats2half2_rn(a, b));
+  }
+}
+
+// One work item: the CTA rows of token block `tok0` of sequence `seq`, KV head h.
+struct XItem {
+  int seq, h, q_begin, num_new, tok0, p0, p1;
+};
+// Loads work item i of a launch over items_x token blocks per (sequence, KV head) (i / items_x =
+// sequence · H + head; block items_x - 1 - i % items_x, the longest rows first); false when the
+// block is past the sequence's new tokens or the sequence is the other kernel's (dense: it has
+// prefix pages). The scalars that steer the wgmma code are broadcast from lane 0: ptxas then
+// knows them warp-uniform and does not serialize the wgmmas behind divergent branches (C7520).
+__device__ __forceinline__ bool XLoadItem(const ExtendParams& p, int i, int items_x, int tpc, bool dense, XItem& it) {
+  const int H = static_cast<int>(p.shape.num_kv_heads), y = i / items_x;
+  it.seq = y / H;
+  it.h = y % H;
+  // (The four loads first, so that an item that is skipped waits for one round trip.)
+  it.q_begin = __shfl_sync(0xffffffffu, p.q_indptr[it.seq], 0);
+  it.num_new = __shfl_sync(0xffffffffu, p.q_indptr[it.seq + 1], 0) - it.q_begin;
+  it.p0 = __shfl_sync(0xffffffffu, p.table.seq_page_indptr[it.seq], 0);
+  it.p1 = __shfl_sync(0xffffffffu, p.table.seq_page_indptr[it.seq + 1], 0);
+  it.tok0 = (items_x - 1 - i % items_x) * tpc;
+  return it.tok0 < it.num_new && (it.p1 == it.p0) == dense;
+}
+
+// R_K of one KV head (128 x 128 fp32, [input channel][column]) as the query rotation's K-major
+// fp16 B operand at dst: n-row = position n (R_K column channel_of(n)), k = input channel. Thread
+// t of 256 converts input channels 8m..8m+7 (one 16-byte chunk of an operand row) of columns
+// 4cq..4cq+3, for two m; the lanes of a warp cover 8 chunks of 4 rows (conflict-free 16-byte
+// stores) and read 64 contiguous bytes of 8 rows per load. kBatches: the 16 loads in flight in
+// one batch (consumers) or two (producers, at 96 registers).
+template <bool kDense, int kBatches>
+__device__ __forceinline__ void XStoreRotK(uint8_t* dst, const float* r, int t) {
+  auto position_of = [](int c) { return kDense ? c : ExtendPosition(c); };
+  const int lane = t & 31, cq = (lane >> 3) + 4 * (t >> 5);
+  constexpr int kPer = 2 / kBatches;
+#pragma unroll 1
+  for (int bt = 0; bt < kBatches; ++bt) {
+    float4 v[kPer][8];
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        v[u][k] = *reinterpret_cast<const float4*>(r + (8 * ((lane & 7) + 8 * (u + kPer * bt)) + k) * 128 + 4 * cq);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int m = (lane & 7) + 8 * (u + kPer * bt);
+#pragma unroll
+      for (int cc = 0; cc < 4; ++cc) {
+        auto at = [&](int k) { return cc == 0 ? v[u][k].x : cc == 1 ? v[u][k].y : cc == 2 ? v[u][k].z : v[u][k].w; };
+        const uint4 w = make_uint4(Half2Bits(__floats2half2_rn(at(0), at(1))), Half2Bits(__floats2half2_rn(at(2), at(3))),
+                                   Half2Bits(__floats2half2_rn(at(4), at(5))), Half2Bits(__floats2half2_rn(at(6), at(7))));
+        *reinterpret_cast<uint4*>(dst + (m >> 3) * 16384 + Swizzle128(position_of(4 * cq + cc), m & 7)) = w;
+      }
+    }
+  }
 }
 
 }  // namespace

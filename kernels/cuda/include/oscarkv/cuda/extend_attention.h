@@ -11,8 +11,8 @@
 // is read and dequantized once for all of them; two producer warpgroups dequantize INT2 codes
 // (or convert bf16 rows) into fp16 tiles in shared memory, two consumer warpgroups compute
 // S = Q·Kᵀ, the online softmax and O += P·V. Sequences without prefix pages (plain prefill) run
-// in a second launch of the same kernel whose producers copy the bf16 rows straight into the
-// operand tiles (bf16 products, no conversion). Elsewhere an mma.sync kernel computes the same
+// in a second launch of the same kernel whose producers load the bf16 rows straight into the
+// operand tiles by TMA (bf16 products, no conversion), one persistent CTA per SM. Elsewhere an mma.sync kernel computes the same
 // function (16 new tokens x 4 query heads per CTA).
 //
 // Precision: fp16 keys, values and probabilities (2^-11 relative each) with fp32 accumulation,
@@ -54,7 +54,7 @@ struct ExtendParams {
   int32_t max_new_tokens = 0;  // max over sequences of new tokens (<= the plan's maximum)
   const float* q = nullptr;    // [total_new][num_q_heads][128], unrotated model space
   // K and V of the new tokens, bf16 bits, already rotated (R_K / R_V applied, as written to
-  // pages): [total_new][num_kv_heads][128].
+  // pages): [total_new][num_kv_heads][128], each 16-byte aligned.
   const uint16_t* k_new = nullptr;
   const uint16_t* v_new = nullptr;
   // [num_kv_heads][d][d] R_K of `layer` (nullptr: q already rotated) and R_V (used when
