@@ -210,7 +210,9 @@ class ClusterTest : public ::testing::TestWithParam<int> {
       daemons_.push_back(Start(i, ""));
       ASSERT_NE(daemons_.back(), nullptr);
       addrs_.push_back(daemons_.back()->address());
-      if (hosts_) EXPECT_EQ(addrs_.back().rfind(hosts_->ip(i) + ":", 0), 0u) << addrs_.back();
+      if (hosts_) {
+        EXPECT_EQ(addrs_.back().rfind(hosts_->ip(i) + ":", 0), 0u) << addrs_.back();
+      }
     }
   }
 

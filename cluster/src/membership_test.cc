@@ -61,7 +61,9 @@ TEST(Rendezvous, RemovingAMemberMovesOnlyItsKeys) {
   for (uint32_t i = 0; i < 5000; ++i) {
     const std::string before = all[OwnerIndex(all, KeyN(i))];
     const std::string after = without_c[OwnerIndex(without_c, KeyN(i))];
-    if (before != "c:1") EXPECT_EQ(before, after);
+    if (before != "c:1") {
+      EXPECT_EQ(before, after);
+    }
   }
 }
 

@@ -157,8 +157,12 @@ TEST_P(PeerTest, GetsRealPagesVerifiedEndToEnd) {
   std::printf("[ %s ] endpoint lanes: %s\n", GetParam().name.c_str(),
               absl::StrJoin(tls, " ").c_str());
   for (const std::string& t : tls) {
-    if (GetParam().tls == "tcp") EXPECT_THAT(t, ::testing::StartsWith("tcp/lo")) << t;
-    if (GetParam().tls == "shm") EXPECT_THAT(t, ::testing::Not(::testing::StartsWith("tcp"))) << t;
+    if (GetParam().tls == "tcp") {
+      EXPECT_THAT(t, ::testing::StartsWith("tcp/lo")) << t;
+    }
+    if (GetParam().tls == "shm") {
+      EXPECT_THAT(t, ::testing::Not(::testing::StartsWith("tcp"))) << t;
+    }
   }
   peer->Release();
   auto exit_code = peer->process.CloseAndWait(absl::Seconds(10));
