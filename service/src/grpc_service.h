@@ -95,6 +95,8 @@ class KvCacheService final : public KvCacheAsyncBase {
   void SharePoolKeyWithTenants(bool share) { share_pool_key_ = share; }
   // Per-tenant UCX staging (owned by the caller, outlives serving): with it, a tenant's
   // GetDataPlane answers its own data plane instead of PERMISSION_DENIED. Set before serving.
+  // A tenant's first GetDataPlane starts that process on its callback thread (about a second,
+  // once per tenant; bounded by the configured tenants).
   void SetTenantRma(TenantRma* rma) { tenant_rma_ = rma; }
   grpc::ServerUnaryReactor* GetDataPlane(grpc::CallbackServerContext*,
                                          const pb::GetDataPlaneRequest*,

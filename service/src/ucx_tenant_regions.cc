@@ -36,12 +36,10 @@ struct TenantRegions::Region {
     bool filling = true;  // being copied into: a free of it waits for its deadline
   };
 
-  ~Region() {
-    plane.reset();  // the child first: it maps the region
-    if (base != nullptr) ::munmap(base, bytes);
-    if (ro_fd >= 0) ::close(ro_fd);
-    if (fd >= 0) ::close(fd);
-  }
+  ~Region() { Close(); }
+  // Creates the memfd, maps it, starts the data-plane child over a read-only descriptor of it.
+  absl::Status Open(const TenantRegionOptions& options);
+  void Close();  // idempotent
 
   // Zeroes [offset, offset + len), so freed pages do not linger readable. memset, not a hole
   // punched in the memfd: a hole would give the memory back, but every later stage would then
@@ -74,6 +72,9 @@ struct TenantRegions::Region {
   }
 
   uint32_t tenant = 0;
+  // Guards Open: the fields below up to `plane` are written once under it, then only read (by
+  // threads that took it in RegionFor first).
+  absl::Mutex init_mu;
   int fd = -1;     // the memfd, read-write: only the daemon holds it
   int ro_fd = -1;  // read-only open of it: what the data-plane child inherits
   uint8_t* base = nullptr;  // the daemon's writable mapping
@@ -94,15 +95,48 @@ TenantRegions::~TenantRegions() {
   regions_.clear();
 }
 
-size_t TenantRegions::regions() const {
-  absl::MutexLock lock(&mu_);
-  return regions_.size();
+absl::Status TenantRegions::Region::Open(const TenantRegionOptions& options) {
+  bytes = options.region_bytes;
+  const std::string name = absl::StrCat("oscarkv-rma-tenant-", tenant);
+  fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", Errno(errno)));
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("sizing a ", bytes, "-byte UCX staging region: ", Errno(errno)));
+  }
+  // Its size is fixed: the child's PROT_READ mapping can never be cut under it.
+  (void)::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) return absl::InternalError(absl::StrCat("mmap: ", Errno(errno)));
+  base = static_cast<uint8_t*>(m);
+  // A new open file description, read-only (a dup() would share the O_RDWR one).
+  const std::string self = absl::StrCat("/proc/self/fd/", fd);
+  ro_fd = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
+  if (ro_fd < 0) return absl::InternalError(absl::StrCat("open ", self, ": ", Errno(errno)));
+  UcxDataPlaneOptions dpo;
+  dpo.tls = options.tls;
+  dpo.net_devices = options.net_devices;
+  dpo.pool_bytes = bytes;
+  dpo.shm_fd = ro_fd;  // always a child of its own, mapping only this region, read-only
+  dpo.self_exe = options.self_exe;
+  auto started = UcxDataPlane::Start(dpo);
+  if (!started.ok()) {
+    return absl::Status(started.status().code(), absl::StrCat("starting the tenant's UCX data "
+                                                              "plane: ",
+                                                              started.status().message()));
+  }
+  plane = std::move(*started);
+  return absl::OkStatus();
 }
 
-uint64_t TenantRegions::restarts(uint32_t tenant) const {
-  absl::MutexLock lock(&mu_);
-  auto it = regions_.find(tenant);
-  return it == regions_.end() || !it->second->plane ? 0 : it->second->plane->restarts();
+void TenantRegions::Region::Close() {
+  plane.reset();  // the child first: it maps the region
+  if (base != nullptr) ::munmap(base, bytes);
+  base = nullptr;
+  if (ro_fd >= 0) ::close(ro_fd);
+  ro_fd = -1;
+  if (fd >= 0) ::close(fd);
+  fd = -1;
 }
 
 absl::StatusOr<TenantRegions::Region*> TenantRegions::RegionFor(uint32_t tenant) {
@@ -110,45 +144,26 @@ absl::StatusOr<TenantRegions::Region*> TenantRegions::RegionFor(uint32_t tenant)
     return absl::PermissionDeniedError(
         absl::StrCat("tenant id ", tenant, " has no UCX staging region"));
   }
-  // Held while a first region is made (one child start, about a second): calls of tenants that
-  // already have theirs wait that long once; the number of regions is bounded by max_regions.
-  absl::MutexLock lock(&mu_);
-  if (auto it = regions_.find(tenant); it != regions_.end()) return it->second.get();
-  auto r = std::make_unique<Region>();
-  r->tenant = tenant;
-  r->bytes = options_.region_bytes;
-  const std::string name = absl::StrCat("oscarkv-rma-tenant-", tenant);
-  r->fd = ::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (r->fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", Errno(errno)));
-  if (::ftruncate(r->fd, static_cast<off_t>(r->bytes)) != 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("sizing a ", r->bytes, "-byte UCX staging region: ", Errno(errno)));
+  Region* r = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<Region>& slot = regions_[tenant];
+    if (slot == nullptr) {
+      slot = std::make_unique<Region>();
+      slot->tenant = tenant;
+    }
+    r = slot.get();
   }
-  // Its size is fixed: the child's PROT_READ mapping can never be cut under it.
-  (void)::fcntl(r->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
-  void* base = ::mmap(nullptr, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
-  if (base == MAP_FAILED) return absl::InternalError(absl::StrCat("mmap: ", Errno(errno)));
-  r->base = static_cast<uint8_t*>(base);
-  // A new open file description, read-only (a dup() would share the O_RDWR one).
-  const std::string self = absl::StrCat("/proc/self/fd/", r->fd);
-  r->ro_fd = ::open(self.c_str(), O_RDONLY | O_CLOEXEC);
-  if (r->ro_fd < 0) return absl::InternalError(absl::StrCat("open ", self, ": ", Errno(errno)));
-  UcxDataPlaneOptions dpo;
-  dpo.tls = options_.tls;
-  dpo.net_devices = options_.net_devices;
-  dpo.pool_bytes = r->bytes;
-  dpo.shm_fd = r->ro_fd;  // always a child of its own, mapping only this region, read-only
-  dpo.self_exe = options_.self_exe;
-  auto plane = UcxDataPlane::Start(dpo);
-  if (!plane.ok()) {
-    return absl::Status(plane.status().code(),
-                        absl::StrCat("starting the tenant's UCX data plane: ",
-                                     plane.status().message()));
+  // The first call of a tenant starts its child (about a second) under the region's own lock:
+  // only that tenant's calls wait; a failed start is retried by its next call.
+  absl::MutexLock lock(&r->init_mu);
+  if (r->plane == nullptr) {
+    if (absl::Status s = r->Open(options_); !s.ok()) {
+      r->Close();
+      return s;
+    }
   }
-  r->plane = std::move(*plane);
-  Region* out = r.get();
-  regions_.emplace(tenant, std::move(r));
-  return out;
+  return r;
 }
 
 absl::StatusOr<pb::GetDataPlaneResponse> TenantRegions::DataPlane(const Caller& caller) {

@@ -67,12 +67,10 @@ class TenantRegions final : public TenantRma {
   absl::Status Stage(const Caller& caller, const pb::StageForRmaRequest& req,
                      pb::StageForRmaResponse* resp) override;
 
-  size_t regions() const;                    // regions created so far
-  uint64_t restarts(uint32_t tenant) const;  // of that tenant's data-plane process
-
  private:
   struct Region;
-  // The caller's region, created (and its process started) on first use.
+  // The caller's region, created (and its process started) on first use; a failed start is
+  // retried by the tenant's next call.
   absl::StatusOr<Region*> RegionFor(uint32_t tenant);
 
   PageCache* const cache_;
