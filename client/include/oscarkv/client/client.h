@@ -12,6 +12,10 @@
 // * Data paths: kSharedMemory writes page bytes straight into reserved pool slots and copies
 //   leased pages straight out of the pool; kGrpc streams them (WritePages / ReadPages). kAuto
 //   picks shared memory when the segment could be mapped, else gRPC. Results are identical.
+//   On an isolated daemon (the default) stores go through a staging region the daemon copies
+//   from; an admin maps the pool read-only, a tenant never maps it and loads through a region
+//   of its own connection that the daemon fills only with pages that tenant may read. Both are
+//   kSharedMemory; handle loads of a tenant stream over gRPC.
 // * Integrity, one pass per side: every copy the library makes of a page (into a pool slot, out
 //   of the pool, out of a gRPC stream) hashes it in the same pass, in cache-sized chunks, and
 //   compares with the page's XXH3 checksum. A store over shared memory commits only pages whose
