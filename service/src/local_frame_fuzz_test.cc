@@ -51,7 +51,31 @@ std::vector<std::string> Seeds() {
     r.set_wire_version(pb::WIRE_VERSION_1);
     return r.SerializeAsString();
   }();
+  // The shared-memory frames (the fuzz server is isolated, regions of at most 1 MiB): a load
+  // staging region, chunks of a lease that does not exist, and AttachStaging without its memfd.
+  pb::AttachLoadStagingRequest load_region;
+  load_region.set_bytes(1 << 20);
+  pb::AttachLoadStagingRequest too_big;
+  too_big.set_bytes(uint64_t{1} << 40);
+  pb::StageReadRequest chunk;
+  chunk.set_lease_id(7);
+  chunk.set_key(std::string(16, 'a'));
+  chunk.set_page_offset(0);
+  chunk.set_staging_offset((1 << 20) - 8);
+  chunk.set_length(64);
+  pb::StageWriteRequest staged;
+  staged.set_reservation_id(3);
+  staged.set_key(std::string(16, 'b'));
+  staged.set_length(64);
+  pb::AttachStagingRequest staging;
+  staging.set_staging_bytes(1 << 20);
   std::vector<std::string> seeds = {
+      kHandshake + Request(7, load_region.SerializeAsString()) +
+          Request(6, chunk.SerializeAsString()) + Request(7, too_big.SerializeAsString()) +
+          Request(6, "\xff\x01"),
+      kHandshake + Request(6, chunk.SerializeAsString()) +  // StageRead before any region
+          Request(4, staging.SerializeAsString()) + Request(5, staged.SerializeAsString()),
+      Request(7, load_region.SerializeAsString()),  // before the handshake
       kHandshake + Request(2, look.SerializeAsString()) + Request(3, rel.SerializeAsString()),
       kHandshake + kHandshake + kHandshake + Request(2, look.SerializeAsString()),
       Request(2, look.SerializeAsString()),         // lookup before the handshake

@@ -73,6 +73,10 @@ struct FuzzServer {
     LocalControlOptions lo;
     lo.path = path;
     lo.slice_us = 0;
+    // Isolated, so the shared-memory frames (AttachStaging, StageWrite, AttachLoadStaging,
+    // StageRead) are parsed and checked too; small regions keep each input cheap.
+    lo.isolated_pool = &pool->arena();
+    lo.staging_max_bytes = 1 << 20;
     auto s = LocalControlServer::Start(lo, calls.get());
     Check(s.ok(), "cannot start the local control server");
     server = std::move(*s);
@@ -143,6 +147,26 @@ struct FuzzServer {
       }
       case local::Method::kRelease: {
         pb::ReleaseResponse r;
+        parsed = r.ParseFromArray(body, body_bytes);
+        break;
+      }
+      case local::Method::kAttachStaging: {
+        pb::AttachStagingResponse r;
+        parsed = r.ParseFromArray(body, body_bytes);
+        break;
+      }
+      case local::Method::kStageWrite: {
+        pb::StageWriteResponse r;
+        parsed = r.ParseFromArray(body, body_bytes);
+        break;
+      }
+      case local::Method::kAttachLoadStaging: {
+        pb::AttachLoadStagingResponse r;
+        parsed = r.ParseFromArray(body, body_bytes) && r.bytes() > 0 && r.bytes() <= (1 << 20);
+        break;
+      }
+      case local::Method::kStageRead: {
+        pb::StageReadResponse r;
         parsed = r.ParseFromArray(body, body_bytes);
         break;
       }
