@@ -332,13 +332,14 @@ TEST_F(TenantShmTest, TenantGetsNoPoolAndBadLoadStagingRequestsAreRefused) {
   EXPECT_TRUE(a->Release(*lease).ok());
 }
 
-// Load staging regions are daemon memory: one tenant holds at most 64 (one per connection that
-// loads); closing a connection gives its region back.
+// Load staging regions are daemon memory: one tenant holds at most 512 MiB of them (64 of the
+// client library's 8 MiB, one per connection that loads); closing a connection gives its region
+// back.
 TEST_F(TenantShmTest, LoadStagingRegionsPerTenantAreBounded) {
   pb::HandshakeRequest hs;
   hs.set_wire_version(pb::WIRE_VERSION_1);
   pb::AttachLoadStagingRequest attach;
-  attach.set_bytes(1 << 20);
+  attach.set_bytes(kRegionBytes);
   std::vector<std::unique_ptr<RawConn>> conns;
   for (int i = 0; i < 64; ++i) {
     conns.push_back(std::make_unique<RawConn>(daemon_->local_socket()));

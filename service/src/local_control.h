@@ -79,9 +79,10 @@ class LocalControlServer {
   uint32_t slice_us_ = 0;
   const Arena* isolated_pool_ = nullptr;
   uint64_t staging_max_bytes_ = 0;
-  // Load staging regions are daemon memory a tenant asks for: at most this many per tenant.
-  static constexpr int kLoadRegionsPerTenant = 64;
-  LoadRegionLimiter load_limiter_{kLoadRegionsPerTenant};
+  // Load staging regions are daemon memory a tenant asks for (and makes the daemon write): at
+  // most this many bytes of them per tenant, 64 regions of the client library's 8 MiB.
+  static constexpr uint64_t kLoadRegionBytesPerTenant = uint64_t{512} << 20;
+  LoadRegionLimiter load_limiter_{kLoadRegionBytesPerTenant};
   int listen_fd_ = -1;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<uint64_t> next_worker_{0};

@@ -5,24 +5,30 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 
 namespace oscarkv::service {
 
-bool LoadRegionLimiter::TryAcquire(uint32_t tenant_id) {
+bool LoadRegionLimiter::TryAcquire(uint32_t tenant_id, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
-  int& n = held_[tenant_id];
-  if (n >= per_tenant_) return false;
-  ++n;
+  uint64_t& held = held_[tenant_id];
+  if (bytes > per_tenant_bytes_ - held) {
+    if (held == 0) held_.erase(tenant_id);
+    return false;
+  }
+  held += bytes;
   return true;
 }
 
-void LoadRegionLimiter::Release(uint32_t tenant_id) {
+void LoadRegionLimiter::Release(uint32_t tenant_id, uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   auto it = held_.find(tenant_id);
-  if (it != held_.end() && --it->second <= 0) held_.erase(it);
+  if (it == held_.end()) return;
+  it->second -= std::min(it->second, bytes);
+  if (it->second == 0) held_.erase(it);
 }
 
 absl::StatusOr<std::unique_ptr<LoadStagingRegion>> LoadStagingRegion::Create(
@@ -33,14 +39,16 @@ absl::StatusOr<std::unique_ptr<LoadStagingRegion>> LoadStagingRegion::Create(
         "AttachLoadStaging: ", bytes, " bytes asked, this daemon allows at most ", max_bytes,
         " (pool.staging_max_mb)"));
   }
-  if (!limiter->TryAcquire(tenant_id)) {
+  if (!limiter->TryAcquire(tenant_id, bytes)) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "AttachLoadStaging: this tenant already holds ", limiter->per_tenant(),
-        " load staging regions (one per local connection that loads); close one"));
+        "AttachLoadStaging: ", bytes, " more bytes of load staging regions would put this "
+        "tenant over its ", limiter->per_tenant_bytes() >> 20,
+        " MiB (one region per local connection that loads); close a connection"));
   }
   std::unique_ptr<LoadStagingRegion> r(new LoadStagingRegion);
-  r->limiter_ = limiter;  // from here on the destructor gives the slot back
+  r->limiter_ = limiter;  // from here on the destructor gives the bytes back
   r->tenant_id_ = tenant_id;
+  r->charged_ = bytes;
   auto fail = [](const char* what) {
     return absl::InternalError(
         absl::StrCat("load staging region: ", what, ": ", std::strerror(errno)));
@@ -64,7 +72,7 @@ absl::StatusOr<std::unique_ptr<LoadStagingRegion>> LoadStagingRegion::Create(
 LoadStagingRegion::~LoadStagingRegion() {
   if (base_ != nullptr) ::munmap(base_, size_);
   if (fd_ >= 0) ::close(fd_);
-  if (limiter_ != nullptr) limiter_->Release(tenant_id_);
+  if (limiter_ != nullptr) limiter_->Release(tenant_id_, charged_);
 }
 
 absl::StatusOr<int> LoadStagingRegion::OpenReadOnly() const {

@@ -22,27 +22,27 @@
 
 namespace oscarkv::service {
 
-// Bounds the load staging regions (daemon memory) one tenant can hold through its connections.
-// Thread-safe.
+// Bounds the bytes of load staging regions (daemon memory the daemon itself writes) one tenant
+// can hold through its connections. Thread-safe.
 class LoadRegionLimiter {
  public:
-  explicit LoadRegionLimiter(int per_tenant) : per_tenant_(per_tenant) {}
-  // false when `tenant_id` already holds per_tenant regions.
-  bool TryAcquire(uint32_t tenant_id);
-  void Release(uint32_t tenant_id);
-  int per_tenant() const { return per_tenant_; }
+  explicit LoadRegionLimiter(uint64_t per_tenant_bytes) : per_tenant_bytes_(per_tenant_bytes) {}
+  // false when `bytes` more would put `tenant_id` over per_tenant_bytes.
+  bool TryAcquire(uint32_t tenant_id, uint64_t bytes);
+  void Release(uint32_t tenant_id, uint64_t bytes);
+  uint64_t per_tenant_bytes() const { return per_tenant_bytes_; }
 
  private:
-  const int per_tenant_;
+  const uint64_t per_tenant_bytes_;
   absl::Mutex mu_;
-  absl::flat_hash_map<uint32_t, int> held_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint32_t, uint64_t> held_ ABSL_GUARDED_BY(mu_);
 };
 
 class LoadStagingRegion {
  public:
   // A new sealed memfd of `bytes`, mapped read-write here, counted against `tenant_id` in
   // `limiter` (which must outlive the region) until it is destroyed. INVALID_ARGUMENT for 0
-  // bytes; RESOURCE_EXHAUSTED over `max_bytes` or over the tenant's number of regions.
+  // bytes; RESOURCE_EXHAUSTED over `max_bytes` or over the tenant's bytes of regions.
   static absl::StatusOr<std::unique_ptr<LoadStagingRegion>> Create(uint64_t bytes,
                                                                    uint64_t max_bytes,
                                                                    LoadRegionLimiter* limiter,
@@ -63,6 +63,7 @@ class LoadStagingRegion {
   uint64_t size_ = 0;
   LoadRegionLimiter* limiter_ = nullptr;
   uint32_t tenant_id_ = 0;
+  uint64_t charged_ = 0;  // bytes held in limiter_
 };
 
 // StageRead: copies the requested chunk of a page the caller's lease pins into `region` (empty:
