@@ -3,8 +3,10 @@
 // child process mapping only the tenant's staging region) and loads its pages through
 // StageForRma; another tenant cannot stage them, never finds them in its own region, and cannot
 // reach them with the first tenant's key; a killed tenant child is restarted and the loader
-// reconnects; requests that do not fit the region are refused with RESOURCE_EXHAUSTED.
+// reconnects; a corrupt page is DATA_LOSS at the tenant's client; requests that do not fit the region
+// are refused with RESOURCE_EXHAUSTED; throughput of the staged path beside the pool path.
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -149,7 +151,8 @@ class UcxTenantTest : public ::testing::Test {
   }
   // A daemon with mTLS, tenant-a, tenant-b and an admin, UCX tcp on lo, tenant regions of
   // `region_mb` MiB.
-  std::unique_ptr<testing::LocalDaemon> StartTenantDaemon(int region_mb) {
+  std::unique_ptr<testing::LocalDaemon> StartTenantDaemon(
+      int region_mb, const std::vector<std::string>& extra = {}) {
     const std::string cfg = pki_->path("ucx_tenants_" + std::to_string(region_mb) + ".yaml");
     std::ofstream(cfg) << "tls:\n  cert: " << pki_->path("server.pem") << "\n  key: "
                        << pki_->path("server.key") << "\n  client_ca: " << pki_->path("ca.pem")
@@ -157,7 +160,9 @@ class UcxTenantTest : public ::testing::Test {
                        << region_mb
                        << "\ntenants:\n  - name: tenant-a\n  - name: tenant-b\n"
                           "  - name: admin\n    role: admin\n";
-    return StartDaemon({"--config", cfg});
+    std::vector<std::string> flags = {"--config", cfg};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return StartDaemon(flags);
   }
 
   client::ConnectOptions Options(const std::string& who) const {
@@ -437,6 +442,58 @@ TEST_F(UcxTenantTest, KilledTenantChildIsRestartedAndTheLoaderReconnects) {
   const std::vector<pid_t> now = TenantChildren(daemon_->pid());
   ASSERT_EQ(now.size(), 1u);
   EXPECT_NE(now[0], children[0]);
+}
+
+// A page corrupted in the pool reaches the tenant's region as the daemon copies it, and the
+// tenant's client refuses it: DATA_LOSS for Load, LoadInto and LoadHandle alike. (Trusted shm
+// mode: the test corrupts the page through the pool file.)
+TEST_F(UcxTenantTest, ACorruptPageIsDataLossThroughTheStagedPath) {
+  auto d = StartTenantDaemon(1, {"--shm-mode", "trusted"});
+  ASSERT_NE(d, nullptr);
+  address_ = d->address();
+  auto a = As("tenant-a");
+  ASSERT_NE(a, nullptr);
+  const client::Codec codec = RegisterRefmodel(*a);
+  TenantPages p = MakeTenantPages(codec, 1000, 6);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  auto loader = Loader("tenant-a");
+  ASSERT_NE(loader, nullptr);
+  auto info = loader->Info();
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_TRUE(info->staged);
+  ASSERT_TRUE(loader->Load(codec, p.keys).ok());
+
+  // Find page 3 in the pool file by its bytes and flip one bit in its body.
+  std::vector<uint8_t> pool;
+  {
+    const std::string bytes = ReadTextFile(d->shm_path());
+    pool.assign(bytes.begin(), bytes.end());
+  }
+  const auto needle = std::span<const uint8_t>(p.bytes[3]).subspan(p.bytes[3].size() / 2, 256);
+  const auto at = std::search(pool.begin(), pool.end(), needle.begin(), needle.end());
+  ASSERT_NE(at, pool.end());
+  const off_t off = static_cast<off_t>(at - pool.begin());
+  const int fd = ::open(d->shm_path().c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  uint8_t byte = pool[off] ^ 0x04;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, off), 1);
+  ::close(fd);
+
+  EXPECT_EQ(loader->Load(codec, p.keys).status().code(), absl::StatusCode::kDataLoss);
+  std::vector<uint8_t> engine(size_t{6} * codec.int2_page_bytes);
+  ASSERT_TRUE(loader->RegisterBuffer(engine.data(), engine.size()).ok());
+  std::vector<std::span<uint8_t>> slots;
+  for (size_t i = 0; i < 6; ++i) {
+    slots.emplace_back(engine.data() + i * codec.int2_page_bytes, codec.int2_page_bytes);
+  }
+  EXPECT_EQ(loader->LoadInto(codec, p.keys, slots).status().code(), absl::StatusCode::kDataLoss);
+  ASSERT_TRUE(loader->handles().PublishKeys(codec, "corrupt", p.keys, "", 10000).ok());
+  EXPECT_EQ(loader->LoadHandle(codec, "corrupt").status().code(), absl::StatusCode::kDataLoss);
+  // The pages before it are still good, and the loader still works.
+  auto good = loader->Load(codec, std::span<const BlockKey>(p.keys).subspan(0, 3));
+  ASSERT_TRUE(good.ok()) << good.status();
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(good->pages[i], p.bytes[i]) << i;
+  address_.clear();
 }
 
 // Three loaders of one tenant share its region: rounds of half a region, a loader waiting for
