@@ -3,8 +3,8 @@
 // child process mapping only the tenant's staging region) and loads its pages through
 // StageForRma; another tenant cannot stage them, never finds them in its own region, and cannot
 // reach them with the first tenant's key; a killed tenant child is restarted and the loader
-// reconnects; a corrupt page is DATA_LOSS at the tenant's client; requests that do not fit the region
-// are refused with RESOURCE_EXHAUSTED; throughput of the staged path beside the pool path.
+// reconnects; a corrupt page is DATA_LOSS at the tenant's client; requests that do not fit the
+// region are refused with RESOURCE_EXHAUSTED; throughput of the staged path beside the pool's.
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
