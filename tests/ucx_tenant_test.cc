@@ -554,9 +554,12 @@ TEST_F(UcxTenantTest, ThroughputStagedVsPoolSideBySide) {
     std::vector<double> mbps;
   };
   std::vector<Path> paths;
-  paths.push_back({"pool key (admin)", "admin", big->address(), nullptr, {}, {}, {}});
-  paths.push_back({"tenant staged, 64 MiB region", "tenant-a", big->address(), nullptr, {}, {}, {}});
-  paths.push_back({"tenant staged, 1 MiB region", "tenant-a", daemon_->address(), nullptr, {}, {}, {}});
+  auto add = [&](const std::string& name, const std::string& who, const std::string& address) {
+    paths.push_back({name, who, address, nullptr, {}, {}, {}});
+  };
+  add("pool key (admin)", "admin", big->address());
+  add("tenant staged, 64 MiB region", "tenant-a", big->address());
+  add("tenant staged, 1 MiB region", "tenant-a", daemon_->address());
   uint64_t seed = 700;
   for (Path& p : paths) {
     address_ = p.address;
