@@ -178,7 +178,23 @@ struct PagedBatch {
   DeviceBuffer int2_pool, bf16_pool, kinds, counts, indptr, ids;
   std::vector<DeviceBuffer> ptr_tables;  // one per copy
   int copies = 1;
+  // The torch op's decoder for the same batch (KernelBenchOptions::capture_timing): made by
+  // CreateForCapture for 2B sequences, planned by Update; capture_indptr: the CSR offsets padded
+  // to its capacity (sequences past the batch have no pages).
+  std::unique_ptr<cuda::PagedDecoder> capture;
+  DeviceBuffer capture_indptr;
 };
+
+// K/V copies a decode side cycles over so that one cycle reads >= 4x the L2 (no launch finds
+// its pages there), 1 with warm_l2; at most 64 copies and ~8 GB of pool.
+int DecodeCopies(const KernelBenchOptions& o, double bytes_read, double pool_bytes_per_copy) {
+  if (o.warm_l2) return 1;
+  int l2 = 0;
+  if (cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0) != cudaSuccess || l2 <= 0) l2 = 64 << 20;
+  const int want = static_cast<int>(std::ceil(4.0 * l2 / std::max(bytes_read, 1.0)));
+  const int room = static_cast<int>(8e9 / std::max(pool_bytes_per_copy, 1.0));
+  return std::clamp(std::min(want, std::max(room, 1)), 1, 64);
+}
 
 absl::Status BuildBatch(const KernelBenchOptions& o, int B, int L, bool all_bf16, int sms, int target,
                         const DeviceBuffer& ksrc, const DeviceBuffer& vsrc, const void* rot_frag,
@@ -204,10 +220,24 @@ absl::Status BuildBatch(const KernelBenchOptions& o, int B, int L, bool all_bf16
   if (!dec.ok()) return dec.status();
   out->decoder = std::make_unique<cuda::PagedDecoder>(*std::move(dec));
   const double bytes = cuda::DecoderPlan(*out->decoder).page_bytes_read;
-  out->copies = std::clamp(static_cast<int>(std::ceil(300e6 / std::max(bytes, 1.0))), 1, 8);
   const PageGeometry g2 = GeometryFor(prof, PageKind::kInt2), gb = GeometryFor(prof, PageKind::kBf16);
   size_t n2 = 0, nb = 0;
   for (uint8_t k : kinds) (k == 1 ? n2 : nb)++;
+  out->copies = DecodeCopies(o, bytes, double(n2) * g2.page_bytes() + double(nb) * gb.page_bytes());
+  if (o.capture_timing && !all_bf16) {
+    // As python/oscarkv/torch/cache.py makes it: capacity 2B sequences of ceil((L + 64) / 64)
+    // pages (max_seq_tokens = context + 64 in `bench model`), re-planned by Update.
+    const int pages = (L + 64 + kPageTokens - 1) / kPageTokens;
+    auto cap = cuda::PagedDecoder::CreateForCapture(shape, {2 * B, pages}, sms);
+    if (!cap.ok()) return cap.status();
+    BENCH_RETURN_IF_ERROR(cap->Update(indptr, ids, kinds, nullptr));
+    out->capture = std::make_unique<cuda::PagedDecoder>(*std::move(cap));
+    std::vector<int32_t> padded = indptr;
+    padded.resize(size_t(2 * B) + 1, indptr.back());
+    auto pi = DeviceBuffer::FromHost(padded);
+    if (!pi.ok()) return pi.status();
+    out->capture_indptr = *std::move(pi);
+  }
   const int C = out->copies;
   auto p2 = DeviceBuffer::Create(n2 * C * g2.page_bytes());
   auto pb = DeviceBuffer::Create(nb * C * gb.page_bytes());
@@ -285,22 +315,36 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
                                   bool merge_kernel = false, int rotation = 0,
                                   bool linear_w_rows = false, uint32_t debug_flags = 0,
                                   std::FILE* timeline = nullptr, const std::string& timeline_label = "",
-                                  const std::string& options = "", bool graph = false) {
-  auto q = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
-  auto out = DeviceBuffer::Create(size_t(B) * kQHeads * kHeadDim * 4);
-  auto lse = DeviceBuffer::Create(size_t(B) * kQHeads * 4);
+                                  const std::string& options = "", bool graph = false,
+                                  bool capture = false, const float* unrotate_rot_v = nullptr) {
+  // capture: pb.capture (the torch op's decoder), whose q / out / lse hold its capacity (2B rows;
+  // the first B are the batch's, so sequence 0's output is checked as for the others).
+  if (capture && pb.capture == nullptr) return absl::InternalError("no capture decoder built");
+  const cuda::PagedDecoder& decoder = capture ? *pb.capture : *pb.decoder;
+  const int rows = capture ? 2 * B : B;
+  auto q = DeviceBuffer::Create(size_t(rows) * kQHeads * kHeadDim * 4);
+  auto out = DeviceBuffer::Create(size_t(rows) * kQHeads * kHeadDim * 4);
+  auto lse = DeviceBuffer::Create(size_t(rows) * kQHeads * 4);
   if (!q.ok() || !out.ok() || !lse.ok()) return absl::InternalError("alloc q/out");
   FillFloat<<<64, 256>>>(q->as<float>(), size_t(B) * kQHeads * kHeadDim, 99);
+  if (rows > B) {
+    BENCH_RETURN_IF_ERROR(CudaStatus(cudaMemset(q->as<float>() + size_t(B) * kQHeads * kHeadDim, 0,
+                                                size_t(rows - B) * kQHeads * kHeadDim * 4), "q rows"));
+  }
   std::vector<cuda::DecodeParams> params;
   for (int c = 0; c < pb.copies; ++c) {
-    cuda::DecodeParams p = cuda::DecoderParams(*pb.decoder);
+    cuda::DecodeParams p = cuda::DecoderParams(decoder);
     p.table.page_ptrs = pb.ptr_tables[c].as<const uint8_t*>();
     p.table.page_kinds = pb.kinds.as<uint8_t>();
     p.table.page_token_counts = pb.counts.as<uint16_t>();
-    p.table.seq_page_indptr = pb.indptr.as<int32_t>();
+    p.table.seq_page_indptr = capture ? pb.capture_indptr.as<int32_t>() : pb.indptr.as<int32_t>();
     p.table.seq_page_ids = pb.ids.as<int32_t>();
     p.q = q->as<float>();
     p.rot_k = rot_k;
+    if (unrotate_rot_v != nullptr) {  // the output back in the model's basis (as the torch op asks)
+      p.rot_v = unrotate_rot_v;
+      p.unrotate_output = true;
+    }
     p.precise_query = precise_query;
     p.variant = variant;
     if (merge_kernel) p.fused_merge = false;  // the separate log-sum-exp merge kernel
@@ -470,6 +514,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
   r.device = prop.name;
   r.sms = prop.multiProcessorCount;
   r.decode_ctas_per_sm = cuda::DecodeKernelOccupancy(128);
+  BENCH_RETURN_IF_ERROR(CudaStatus(cudaDeviceGetAttribute(&r.l2_bytes, cudaDevAttrL2CacheSize, 0), "L2 size"));
+  r.warm_l2 = o.warm_l2;
 
   // SDPA first (its own process; frees its memory when it exits).
   if (!o.sdpa_command.empty() && !o.shapes.empty()) {
@@ -566,6 +612,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
           const char* timeline = nullptr;  // diagnostics: label of a timeline record
           std::string options;             // a --ab option set: never the reported figure
           bool graph = false;              // the default launch under graph replay (int2_graph_us)
+          bool capture = false;            // the default launch via the torch op's decoder
+          bool unrotate = false;           // ... also unrotating the output (the torch op's launch)
         };
         std::vector<Config> configs;
         const cuda::DecodeVariant dv = cuda::DecodeParams{}.variant;
@@ -574,6 +622,13 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
           Config g{dv, o.precise_query};
           g.graph = true;
           configs.push_back(g);
+        }
+        if (pb.capture != nullptr) {
+          Config cc{dv, o.precise_query};
+          cc.capture = true;
+          configs.push_back(cc);
+          cc.unrotate = true;
+          configs.push_back(cc);
         }
         if (o.all_variants) {
           // The separate merge kernel instead of the fused merge, the queries rotated in every
@@ -617,7 +672,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
             auto t = TimeDecode(o, pb, d.batch, cfg.no_rotation ? nullptr : rot_k, cfg.v, cfg.precise,
                                 round == 0 ? &outs[ci] : nullptr, cfg.merge_kernel, cfg.rotation,
                                 cfg.linear_w_rows, cfg.debug_flags,
-                                label.empty() ? nullptr : timeline.get(), label, cfg.options, cfg.graph);
+                                label.empty() ? nullptr : timeline.get(), label, cfg.options, cfg.graph,
+                                cfg.capture, cfg.unrotate ? rot_k + size_t(kKvHeads) * kHeadDim * kHeadDim : nullptr);
             if (!t.ok()) return t.status();
             round_us[ci].push_back(*t);
           }
@@ -625,6 +681,18 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
         for (size_t ci = 0; ci < configs.size(); ++ci) {
           const Config& cfg = configs[ci];
           std::vector<float>& vout = outs[ci];
+          if (cfg.unrotate) {
+            // Back to the rotated basis for the checks: o[k] = Σ_i out[i] · R_V[i][k] (R_V
+            // orthogonal), per query head of sequence 0 (kv head = q head / GQA).
+            const float* rv_all = rot.matrices().data() + size_t(kKvHeads) * kHeadDim * kHeadDim;
+            for (int hq = 0; hq < kQHeads && size_t(hq + 1) * kHeadDim <= vout.size(); ++hq) {
+              const float* rv = rv_all + size_t(hq / (kQHeads / kKvHeads)) * kHeadDim * kHeadDim;
+              std::vector<double> o(kHeadDim, 0.0);
+              for (int i = 0; i < kHeadDim; ++i)
+                for (int k = 0; k < kHeadDim; ++k) o[k] += double(vout[size_t(hq) * kHeadDim + i]) * rv[size_t(i) * kHeadDim + k];
+              for (int k = 0; k < kHeadDim; ++k) vout[size_t(hq) * kHeadDim + k] = static_cast<float>(o[k]);
+            }
+          }
           std::vector<double> rs = round_us[ci];
           std::sort(rs.begin(), rs.end());
           VariantTime vt;
@@ -636,7 +704,8 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
                     (cfg.debug_flags & cuda::kDecodeDebugNoMerge ? "+DIAG_no_merge" : "") +
                     (cfg.no_rotation ? "+DIAG_no_rotation" : "") +
                     (cfg.timeline != nullptr ? "+timeline" : "") + (cfg.graph ? "+graph_replay" : "") +
-                    (cfg.options.empty() ? "" : "+" + cfg.options);
+                    (cfg.capture ? "+capture_decoder" : "") +
+                    (cfg.unrotate ? "+unrotate_output" : "") + (cfg.options.empty() ? "" : "+" + cfg.options);
           vt.approximate = !cfg.precise && o.precise_query;
           vt.us = rs.size() % 2 ? rs[rs.size() / 2] : 0.5 * (rs[rs.size() / 2 - 1] + rs[rs.size() / 2]);
           vt.round_us = round_us[ci];
@@ -674,8 +743,12 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
             d.int2_default_ok = vt.check_ok;
           }
           if (cfg.graph) d.int2_graph_us = vt.us;
-          // (the graph-replay row is the default launch timed another way: not a configuration)
+          if (cfg.capture && !cfg.unrotate) d.int2_capture_us = vt.us;
+          if (cfg.capture && cfg.unrotate) d.int2_capture_unrotate_us = vt.us;
+          // (the graph-replay and capture-decoder rows are the default launch timed another way /
+          // through another plan: not configurations)
           if (vt.check_ok && !vt.approximate && cfg.timeline == nullptr && cfg.options.empty() && !cfg.graph &&
+              !cfg.capture &&
               (d.int2_best_us == 0 || vt.us < d.int2_best_us)) {
             d.int2_best_us = vt.us;
             d.int2_best = vt.name;
@@ -708,6 +781,11 @@ absl::StatusOr<KernelBenchReport> RunKernelBench(const KernelBenchOptions& o) {
       d.int2_us = *us;
       d.int2_bytes = plan.page_bytes_read;
       d.int2_items = static_cast<int>(plan.items.size());
+      d.copies = pb.copies;
+      if (pb.capture != nullptr) {
+        d.int2_capture_grid = cuda::DecoderParams(*pb.capture).num_items;
+        d.int2_capture_items = static_cast<int>(cuda::DecoderPlan(*pb.capture).items.size());
+      }
       // Other plan targets on the same pages (re-planned; the pages stay).
       for (size_t ti = 1; ti < o.target_ctas.size(); ++ti) {
         cuda::DecodeShape shape{static_cast<uint32_t>(o.layers), kKvHeads, kQHeads, kHeadDim, 128,

@@ -3,7 +3,9 @@
 // run as a Python subprocess in the same process/device call), this project's kernel on
 // all-BF16 pages, and on OSCAR pages (BF16 sink + INT2 history + BF16 recent tail) -- plus a
 // copy kernel for the machine's bandwidth and quantize-on-write throughput. Medians of many
-// timed batches; page pools are replicated and cycled so small shapes are not served from L2.
+// timed batches. Decode rows time reads from HBM by default: each side cycles over enough copies
+// of its K/V (page pools and tables; SDPA's dense K/V) that one cycle reads at least 4x the L2
+// size, so no timed launch finds its pages in L2 (KernelBenchOptions::warm_l2 for the contrast).
 #pragma once
 
 #include <string>
@@ -52,6 +54,17 @@ struct KernelBenchOptions {
   // as a captured graph of the same back-to-back calls the eager batches make, in the same
   // call (DecodeRow::*_graph_us; the INT2 graph figure interleaved with the eager rounds).
   bool graph_timing = true;
+  // Decode rows: false (default) cycles every side over copies of its K/V whose total read per
+  // cycle is >= 4x the device's L2 (cudaDevAttrL2CacheSize), as in a model step where the other
+  // layers' weights and pages pass through L2 between two reads of a layer; true re-reads one
+  // copy (its pages may stay in L2 between launches) -- the table header says which.
+  bool warm_l2 = false;
+  // Also time the default INT2 launch through a capture decoder as the torch op gets it
+  // (python/oscarkv/torch/cache.py: PagedDecoder::CreateForCapture for 2B sequences of
+  // ceil(L / 64) + 1 pages, then Update for the batch): DecodeRow::int2_capture_us; and that
+  // launch also unrotating the output with R_V, as the torch op asks (int2_capture_unrotate_us).
+  // Both timed in the rounds with the other configurations, never the INT2 figure.
+  bool capture_timing = true;
   // Diagnostics: also time the default INT2 launch without its fused merge and without the
   // query rotation (outputs differ: never reported), and write per-CTA phase timestamps of
   // the default launch (and of the rotation kernel launch and every other plan target) to
@@ -91,6 +104,12 @@ struct DecodeRow {
   // The same launches timed under CUDA-graph replay (KernelBenchOptions::graph_timing; 0 = not
   // measured): SDPA, BF16 pages, the default INT2 launch (median of its rounds).
   double sdpa_graph_us = 0, bf16_graph_us = 0, int2_graph_us = 0;
+  // The default INT2 launch through the torch op's capture decoder (capture_timing; 0 = not
+  // measured), eager, median of its rounds; items: its grid (capacity) and the planned items.
+  double int2_capture_us = 0;
+  double int2_capture_unrotate_us = 0;  // the same also unrotating the output (the torch op's launch)
+  int int2_capture_grid = 0, int2_capture_items = 0;
+  int copies = 1;  // K/V copies the INT2 rows cycled over (1: warm_l2)
   // (target_ctas, µs) when several; -1: the session-5 planner, -2: the session-5 default
   // (packed_int8 with the merge kernel and in-CTA rotation on that planner), kTailTarget - N:
   // tail_items N.
@@ -152,6 +171,8 @@ struct PrefillStepRow {
 struct KernelBenchReport {
   std::string device;
   int sms = 0, decode_ctas_per_sm = 0;
+  int l2_bytes = 0;      // cudaDevAttrL2CacheSize
+  bool warm_l2 = false;  // KernelBenchOptions::warm_l2 of the decode rows
   double copy_gbps = 0;  // read + write bytes per second of a plain copy kernel
   std::vector<DecodeRow> decode;
   std::vector<QuantRow> quant;

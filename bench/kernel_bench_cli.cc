@@ -65,6 +65,9 @@ int KernelBenchMain(int argc, char** argv) {
       .Flag("json", "print the JSON summary after the table")
 
       .Flag("eager-only", "decode rows timed as back-to-back launches only (not also under CUDA-graph replay)")
+      .Flag("warm-l2", "decode rows re-read one copy of their K/V (may stay in L2 between launches); "
+            "default: each side cycles over copies reading >= 4x the L2 per cycle")
+      .Flag("no-capture-row", "skip the INT2 launch through the torch op's capture decoder")
       .Flag("baseline-only", "measure only the default INT2 decode launch (not its alternatives)")
       .Flag("int2-only", "decode on OSCAR INT2 pages only (no BF16 pages, no quantize bench)")
       .Flag("extend-only", "only the extend (chunked-prefill) rows and their SDPA baselines");
@@ -162,6 +165,8 @@ int KernelBenchMain(int argc, char** argv) {
     o.ab_configs.emplace_back(t);
   }
   o.graph_timing = !args.flag("eager-only");
+  o.warm_l2 = args.flag("warm-l2");
+  o.capture_timing = !args.flag("no-capture-row");
   o.timeline_csv = args.str("timeline");
   o.diagnostics = !o.timeline_csv.empty();
   if (args.flag("int2-only")) {

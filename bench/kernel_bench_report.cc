@@ -14,7 +14,7 @@ absl::StatusOr<std::vector<DecodeRow>> RunSdpaBaseline(const KernelBenchOptions&
   std::string shapes;
   for (auto [b, l] : o.shapes) shapes += absl::StrCat(shapes.empty() ? "" : ",", b, "x", l);
   const std::string cmd = absl::StrCat(o.sdpa_command, " --shapes ", shapes, " --samples ", o.samples,
-                                       o.graph_timing ? " --graph" : "");
+                                       o.graph_timing ? " --graph" : "", o.warm_l2 ? " --warm-l2" : "");
   std::fprintf(stderr, "[bench] baseline: %s\n", cmd.c_str());
   FILE* f = popen(cmd.c_str(), "r");
   if (f == nullptr) return absl::UnavailableError("cannot start the SDPA baseline");
@@ -63,6 +63,9 @@ std::string FormatTable(const KernelBenchReport& r) {
       r.decode_ctas_per_sm, r.copy_gbps);
   if (!r.sdpa_error.empty()) s += "SDPA baseline missing: " + r.sdpa_error + "\n";
   s += "decode attention, Qwen3-8B shape (32 q heads, 8 KV heads, d=128), one layer, medians\n";
+  s += r.warm_l2 ? "L2: WARM (--warm-l2): every launch re-reads the same K/V, which may stay in L2\n"
+                 : absl::StrFormat("L2: cold: every side cycles over K/V copies reading >= 4x the %.0f MB L2 "
+                                   "per cycle\n", r.l2_bytes / 1e6);
   s += absl::StrFormat("%-4s %-7s | %10s %8s | %10s %8s %6s | %10s %8s %6s %8s | %7s %7s\n", "B",
                        "L", "SDPA us", "GB/s", "BF16pg us", "GB/s", "xSDPA", "INT2 us", "GB/s",
                        "%copy", "xSDPA", "items2", "itemsB");
@@ -95,6 +98,17 @@ std::string FormatTable(const KernelBenchReport& r) {
                              v.name == d.int2_best ? " *" : "");
       }
       s += "\n";
+    }
+  }
+  if (std::any_of(r.decode.begin(), r.decode.end(), [](const DecodeRow& d) { return d.int2_capture_us > 0; })) {
+    s += "INT2 default launch via the torch op's capture decoder (capacity 2B sequences; eager)\n";
+    for (const auto& d : r.decode) {
+      if (d.int2_capture_us <= 0) continue;
+      s += absl::StrFormat("  B=%d L=%d: %.1f us, %.1f us with unrotate_output (grid %d CTAs, %d planned items) vs "
+                           "the bench's default %.1f us (%d items): %.2fx / %.2fx; INT2 copies cycled %d\n",
+                           d.batch, d.length, d.int2_capture_us, d.int2_capture_unrotate_us, d.int2_capture_grid,
+                           d.int2_capture_items, d.int2_us, d.int2_items, Ratio(d.int2_capture_us, d.int2_us),
+                           Ratio(d.int2_capture_unrotate_us, d.int2_us), d.copies);
     }
   }
   for (const auto& d : r.decode) {
@@ -201,6 +215,8 @@ std::string FormatJson(const KernelBenchReport& r) {
   nlohmann::json j;
   j["device"] = r.device;
   j["copy_gbps"] = r.copy_gbps;
+  j["l2_bytes"] = r.l2_bytes;
+  j["warm_l2"] = r.warm_l2;
   const DecodeRow* b32 = Find(r, 32, 32768);
   const DecodeRow* b1 = Find(r, 1, 100000);
   if (b32 != nullptr) {
@@ -271,7 +287,10 @@ std::string FormatJson(const KernelBenchReport& r) {
                            {"int2_variants", variants},
                            {"int2_bytes", d.int2_bytes}, {"bf16_bytes", d.bf16_bytes},
                            {"sdpa_graph_us", d.sdpa_graph_us}, {"bf16_pages_graph_us", d.bf16_graph_us},
-                           {"int2_graph_us", d.int2_graph_us}});
+                           {"int2_graph_us", d.int2_graph_us}, {"int2_capture_us", d.int2_capture_us},
+                           {"int2_capture_unrotate_us", d.int2_capture_unrotate_us},
+                           {"int2_capture_grid", d.int2_capture_grid},
+                           {"int2_capture_items", d.int2_capture_items}, {"copies", d.copies}});
   }
   for (const auto& q : r.quant) {
     j["quantize"].push_back({{"name", q.name}, {"us", q.us}, {"bytes", q.bytes},

@@ -12,7 +12,12 @@ Timing: CUDA events around a batch of back-to-back calls, median over samples (t
 as oscarkv's kernel bench, which runs this script in the same device call). Decode with --graph
 also reports "sdpa_graph_us": the same batch of calls captured in one CUDA graph and replayed
 (how engines run a decode step; the kernel bench times its own launches that way too).
+Decode L2: by default the calls cycle over copies of K/V ("copies") that together are >= 4x the
+device's L2, so no call finds its K/V in L2 from the call before (as in a model step, where the
+other layers' weights pass through L2 in between); --warm-l2 re-reads one copy. Each row says
+which ("warm_l2").
 """
+import math
 import argparse
 import json
 import statistics
@@ -149,34 +154,46 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--graph", action="store_true", help="decode: also time under CUDA-graph replay")
+    ap.add_argument("--warm-l2", action="store_true",
+                    help="decode: re-read one K/V copy (default: cycle over copies >= 4x the L2)")
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = torch.device("cuda")
     if args.extend:
         extend_rows(args, dev)
         return 0
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 64 << 20) or (64 << 20)
     for spec in args.shapes.split(","):
         b, l = (int(x) for x in spec.split("x"))
         q = torch.randn(b, args.q_heads, 1, args.head_dim, device=dev, dtype=torch.bfloat16)
-        k = torch.randn(b, args.kv_heads, l, args.head_dim, device=dev, dtype=torch.bfloat16)
-        v = torch.randn(b, args.kv_heads, l, args.head_dim, device=dev, dtype=torch.bfloat16)
+        bytes_read = 2 * b * args.kv_heads * l * args.head_dim * 2
+        copies = 1 if args.warm_l2 else max(1, min(64, math.ceil(4 * l2 / bytes_read)))
+        kvs = []
+        for _ in range(copies):
+            kvs.append((torch.randn(b, args.kv_heads, l, args.head_dim, device=dev, dtype=torch.bfloat16),
+                        torch.randn(b, args.kv_heads, l, args.head_dim, device=dev, dtype=torch.bfloat16)))
+        turn = [0]
 
         def fn():
+            # The next copy on every call (also while a graph is captured: the graph replays the
+            # same cycle).
+            k, v = kvs[turn[0] % copies]
+            turn[0] += 1
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
-        bytes_read = k.numel() * 2 + v.numel() * 2
         # ~2 ms per batch so launch gaps do not dominate small shapes.
         single = time_batch(fn, 3, 3)
         reps = max(3, min(200, int(2000.0 / max(single, 1.0))))
         us = time_batch(fn, reps, args.samples)
-        row = {"B": b, "L": l, "sdpa_us": us, "bytes": bytes_read, "samples": args.samples, "reps": reps}
+        row = {"B": b, "L": l, "sdpa_us": us, "bytes": bytes_read, "samples": args.samples, "reps": reps,
+               "copies": copies, "warm_l2": bool(args.warm_l2), "l2_bytes": l2}
         if args.graph:
             try:
                 row["sdpa_graph_us"] = time_graph(fn, reps, args.samples)
             except Exception as e:  # noqa: BLE001 - report, keep the eager row
                 row["sdpa_graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         print(json.dumps(row), flush=True)
-        del q, k, v
+        del q, kvs
         torch.cuda.empty_cache()
     return 0
 
