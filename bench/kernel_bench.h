@@ -63,7 +63,8 @@ struct KernelBenchOptions {
   // (python/oscarkv/torch/cache.py: PagedDecoder::CreateForCapture for 2B sequences of
   // ceil(L / 64) + 1 pages, then Update for the batch): DecodeRow::int2_capture_us; and that
   // launch also unrotating the output with R_V, as the torch op asks (int2_capture_unrotate_us).
-  // Both timed in the rounds with the other configurations, never the INT2 figure.
+  // Both timed in the rounds with the other configurations, never the INT2 figure. On BF16 pages
+  // the torch op's launch once (bf16_capture_unrotate_us).
   bool capture_timing = true;
   // Diagnostics: also time the default INT2 launch without its fused merge and without the
   // query rotation (outputs differ: never reported), and write per-CTA phase timestamps of
@@ -108,6 +109,7 @@ struct DecodeRow {
   // measured), eager, median of its rounds; items: its grid (capacity) and the planned items.
   double int2_capture_us = 0;
   double int2_capture_unrotate_us = 0;  // the same also unrotating the output (the torch op's launch)
+  double bf16_capture_unrotate_us = 0;  // BF16 pages: the torch op's launch (capture decoder, unrotated)
   int int2_capture_grid = 0, int2_capture_items = 0;
   int copies = 1;  // K/V copies the INT2 rows cycled over (1: warm_l2)
   // (target_ctas, µs) when several; -1: the session-5 planner, -2: the session-5 default

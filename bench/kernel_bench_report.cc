@@ -109,6 +109,9 @@ std::string FormatTable(const KernelBenchReport& r) {
                            d.batch, d.length, d.int2_capture_us, d.int2_capture_unrotate_us, d.int2_capture_grid,
                            d.int2_capture_items, d.int2_us, d.int2_items, Ratio(d.int2_capture_us, d.int2_us),
                            Ratio(d.int2_capture_unrotate_us, d.int2_us), d.copies);
+      if (d.bf16_capture_unrotate_us > 0)
+        s += absl::StrFormat("    BF16 pages: %.1f us (torch op's launch) vs %.1f us: %.2fx\n", d.bf16_capture_unrotate_us,
+                             d.bf16_us, Ratio(d.bf16_capture_unrotate_us, d.bf16_us));
     }
   }
   for (const auto& d : r.decode) {
@@ -289,6 +292,7 @@ std::string FormatJson(const KernelBenchReport& r) {
                            {"sdpa_graph_us", d.sdpa_graph_us}, {"bf16_pages_graph_us", d.bf16_graph_us},
                            {"int2_graph_us", d.int2_graph_us}, {"int2_capture_us", d.int2_capture_us},
                            {"int2_capture_unrotate_us", d.int2_capture_unrotate_us},
+                           {"bf16_pages_capture_unrotate_us", d.bf16_capture_unrotate_us},
                            {"int2_capture_grid", d.int2_capture_grid},
                            {"int2_capture_items", d.int2_capture_items}, {"copies", d.copies}});
   }

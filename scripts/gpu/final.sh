@@ -79,6 +79,11 @@ if cold:
             d["int2_graph_us"], w.get("int2_graph_us", 0), d.get("int2_capture_us", 0),
             d.get("int2_capture_unrotate_us", 0), w.get("int2_capture_us", 0),
             w.get("int2_capture_unrotate_us", 0)))
+    for d in cold.get("decode", []):
+        w = wrows.get((d["B"], d["L"]), {})
+        print("  BF16 pages B=%d L=%d: bench %.1f us, torch op's launch (capture decoder, unrotated) %.1f us; "
+              "warm %.1f / %.1f" % (d["B"], d["L"], d["bf16_pages_us"], d.get("bf16_pages_capture_unrotate_us", 0),
+                                    w.get("bf16_pages_us", 0), w.get("bf16_pages_capture_unrotate_us", 0)))
     for k in ("int2_vs_sdpa_b1_100k", "int2_vs_sdpa_b32_32k", "int2_vs_sdpa_b1_100k_graph",
               "int2_vs_sdpa_b32_32k_graph", "int2_default_vs_fastest_worst", "int2_default_check_ok"):
         print("  cold %s = %s" % (k, cold.get(k)))
