@@ -74,7 +74,13 @@ int ServiceBenchMain(int argc, char** argv) {
   a.Flag("tls",
          "also measure gRPC lookups over mutual TLS: a second oscarkvd with --tls-cert, "
          "--tls-key and --tls-client-ca (a CA and certificates made by openssl in a temp dir), "
-         "the same pages, its lookup phases alternating with the plaintext ones");
+         "the same pages, its lookup phases alternating with the plaintext ones; the open "
+         "loops of gRPC and TLS run in --rounds alternating rounds");
+  a.Option("rounds", "5",
+           "with --tls: open-loop rounds per path, gRPC and TLS alternating round by round "
+           "(grpc, tls, grpc, tls, ...), each --duration-s long with the same schedule; the "
+           "p99 of each path is the median of its rounds' p99s, so load that drifts during "
+           "the run hits both paths alike");
   a.Epilog(
       "Acceptance targets: shm load >= 70% of memcpy; open-loop p99 <= 1 ms at 10,000/s; "
       "store and verified load (client library defaults) >= 85% of memcpy; with --tls, the "
@@ -83,7 +89,8 @@ int ServiceBenchMain(int argc, char** argv) {
       "lookup path (lookup_path: \"local\", the daemon's same-host socket, as the daemon runs "
       "on this host); lookup_p99_ms_at_10k_grpc and lookup_peak_per_s_grpc are gRPC's, "
       "measured side by side; with --tls, lookup_p99_ms_at_10k_tls and lookup_peak_per_s_tls "
-      "are gRPC with mutual TLS and lookup_p99_tls_vs_grpc their ratio (null without --tls). "
+      "are gRPC with mutual TLS and lookup_p99_tls_vs_grpc their ratio (null without --tls); "
+      "with --tls both p99s are medians over --rounds and open_loop_rounds lists every round. "
       "store_vs_memcpy_tenant and load_verified_vs_memcpy_tenant are the same batch stored and "
       "loaded as a tenant of an isolated daemon of their own (this uid and a certificate mapped "
       "to it: stores through staging, loads through the connection's load staging region, no "
@@ -94,6 +101,7 @@ int ServiceBenchMain(int argc, char** argv) {
   auto batch = a.integer("batch");
   auto nkeys = a.integer("lookup-keys");
   auto rate = a.real("rate");
+  auto rounds = a.integer("rounds");
   std::vector<int> client_counts;
   for (absl::string_view v : absl::StrSplit(a.str("clients"), ',', absl::SkipEmpty())) {
     int n = 0;
@@ -104,7 +112,8 @@ int ServiceBenchMain(int argc, char** argv) {
     client_counts.push_back(n);
   }
   if (!duration.ok() || !pool_mb.ok() || !batch.ok() || !nkeys.ok() || !rate.ok() ||
-      *duration <= 0 || *batch < 1 || *nkeys < 1 || *rate <= 0 || client_counts.empty()) {
+      !rounds.ok() || *rounds < 1 || *rounds > 101 || *duration <= 0 || *batch < 1 ||
+      *nkeys < 1 || *rate <= 0 || client_counts.empty()) {
     std::fprintf(stderr, "oscarkv bench service: bad option value (see --help)\n");
     return 2;
   }
@@ -276,6 +285,7 @@ int ServiceBenchMain(int argc, char** argv) {
     run.is_default = is_auto;
     run.json_suffix = is_auto ? "" : is_tls ? "_tls" : "_grpc";
     run.daemon_pid = is_tls ? tls_daemon->pid() : (*daemon)->pid();
+    run.address = is_tls ? tls_env.addr : env.addr;
     run.clients = std::move(*cs);
     runs.push_back(std::move(run));
   }
@@ -288,16 +298,39 @@ int ServiceBenchMain(int argc, char** argv) {
       if (s->per_s > run.peak.per_s) run.peak = *s;
     }
   }
+  // The open loop. With --tls, gRPC and TLS take turns for --rounds rounds (the same schedule
+  // and request count each), so drifting load from the rest of the machine lands on both.
+  PathRun* grpc_run = nullptr;
+  PathRun* tls_run = nullptr;
   for (PathRun& run : runs) {
+    if (run.json_suffix == "_grpc") grpc_run = &run;
+    if (run.json_suffix == "_tls") tls_run = &run;
+  }
+  const bool paired = grpc_run != nullptr && tls_run != nullptr;
+  auto open_round = [&](PathRun& run, const std::string& what) -> absl::Status {
     progress(absl::StrCat("open-loop lookups, ", *rate, "/s over ", max_clients, " clients, ",
-                          run.name).c_str());
+                          run.name, what).c_str());
+    double achieved = 0;
     auto open = WithCpu(run.daemon_pid, [&] {
       return OpenLoop(env, run.clients, max_clients, *rate, *duration,
-                      a.str("open-loop-senders") == "async", &run.achieved);
+                      a.str("open-loop-senders") == "async", &achieved);
     });
-    if (!open.ok()) return fail("open loop", open.status());
-    run.open = *open;
+    if (!open.ok()) return open.status();
+    run.rounds.push_back({*open, achieved});
+    run.connections = service_bench::TcpConnectionsTo(run.address);
+    return absl::OkStatus();
+  };
+  for (PathRun& run : runs) {
+    if (paired && (&run == grpc_run || &run == tls_run)) continue;
+    if (absl::Status s = open_round(run, ""); !s.ok()) return fail("open loop", s);
   }
+  for (int64_t i = 0; paired && i < *rounds; ++i) {
+    for (PathRun* run : {grpc_run, tls_run}) {
+      const std::string what = absl::StrCat(", round ", i + 1, " of ", *rounds);
+      if (absl::Status s = open_round(*run, what); !s.ok()) return fail("open loop", s);
+    }
+  }
+  for (PathRun& run : runs) service_bench::PickMedianRound(run);
   for (PathRun& run : runs) run.clients.clear();
   absl::StatusOr<int> tls_stop = 0;
   if (tls_daemon != nullptr) tls_stop = tls_daemon->Stop();

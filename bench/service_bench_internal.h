@@ -123,10 +123,24 @@ struct PathRun {
   std::string json_suffix;  // of its --json keys: "" (the default path), "_grpc", "_tls"
   pid_t daemon_pid = 0;     // the daemon it measures (--tls: its own, mutual-TLS daemon)
   std::vector<std::unique_ptr<client::Client>> clients;
+  std::string address;      // its daemon's gRPC address
   std::vector<std::pair<int, LatencyStats>> closed;
+  // Open loop: every round (one without --tls) with its achieved rate; `open` and `achieved`
+  // are the round whose p99 is the median (PickMedianRound).
+  std::vector<std::pair<LatencyStats, double>> rounds;
   LatencyStats peak, open;
   double achieved = 0;
+  int connections = -1;  // TCP connections to its daemon after its open loop (-1: not TCP)
 };
+
+// Sets run.open/achieved to the round whose p99 is the median of run.rounds (the upper one of
+// an even count).
+void PickMedianRound(PathRun& run);
+
+// ESTABLISHED TCP connections (/proc/net/tcp and tcp6) whose remote end is `address`'s port on
+// 127.0.0.1: the connections the clients hold to that daemon. -1 when `address` is not
+// 127.0.0.1:port.
+int TcpConnectionsTo(const std::string& address);
 
 // Everything the report prints (the flags it echoes come from the Args).
 struct Results {

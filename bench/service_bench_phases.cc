@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "oscarkv/util/status_macros.h"
 
@@ -249,6 +250,41 @@ absl::StatusOr<LoadStats> LoadVsMemcpy(const Env& env, Client& c, const uint8_t*
   s.path_gbps = double(batch_bytes) * s.iterations / Seconds(t_load) / 1e9;
   s.memcpy_gbps = double(batch_bytes) * s.iterations / Seconds(t_copy) / 1e9;
   return s;
+}
+
+void PickMedianRound(PathRun& run) {
+  if (run.rounds.empty()) return;
+  std::vector<size_t> order(run.rounds.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return run.rounds[x].first.p99_ms < run.rounds[y].first.p99_ms;
+  });
+  const auto& [stats, achieved] = run.rounds[order[order.size() / 2]];
+  run.open = stats;
+  run.achieved = achieved;
+}
+
+int TcpConnectionsTo(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (address.rfind("127.0.0.1:", 0) != 0 || colon == std::string::npos ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+    return -1;
+  }
+  // Lines: "sl local_address rem_address st ...", addresses in hex (IPv4 little-endian) :port;
+  // a dual-stack socket lists 127.0.0.1 in tcp6 as the IPv4-mapped ::ffff:127.0.0.1.
+  int n = 0;
+  for (const auto& [file, remote] :
+       {std::pair<const char*, std::string>{"/proc/net/tcp", absl::StrFormat("0100007F:%04X", port)},
+        {"/proc/net/tcp6", absl::StrFormat("0000000000000000FFFF00000100007F:%04X", port)}}) {
+    std::ifstream f(file);
+    std::string line;
+    while (std::getline(f, line)) {
+      std::vector<std::string> col = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (col.size() > 3 && col[2] == remote && col[3] == "01") ++n;  // 01 = ESTABLISHED
+    }
+  }
+  return n;
 }
 
 std::string CpuModel() {

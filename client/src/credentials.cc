@@ -1,9 +1,13 @@
 #include "credentials.h"
 
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <sstream>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace oscarkv::client {
 
@@ -18,6 +22,27 @@ absl::StatusOr<std::string> ReadPem(const char* what, const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("TLS ", what, ": ", path, " is not PEM"));
   }
   return ss.str();
+}
+
+// gRPC shares a connection (subchannel) between channels only when their credentials compare
+// equal, and it compares TLS credentials by object: a Client that made its own SslCredentials
+// would open its own TCP connection and TLS handshake even without dedicated_connection, where
+// plaintext Clients of one process share one. So Clients with the same CA, certificate and key
+// (by content: a reloaded file makes new credentials) get the same object while any holds it.
+std::shared_ptr<grpc::ChannelCredentials> SharedSslCredentials(
+    const grpc::SslCredentialsOptions& o) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* cache = new std::map<std::tuple<std::string, std::string, std::string>,
+                                    std::weak_ptr<grpc::ChannelCredentials>>();
+  absl::MutexLock lock(&mu);
+  for (auto it = cache->begin(); it != cache->end();) {  // forget credentials nobody holds
+    it = it->second.expired() ? cache->erase(it) : std::next(it);
+  }
+  auto& slot = (*cache)[{o.pem_root_certs, o.pem_cert_chain, o.pem_private_key}];
+  if (auto held = slot.lock()) return held;
+  std::shared_ptr<grpc::ChannelCredentials> made = grpc::SslCredentials(o);
+  slot = made;
+  return made;
 }
 
 }  // namespace
@@ -50,7 +75,8 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   if (!options.tls_server_name.empty()) {
     args->SetSslTargetNameOverride(options.tls_server_name);
   }
-  return grpc::SslCredentials(o);
+  if (options.dedicated_connection) return grpc::SslCredentials(o);
+  return SharedSslCredentials(o);
 }
 
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentialsOrFail(const ConnectOptions& options,

@@ -25,8 +25,9 @@ class RpcCore {
  public:
   // The gRPC metadata key that selects a shared namespace (ConnectOptions::shared_namespace).
   static constexpr const char* kNamespaceMetadata = "oscarkv-namespace";
-  // A channel to options.address (gRPC connects lazily, on the first call). Shared by the
-  // Clients of a process dialing the same address unless options.dedicated_connection. Calls are
+  // A channel to options.address (gRPC connects lazily, on the first call). One channel (and
+  // so one connection) is shared by the Clients of a process dialing the same address with the
+  // same TLS files' contents, unless options.dedicated_connection. Calls are
   // never retried transparently; reconnects back off at most 1 s, so a restarted daemon on the
   // same address is reached again quickly.
   static std::shared_ptr<RpcCore> Dial(const ConnectOptions& options);
