@@ -2,6 +2,7 @@
 // the page writer produces.
 #include <cstdio>
 #include <random>
+#include <string>
 
 #include "command.h"
 #include "nlohmann/json.hpp"
@@ -9,10 +10,20 @@
 #include "oscarkv/util/args.h"
 
 namespace oscarkv::cli {
+
+#if __has_include("oscarkv/client/client.h")
+int RunCodecUnregister(int argc, char** argv);  // cmd_ops.cc
+#endif
+
 namespace {
 
 int RunCodec(int argc, char** argv) {
-  Args args("codec", "Writes one INT2 and one BF16 page for a model shape and reports their sizes.");
+#if __has_include("oscarkv/client/client.h")
+  // `oscarkv codec unregister ...`: removes a registration from a running oscarkvd.
+  if (argc > 1 && std::string(argv[1]) == "unregister") return RunCodecUnregister(argc - 1, argv + 1);
+#endif
+  Args args("codec", "Writes one INT2 and one BF16 page for a model shape and reports their sizes. "
+                     "`oscarkv codec unregister --help`: remove a codec registration from oscarkvd.");
   args.Option("shape", "qwen3-8b", "model shape: qwen3-8b or refmodel")
       .Option("page-tokens", "64", "tokens per page (16..256, multiple of 16)")
       .Option("group", "128", "quantization group size (32, 64 or 128)")
@@ -76,7 +87,7 @@ int RunCodec(int argc, char** argv) {
   return 0;
 }
 
-OSCARKV_COMMAND("codec", "page sizes and compression ratio for a model shape", RunCodec);
+OSCARKV_COMMAND("codec", "page sizes and compression ratio for a model shape; `codec unregister`: remove a registration from oscarkvd", RunCodec);
 
 }  // namespace
 }  // namespace oscarkv::cli

@@ -1,5 +1,5 @@
 // Operator subcommands talking to a running oscarkvd through the client library:
-//   oscarkv stats | health | lookup | evict | clear
+//   oscarkv stats | health | lookup | evict | clear | codec unregister
 // Each takes --addr (default 127.0.0.1:50051), --tls-ca/--tls-cert/--tls-key (gRPC over TLS),
 // --shared-namespace (a tenant's shared namespace) and --json. Exit codes: 0 ok, 1 the operation failed (the daemon is down or answered an
 // error: one readable line on stderr), 2 usage (a bad flag or flag value, refused before
@@ -354,6 +354,10 @@ int RunClear(int argc, char** argv) {
   a.Option("codec", "", "clear pages of this 32-hex codec id");
   a.Flag("all", "clear pages of every codec");
   a.Flag("include-pinned", "also drop pages pinned by leases (their holders' loads then fail)");
+  a.Flag("codecs", "then unregister the cleared codecs that hold nothing any more (no page, "
+                   "reservation or transfer handle): frees their codec slots and quota, as "
+                   "`oscarkv codec unregister` does (--all: every codec of the tenant; an admin's: "
+                   "everyone's)");
   if (int rc = ParseOrExit(a, argc, argv); rc >= 0) return rc;
   const int chosen = a.given("shape") + a.given("codec") + a.flag("all");
   if (chosen != 1) {
@@ -372,16 +376,67 @@ int RunClear(int argc, char** argv) {
   }
   auto c = Dial(a);
   if (!c.ok()) return Fail("clear", c.status());
-  auto n = (*c)->Clear(a.flag("all") ? nullptr : &id, a.flag("include-pinned"));
+  uint32_t freed = 0;
+  auto n = (*c)->Clear(a.flag("all") ? nullptr : &id, a.flag("include-pinned"), a.flag("codecs"),
+                       &freed);
   if (!n.ok()) return Fail("clear", n.status());
   if (a.flag("json")) {
-    std::printf("%s\n", json({{"pages_removed", *n}}).dump(2).c_str());
+    json j = {{"pages_removed", *n}};
+    if (a.flag("codecs")) j["codecs_freed"] = freed;
+    std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("clear: %llu pages removed%s\n", (unsigned long long)*n,
+    std::printf("clear: %llu pages removed%s", (unsigned long long)*n,
                 a.flag("include-pinned") ? "" : " (pinned pages kept)");
+    if (a.flag("codecs")) std::printf(", %u codecs unregistered", freed);
+    std::printf("\n");
   }
   return 0;
 }
+
+}  // namespace
+
+// `oscarkv codec unregister` (cmd_codec.cc dispatches here).
+int RunCodecUnregister(int argc, char** argv) {
+  Args a("codec unregister",
+         "Removes a codec registration from oscarkvd (--shape or --codec): its codec slot and "
+         "the tenant's codec quota are free again, and a restart does not bring it back. Refused "
+         "(FAILED_PRECONDITION) while the codec holds pages or transfer handles, unless "
+         "--drop-pages.");
+  AddCommon(a);
+  a.Option("shape", "", "the codec of this built-in profile (qwen3-8b, refmodel)");
+  a.Option("codec", "", "the codec of this 32-hex id");
+  a.Flag("drop-pages", "delete its pages (pinned ones too) and transfer handles first");
+  if (int rc = ParseOrExit(a, argc, argv); rc >= 0) return rc;
+  if (a.given("shape") + a.given("codec") != 1) {
+    std::fprintf(stderr, "oscarkv codec unregister: say which codec: exactly one of --codec HEX, "
+                         "--shape NAME\n");
+    return 2;
+  }
+  CodecId id;
+  if (a.given("codec")) {
+    id = *CodecId::FromHex(a.str("codec"));  // checked by ParseOrExit
+  } else {
+    id = BuiltinProfile(a.str("shape"))->Id();
+  }
+  auto c = Dial(a);
+  if (!c.ok()) return Fail("codec unregister", c.status());
+  auto n = (*c)->UnregisterCodec(id, a.flag("drop-pages"));
+  if (!n.ok()) {
+    return Fail("codec unregister",
+                absl::Status(n.status().code(),
+                             absl::StrCat(absl::StatusCodeToString(n.status().code()), ": ",
+                                          n.status().message())));
+  }
+  if (a.flag("json")) {
+    std::printf("%s\n", json({{"codec_id", id.Hex()}, {"pages_removed", *n}}).dump(2).c_str());
+  } else {
+    std::printf("codec %s unregistered; %llu pages removed\n", id.Hex().c_str(),
+                (unsigned long long)*n);
+  }
+  return 0;
+}
+
+namespace {
 
 OSCARKV_COMMAND("stats", "counters of a running oscarkvd (pool, pages, leases, hit rate)", RunStats);
 OSCARKV_COMMAND("health", "is oscarkvd up and answering? (exit 0 / 1)", RunHealth);

@@ -300,6 +300,40 @@ TEST_F(TenantsTest, CliSharedNamespaceFlag) {
   EXPECT_EQ(RunCli("lookup --help", &out), 0) << out;
   EXPECT_NE(out.find("--shared-namespace"), std::string::npos) << out;
 }
+
+// `oscarkv codec unregister` and `oscarkv clear --codecs`: another tenant's registration is
+// NOT_FOUND, one with pages is refused (FAILED_PRECONDITION), and clear --codecs frees it.
+TEST_F(TenantsTest, CliUnregistersCodecs) {
+  auto a = As("tenant-a");
+  ASSERT_TRUE(a);
+  const client::Codec codec = RegisterRefmodel(*a);
+  TenantPages p = MakeTenantPages(codec, 820, 1);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  auto as = [&](const std::string& who) {
+    return " --addr " + daemon_->address() + " --tls-ca " + pki_->path("ca.pem") +
+           " --tls-cert " + pki_->path(who + ".pem") + " --tls-key " + pki_->path(who + ".key");
+  };
+  std::string out;
+  EXPECT_EQ(RunCli("codec unregister --shape refmodel" + as("tenant-b"), &out), 1) << out;
+  EXPECT_NE(out.find("NOT_FOUND"), std::string::npos) << out;
+  EXPECT_EQ(RunCli("codec unregister --shape refmodel" + as("tenant-a"), &out), 1) << out;
+  EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
+  EXPECT_EQ(RunCli("clear --shape refmodel --codecs" + as("tenant-a"), &out), 0) << out;
+  EXPECT_NE(out.find("1 pages removed"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 codecs unregistered"), std::string::npos) << out;
+  EXPECT_EQ(a->Lookup(codec, p.keys).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(RunCli("codec unregister --codec " + codec.id.Hex() + as("tenant-a"), &out), 1)
+      << out;
+  EXPECT_NE(out.find("NOT_FOUND"), std::string::npos) << out;
+  // Registered again, then removed with its page in one call.
+  ASSERT_TRUE(a->RegisterCodec(codec.profile).ok());
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  EXPECT_EQ(RunCli("codec unregister --drop-pages --json --shape refmodel" + as("tenant-a"), &out),
+            0) << out;
+  EXPECT_NE(out.find("\"pages_removed\": 1"), std::string::npos) << out;
+  EXPECT_EQ(RunCli("codec unregister --shape refmodel --codec 00" + as("tenant-a"), &out), 2)
+      << out;
+}
 #endif
 
 // ---- the local socket, as children that setuid to a mapped (or unmapped) uid ----

@@ -161,6 +161,58 @@ TEST_F(TenantsTierTest, EachTenantGetsBackOnlyItsOwnTierPagesAcrossARestart) {
   EXPECT_EQ(FoundKeys(*a, ca, pa.keys), 0u);
 }
 
+// UnregisterCodec with the tier: refused while the codec's pages are in the tier, then with
+// drop_pages its pool and tier pages go and its registration leaves the codecs file, so a
+// restart does not bring it back; tenant-b's registration of the same codec, and its pages,
+// survive both. Tenant-b's call cannot reach tenant-a's registration.
+TEST_F(TenantsTierTest, UnregisteredCodecsStayGoneAcrossARestart) {
+  auto a = As("tenant-a"), b = As("tenant-b");
+  ASSERT_TRUE(a && b);
+  client::Codec ca = RegisterRefmodel(*a), cb = RegisterRefmodel(*b);
+  constexpr size_t kPages = 40;  // over tenant-a's 1 MiB pool_mb: some are demoted
+  const TenantPages pa = MakeTenantPages(ca, 300, kPages), pb = MakeTenantPages(cb, 400, 2);
+  for (size_t i = 0; i < kPages; i += 8) {
+    auto sa = a->Store(ca, std::span<const client::PageWrite>(pa.writes).subspan(i, 8));
+    ASSERT_TRUE(sa.ok() && sa->failed == 0) << sa.status();
+  }
+  ASSERT_TRUE(b->Store(cb, pb.writes).ok());
+  auto st = a->GetStats();
+  ASSERT_TRUE(st.ok());
+  ASSERT_LT(st->pages, kPages);  // the rest are in the tier
+  auto refused = a->UnregisterCodec(ca.id, /*drop_pages=*/false);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("SSD-tier pages"), std::string::npos);
+  ASSERT_TRUE(b->UnregisterCodec(cb.id, false).status().code() ==
+              absl::StatusCode::kFailedPrecondition);  // b's own, with b's pages
+  auto dropped = a->UnregisterCodec(ca.id, /*drop_pages=*/true);
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_GE(*dropped, kPages);
+  EXPECT_EQ(a->UnregisterCodec(ca.id, true).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(a->Lookup(ca, pa.keys).status().code(), absl::StatusCode::kNotFound);
+  st = a->GetStats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->codecs, 0u);
+  EXPECT_EQ(st->pool_used_bytes, 0u);
+  EXPECT_EQ(FoundKeys(*b, cb, pb.keys), 2u);
+
+  a.reset();
+  b.reset();
+  ASSERT_TRUE(Restart());
+  a = As("tenant-a");
+  b = As("tenant-b");
+  ASSERT_TRUE(a && b);
+  st = a->GetStats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->codecs, 0u);  // not re-registered from the tier
+  auto sb = b->GetStats();
+  ASSERT_TRUE(sb.ok());
+  EXPECT_EQ(sb->codecs, 1u);  // b's is
+  EXPECT_EQ(a->Lookup(ca, pa.keys).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(FoundKeys(*b, cb, pb.keys), 2u);
+  ca = RegisterRefmodel(*a);  // registered anew: empty
+  EXPECT_EQ(FoundKeys(*a, ca, pa.keys), 0u);
+}
+
 // A tier written without tenants -- as a codecs file of before namespaces (OKVCODE1) too -- still
 // serves a daemon without tenants, and a daemon with tenants refuses it at start, saying why.
 TEST_F(TenantsTierTest, ATierWrittenWithoutTenantsStaysReadableOrIsRefusedClearly) {

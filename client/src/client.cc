@@ -449,12 +449,30 @@ class GrpcClient final : public Client {
   }
 
   absl::StatusOr<uint64_t> Clear(const CodecId* codec_id, bool include_pinned) override {
+    return Clear(codec_id, include_pinned, /*free_codecs=*/false, nullptr);
+  }
+
+  absl::StatusOr<uint64_t> Clear(const CodecId* codec_id, bool include_pinned, bool free_codecs,
+                                 uint32_t* codecs_freed) override {
     pb::ClearRequest req;
     if (codec_id != nullptr) req.set_codec_id(IdBytes(*codec_id));
     req.set_include_pinned(include_pinned);
+    req.set_free_codecs(free_codecs);
     pb::ClearResponse resp;
     auto ctx = rpc_->Context();
     OSCARKV_RETURN_IF_ERROR(FromGrpc(rpc_->stub().Clear(ctx.get(), req, &resp), "Clear"));
+    if (codecs_freed != nullptr) *codecs_freed = resp.codecs_freed();
+    return resp.pages_removed();
+  }
+
+  absl::StatusOr<uint64_t> UnregisterCodec(const CodecId& codec_id, bool drop_pages) override {
+    pb::UnregisterCodecRequest req;
+    req.set_codec_id(IdBytes(codec_id));
+    req.set_drop_pages(drop_pages);
+    pb::UnregisterCodecResponse resp;
+    auto ctx = rpc_->Context();
+    OSCARKV_RETURN_IF_ERROR(
+        FromGrpc(rpc_->stub().UnregisterCodec(ctx.get(), req, &resp), "UnregisterCodec"));
     return resp.pages_removed();
   }
 

@@ -176,6 +176,24 @@ int oscarkv_register_builtin_codec(oscarkv_client* client, const char* shape,
   return Register(client, *p, out);
 }
 
+int oscarkv_unregister_codec(oscarkv_client* client, const oscarkv_codec* codec, int drop_pages,
+                             uint64_t* pages_removed) {
+  if (client == nullptr || codec == nullptr) {
+    return Fail(OSCARKV_E_INVALID_ARGUMENT, "client and codec must not be NULL");
+  }
+  if (pages_removed != nullptr) *pages_removed = 0;
+  oscarkv::CodecId id;
+  std::memcpy(id.bytes.data(), codec->codec_id, 16);
+  auto r = client->client->UnregisterCodec(id, drop_pages != 0);
+  if (r.ok() || absl::IsNotFound(r.status())) {  // gone from the daemon either way
+    absl::MutexLock lock(&client->mu);
+    client->codecs.erase(IdKey(codec->codec_id));
+  }
+  if (!r.ok()) return Fail(r.status());
+  if (pages_removed != nullptr) *pages_removed = *r;
+  return Ok();
+}
+
 int oscarkv_block_keys(const oscarkv_codec* codec, const char* tenant_salt, size_t salt_len,
                        const uint32_t* tokens, size_t n_tokens, uint8_t* keys_out,
                        size_t max_keys, size_t* num_keys) {

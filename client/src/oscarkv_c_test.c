@@ -350,6 +350,26 @@ static int with_tenants_daemon(const char* addr, const char* dir) {
   /* A struct size neither ABI 3 nor 4 knows. */
   c = tenant_client(addr, dir, "tenant-a", "common", abi3_size + 1, &code);
   CHECK(code == OSCARKV_E_INVALID_ARGUMENT && c == NULL);
+  /* Unregistering: tenant-a (own namespace) cannot reach tenant-b's registration there. */
+  c = tenant_client(addr, dir, "tenant-a", "", sizeof(oscarkv_tls_options), &code);
+  CHECK(code == OSCARKV_OK && c != NULL);
+  if (c != NULL) {
+    CHECK(oscarkv_unregister_codec(c, &codec, 1, &bytes) == OSCARKV_E_NOT_FOUND);
+    oscarkv_close(c);
+  }
+  matched = 99;
+  CHECK(oscarkv_lookup(own, &codec, key, 1, &matched) == OSCARKV_OK && matched == 0);
+  CHECK(oscarkv_unregister_codec(own, &codec, 0, &bytes) == OSCARKV_OK && bytes == 0);
+  CHECK(oscarkv_unregister_codec(own, &codec, 0, NULL) == OSCARKV_E_NOT_FOUND);
+  CHECK(oscarkv_lookup(own, &codec, key, 1, &matched) == OSCARKV_E_NOT_FOUND);
+  /* In "common": tenant-a registered it, so tenant-b may not unregister it; tenant-a may not
+   * while its page is there, and may with drop_pages (which deletes the page). */
+  CHECK(oscarkv_unregister_codec(b, &codec, 1, NULL) == OSCARKV_E_PERMISSION_DENIED);
+  CHECK(oscarkv_unregister_codec(a, &codec, 0, NULL) == OSCARKV_E_FAILED_PRECONDITION);
+  CHECK(strstr(oscarkv_last_error(), "drop_pages") != NULL);
+  CHECK(oscarkv_unregister_codec(a, &codec, 1, &bytes) == OSCARKV_OK && bytes == 1);
+  CHECK(oscarkv_lookup(b, &codec, key, 1, &matched) == OSCARKV_E_NOT_FOUND);
+  CHECK(oscarkv_unregister_codec(NULL, &codec, 0, NULL) == OSCARKV_E_INVALID_ARGUMENT);
   free(rows);
   free(buf);
   free(dst);

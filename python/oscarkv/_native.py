@@ -100,6 +100,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "oscarkv_uses_shm": (i, [v]),
         "oscarkv_uses_local_lookups": (i, [v]),
         "oscarkv_register_codec": (i, [v, P(CodecProfileC), P(CodecC)]),
+        "oscarkv_unregister_codec": (i, [v, P(CodecC), i, c_u64p]),
         "oscarkv_builtin_profile": (i, [ctypes.c_char_p, P(CodecProfileC)]),
         "oscarkv_codec_id": (i, [P(CodecProfileC), c_u8p]),
         "oscarkv_page_size": (i, [P(CodecProfileC), i, c_u64p]),

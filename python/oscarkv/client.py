@@ -258,6 +258,18 @@ class Client:
                                                                     ctypes.byref(out))))
         return Codec(p, bytes(out.codec_id), out.int2_page_bytes, out.bf16_page_bytes, rot)
 
+    def unregister_codec(self, codec: Codec, drop_pages: bool = False) -> int:
+        """Removes this tenant's registration of `codec` from the daemon, freeing its codec
+        slot and quota (it no longer comes back after a restart). Raises FailedPreconditionError
+        while the codec holds pages or transfer handles, unless `drop_pages` (then they are
+        deleted first); NotFoundError when not registered (also a second call). Returns the pages
+        removed."""
+        cc = codec._to_c()
+        removed = ctypes.c_uint64()
+        self._call(lambda h: check(self._lib.oscarkv_unregister_codec(
+            h, ctypes.byref(cc), 1 if drop_pages else 0, ctypes.byref(removed))))
+        return removed.value
+
     # ---- lookups ----
 
     def lookup(self, codec: Codec, keys: Keys) -> int:
@@ -436,6 +448,9 @@ class Client:
 
     async def delete_async(self, codec: Codec, keys: Keys) -> int:
         return await self._run(self.delete, codec, keys)
+
+    async def unregister_codec_async(self, codec: Codec, drop_pages: bool = False) -> int:
+        return await self._run(self.unregister_codec, codec, drop_pages)
 
     async def lookup_pinned_async(self, codec: Codec, keys: Keys, lease_ms: int = 0) -> Lease:
         return await self._run(self.lookup_pinned, codec, keys, lease_ms)

@@ -213,3 +213,26 @@ def test_keys_agree_with_the_cpp_cli(daemon, tmp_path):
     assert out.returncode == 0, out.stderr
     j = json.loads(out.stdout)
     assert (j["codec_id"], j["keys"], j["matched"]) == (codec.id.hex(), 3, 3)
+
+
+def test_unregister_codec(daemon):
+    """unregister_codec frees the registration: refused while it holds pages (unless
+    drop_pages), NOT_FOUND afterwards and for a second call; registering again starts empty."""
+    import dataclasses
+    with oscarkv.connect(daemon.address) as c:
+        profile = dataclasses.replace(oscarkv.CodecProfile.builtin("refmodel"),
+                                      model_id="unregister-test")
+        codec = c.register_codec(profile)
+        keys, kinds, pages = make_pages(codec, 2, seed=next(_seq))
+        assert c.store(codec, zip(keys, kinds, pages)).stored == 2
+        with pytest.raises(oscarkv.FailedPreconditionError):
+            c.unregister_codec(codec)
+        assert c.lookup(codec, keys) == 2  # refused: nothing changed
+        assert c.unregister_codec(codec, drop_pages=True) == 2
+        with pytest.raises(oscarkv.NotFoundError):
+            c.unregister_codec(codec)
+        with pytest.raises(oscarkv.NotFoundError):
+            c.lookup(codec, keys)
+        again = c.register_codec(profile)
+        assert again.id == codec.id and c.lookup(again, keys) == 0
+        assert asyncio.run(c.unregister_codec_async(again)) == 0

@@ -270,6 +270,23 @@ absl::Status Clear(PageCache& cache, const Caller& caller, const pb::ClearReques
   auto removed = cache.Clear(caller, args);
   if (!removed.ok()) return removed.status();
   resp->set_pages_removed(*removed);
+  if (req.free_codecs()) {
+    auto freed = cache.FreeUnusedCodecs(caller, args.codec);
+    if (!freed.ok()) return freed.status();
+    resp->set_codecs_freed(*freed);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UnregisterCodec(PageCache& cache, const Caller& caller,
+                             const pb::UnregisterCodecRequest& req,
+                             pb::UnregisterCodecResponse* resp) {
+  CodecId id;
+  if (absl::Status s = ParseCodecId(req.codec_id(), &id); !s.ok()) return s;
+  auto r = cache.UnregisterCodec(caller, id, req.drop_pages());
+  if (!r.ok()) return r.status();
+  resp->set_codecs_unregistered(r->codecs);
+  resp->set_pages_removed(r->pages_removed);
   return absl::OkStatus();
 }
 

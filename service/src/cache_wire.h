@@ -51,6 +51,9 @@ absl::Status Delete(PageCache& cache, const Caller& caller, const pb::DeleteRequ
                     pb::DeleteResponse* resp);
 absl::Status Clear(PageCache& cache, const Caller& caller, const pb::ClearRequest& req,
                    pb::ClearResponse* resp);
+absl::Status UnregisterCodec(PageCache& cache, const Caller& caller,
+                             const pb::UnregisterCodecRequest& req,
+                             pb::UnregisterCodecResponse* resp);
 absl::Status Stats(PageCache& cache, const Caller& caller, const pb::StatsRequest& req,
                    pb::StatsResponse* resp);
 absl::Status PublishHandle(PageCache& cache, const Caller& caller,

@@ -202,6 +202,7 @@ OSCARKV_UNARY(Reserve, ReserveRequest, ReserveResponse)
 OSCARKV_UNARY(Abort, AbortRequest, AbortResponse)
 OSCARKV_UNARY(Commit, CommitRequest, CommitResponse)
 OSCARKV_UNARY(Clear, ClearRequest, ClearResponse)
+OSCARKV_UNARY(UnregisterCodec, UnregisterCodecRequest, UnregisterCodecResponse)
 #undef OSCARKV_CALLBACK
 #undef OSCARKV_UNARY
 

@@ -137,6 +137,9 @@ class KvCacheService final : public KvCacheAsyncBase {
   grpc::Status Commit(grpc::ServerContext*, const pb::CommitRequest*,
                       pb::CommitResponse*) override;
   grpc::Status Clear(grpc::ServerContext*, const pb::ClearRequest*, pb::ClearResponse*) override;
+  // Waits for the calls using the codec to finish: the sync pool.
+  grpc::Status UnregisterCodec(grpc::ServerContext*, const pb::UnregisterCodecRequest*,
+                               pb::UnregisterCodecResponse*) override;
   grpc::Status WritePages(grpc::ServerContext*, grpc::ServerReader<pb::WriteChunk>*,
                           pb::WriteResponse*) override;
   grpc::Status ReadPages(grpc::ServerContext*, const pb::ReadRequest*,

@@ -14,7 +14,7 @@ const char* RpcName(Rpc rpc) {
                                  "Commit",    "Abort",         "WritePages", "ReadPages",
                                  "Release",   "RenewLease",    "Delete",     "Clear",
                                  "Stats",     "PublishHandle", "OpenHandle", "CloseHandle", "GetDataPlane",
-                                 "StageForRma"};
+                                 "StageForRma", "UnregisterCodec"};
   const int i = static_cast<int>(rpc);
   return i >= 0 && i < static_cast<int>(Rpc::kCount) ? kNames[i] : "unknown";
 }

@@ -414,12 +414,16 @@ absl::StatusOr<uint64_t> PageCache::Clear(const Caller& caller, const ClearArgs&
   // every namespace (all codecs, or the registrations of one codec id in each).
   bool selected[kMaxCodecs] = {};
   bool any = false;
+  std::vector<CodecRef> held;  // the selected registrations stay what they are until the end
   const size_t ncodecs = num_codecs_.load(std::memory_order_acquire);
   for (size_t i = 0; i < ncodecs; ++i) {
-    const Codec& c = *codecs_[i];
+    CodecRef ref = CodecRef::Acquire(codecs_[i].get(), 0);
+    if (ref.get() == nullptr) continue;  // a free slot
+    const Codec& c = *ref.get();
     if (!caller.admin && c.ns != caller.ns) continue;
     if (args.codec.has_value() && c.id != *args.codec) continue;
     selected[i] = any = true;
+    held.push_back(std::move(ref));
   }
   if (!any) return uint64_t{0};  // an unknown codec removes nothing
   const bool all = caller.admin && !args.codec.has_value();

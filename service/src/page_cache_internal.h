@@ -1,6 +1,7 @@
 // Definitions shared by the PageCache source files (not part of the public header).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -9,7 +10,14 @@
 
 namespace oscarkv::service {
 
+// A codec table slot. `live` and `tag` are what lock-free readers look at first: the other
+// fields are written only while `live` is 0, before `live` publishes them (release), and read
+// only under a CodecRef that saw `live` set (PageCache::CodecRef).
 struct PageCache::Codec {
+  std::atomic<uint64_t> live{0};  // the serial of the registration in this slot; 0 = free
+  std::atomic<uint64_t> tag{0};   // MatchTag(ns, id) while live, 0 while not
+  mutable std::atomic<uint32_t> users{0};  // CodecRefs held
+  uint32_t owner = 0;             // the tenant charged for it (Quota::kCodecs)
   uint32_t index = 0;
   uint32_t ns = 0;  // the namespace it was registered in (tenants.h)
   CodecId id;
@@ -43,6 +51,7 @@ struct PageCache::Reservation {
   uint64_t id = 0;
   uint32_t tenant = 0;
   const Codec* codec = nullptr;
+  uint64_t codec_serial = 0;  // the registration it was made for (CodecRef::Acquire)
   int64_t deadline_ms = 0;
   // Serializes WritePages copies, Commit verification and Abort/expiry of this reservation, so a
   // page can never change between its checksum check and its publication.

@@ -13,7 +13,7 @@ absl::StatusOr<ReserveResult> PageCache::Reserve(const Caller& caller, const Res
   Tenant& tenant = **tenant_or;
   auto codec_or = FindCodec(caller, args.codec);
   if (!codec_or.ok()) return codec_or.status();
-  const Codec* codec = *codec_or;
+  const Codec* codec = codec_or->get();  // held (codec_or) until Reserve returns
   if (absl::Status s = CheckBatch(args.items.size(), "items"); !s.ok()) return s;
   ReserveResult result;
   result.items.resize(args.items.size());
@@ -21,6 +21,7 @@ absl::StatusOr<ReserveResult> PageCache::Reserve(const Caller& caller, const Res
   res->id = NewId();
   res->tenant = tenant.id();
   res->codec = codec;
+  res->codec_serial = codec->live.load(std::memory_order_relaxed);
   uint32_t ttl = args.ttl_ms == 0 ? options_.reservation_ttl_ms : args.ttl_ms;
   ttl = std::min(ttl, options_.max_reservation_ttl_ms);
   res->deadline_ms = clock_->NowMs() + ttl;
@@ -142,6 +143,12 @@ absl::StatusOr<std::vector<absl::Status>> PageCache::Commit(const Caller& caller
   if (res == nullptr) {
     return absl::NotFoundError(absl::StrCat("reservation ", args.reservation_id,
                                             " is unknown, expired or aborted"));
+  }
+  // Its codec is read below: held for the call (UnregisterCodec drops its reservations).
+  const CodecRef codec_ref = CodecRef::Acquire(res->codec, res->codec_serial);
+  if (codec_ref.get() == nullptr) {
+    return absl::NotFoundError(absl::StrCat("reservation ", args.reservation_id,
+                                            " is of a codec that was unregistered"));
   }
   absl::MutexLock res_lock(&res->mu);
   std::vector<absl::Status> results;

@@ -2,8 +2,11 @@
 // names of another tenant are unknown, quotas are charged and given back exactly (leases ended
 // by Release and by the reaper, handles closed and expired, pages deleted and evicted), and a
 // tenant over its pool quota evicts only its own pages.
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "oscarkv/service/config.h"
@@ -276,6 +279,161 @@ TEST_F(PageCacheTenantsTest, MetricsHaveSeriesPerTenant) {
   has("oscarkv_tenant_quota_limit{tenant=\"b\",quota=\"pool_bytes\"} " +
       std::to_string(tenants_->Find("b")->limit(Quota::kPoolBytes)));
   has("oscarkv_tenant_quota_limit{tenant=\"b\",quota=\"pinned_pages\"} 4096");
+}
+
+// UnregisterCodec: the slot and the owner's codec quota come back; another tenant's
+// registration is NOT_FOUND to it; in use it is refused unless drop_pages, which removes the
+// pages (a pinned one's lease keeps its memory until released), reservations and handles.
+TEST_F(PageCacheTenantsTest, UnregisterCodecFreesItsSlotAndQuota) {
+  Tenant& a = *tenants_->Find("a");
+  const CodecProfile other = testing::ToProfile(TinyProfile("other"));
+  auto second = cache_->RegisterCodec(a_, other);
+  ASSERT_TRUE(second.ok()) << second.status();
+  const CodecProfile third = testing::ToProfile(TinyProfile("third"));
+  EXPECT_EQ(cache_->RegisterCodec(a_, third).status().code(), Code::kResourceExhausted);
+  EXPECT_EQ(a.used(Quota::kCodecs), 2u);
+  EXPECT_EQ(cache_->codecs(), 3u);  // a's two, b's one
+  auto un = cache_->UnregisterCodec(a_, second->id, false);
+  ASSERT_TRUE(un.ok()) << un.status();
+  EXPECT_EQ(un->codecs, 1u);
+  EXPECT_EQ(un->pages_removed, 0u);
+  EXPECT_EQ(a.used(Quota::kCodecs), 1u);
+  EXPECT_EQ(cache_->codecs(), 2u);
+  // Gone: a second call and every call naming it are NOT_FOUND.
+  EXPECT_EQ(cache_->UnregisterCodec(a_, second->id, false).status().code(), Code::kNotFound);
+  const BlockKey k = BKey(1);
+  EXPECT_EQ(cache_->Lookup(a_, {second->id, std::span<const BlockKey>(&k, 1)}).status().code(),
+            Code::kNotFound);
+  // The freed quota and slot take another registration; 256 cycles never fill the table.
+  for (int i = 0; i < 300; ++i) {
+    auto r = cache_->RegisterCodec(a_, i % 2 ? other : third);
+    ASSERT_TRUE(r.ok()) << i << ": " << r.status();
+    ASSERT_TRUE(cache_->UnregisterCodec(a_, r->id, false).ok()) << i;
+  }
+  EXPECT_EQ(a.used(Quota::kCodecs), 1u);
+  EXPECT_EQ(cache_->codecs(), 2u);
+}
+
+TEST_F(PageCacheTenantsTest, UnregisterCodecOfAnotherTenantIsNotFound) {
+  ASSERT_TRUE(Store(a_, 1).ok());
+  const CodecProfile other = testing::ToProfile(TinyProfile("other"));
+  auto only_a = cache_->RegisterCodec(a_, other);
+  ASSERT_TRUE(only_a.ok());
+  // b never registered `other`: a's registration of it is not b's to see.
+  EXPECT_EQ(cache_->UnregisterCodec(b_, only_a->id, true).status().code(), Code::kNotFound);
+  // b's own registration of the shared profile goes; a's (with its page) stays.
+  ASSERT_TRUE(cache_->UnregisterCodec(b_, codec_, true).ok());
+  EXPECT_EQ(Matched(a_, 1), 1u);
+  EXPECT_EQ(cache_->Lookup(b_, {codec_, {}}).status().code(), Code::kNotFound);
+  ASSERT_TRUE(cache_->UnregisterCodec(a_, only_a->id, false).ok());  // a's codecs quota is 2
+  // A shared namespace's registration belongs to the member that made it.
+  const Caller a_common = CallerOf("a", "common"), b_common = CallerOf("b", "common");
+  ASSERT_TRUE(cache_->RegisterCodec(a_common, testing::ToProfile(TinyProfile())).ok());
+  EXPECT_EQ(cache_->UnregisterCodec(b_common, codec_, false).status().code(),
+            Code::kPermissionDenied);
+  EXPECT_TRUE(cache_->UnregisterCodec(a_common, codec_, false).ok());
+  EXPECT_EQ(Matched(a_, 1), 1u);
+}
+
+TEST_F(PageCacheTenantsTest, UnregisterCodecInUseNeedsDropPages) {
+  Tenant& a = *tenants_->Find("a");
+  for (uint32_t id : {1, 2, 3}) ASSERT_TRUE(Store(a_, id).ok());
+  auto un = cache_->UnregisterCodec(a_, codec_, false);
+  EXPECT_EQ(un.status().code(), Code::kFailedPrecondition);
+  EXPECT_NE(un.status().message().find("3 pool pages"), absl::string_view::npos) << un.status();
+  EXPECT_EQ(Matched(a_, 1), 1u);  // refused: nothing changed
+  // A pinned page, a handle and a reservation still being stored: all dropped.
+  auto lease = Pin(a_, {BKey(1)});
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_TRUE(cache_->PublishHandle(a_, {"h", codec_, {BKey(2)}, "", 0}).ok());
+  ReserveArgs args;
+  args.codec = codec_;
+  args.items.push_back({BKey(9), PageKind::kInt2});
+  auto res = cache_->Reserve(a_, args);
+  ASSERT_TRUE(res.ok() && res->items[0].status.ok());
+  EXPECT_EQ(cache_->UnregisterCodec(a_, codec_, false).status().code(),
+            Code::kFailedPrecondition);
+  un = cache_->UnregisterCodec(a_, codec_, true);
+  ASSERT_TRUE(un.ok()) << un.status();
+  EXPECT_EQ(un->pages_removed, 3u);
+  EXPECT_EQ(a.pages.load(), 0u);
+  EXPECT_EQ(a.used(Quota::kHandles), 0u);
+  EXPECT_EQ(a.used(Quota::kCodecs), 0u);
+  EXPECT_EQ(cache_->OpenHandle(a_, {"h", 0}).status().code(), Code::kNotFound);
+  CommitArgs ca{res->reservation_id, true, {}, false};
+  EXPECT_EQ(cache_->Commit(a_, ca).status().code(), Code::kNotFound);
+  EXPECT_EQ(cache_->OpenReservations(), 0u);
+  // The lease still holds its page's memory until released; then everything is back.
+  EXPECT_GT(pool_->bytes_used(), 0u);
+  ASSERT_TRUE(cache_->Release(a_, lease->lease_id).ok());
+  EXPECT_EQ(a.used(Quota::kPinnedPages), 0u);
+  EXPECT_EQ(a.used(Quota::kPoolBytes), 0u);
+  // Registered again: the same id, an empty codec (b's pages were never touched).
+  ASSERT_TRUE(cache_->RegisterCodec(a_, testing::ToProfile(TinyProfile())).ok());
+  EXPECT_EQ(Matched(a_, 1), 0u);
+  ASSERT_TRUE(Store(a_, 1).ok());
+  EXPECT_EQ(Matched(a_, 1), 1u);
+}
+
+TEST_F(PageCacheTenantsTest, FreeUnusedCodecsFreesOnlyEmptyOwnRegistrations) {
+  ASSERT_TRUE(Store(a_, 1).ok());
+  ASSERT_TRUE(Store(b_, 1).ok());
+  auto other = cache_->RegisterCodec(a_, testing::ToProfile(TinyProfile("other")));
+  ASSERT_TRUE(other.ok());
+  // a's `other` is empty, its tiny one holds a page: only `other` goes.
+  auto freed = cache_->FreeUnusedCodecs(a_, std::nullopt);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  EXPECT_EQ(*freed, 1u);
+  EXPECT_EQ(Matched(a_, 1), 1u);
+  ASSERT_TRUE(cache_->Clear(a_, {}).ok());
+  freed = cache_->FreeUnusedCodecs(a_, codec_);
+  ASSERT_TRUE(freed.ok());
+  EXPECT_EQ(*freed, 1u);
+  EXPECT_EQ(tenants_->Find("a")->used(Quota::kCodecs), 0u);
+  EXPECT_EQ(Matched(b_, 1), 1u);  // b's registration and page are b's
+}
+
+// Lookups, pins and stores racing the unregistration (drop_pages) and re-registration of their
+// codec: every answer is OK, NOT_FOUND or a store's usual refusal, never a crash; once the
+// leases are gone, the last unregistration leaves no page and no pool byte behind.
+TEST_F(PageCacheTenantsTest, UnregisterRacingCallsIsSafe) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 3; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint32_t i = 0; !stop.load(); ++i) {
+        const uint32_t id = 100 + (i + t) % 8;
+        absl::Status s = t == 0 ? Store(a_, id) : absl::OkStatus();
+        if (!s.ok() && s.code() != Code::kNotFound && s.code() != Code::kAlreadyExists &&
+            s.code() != Code::kAborted) {
+          ++bad;
+        }
+        const BlockKey k = BKey(id);
+        auto r = cache_->Lookup(a_, {codec_, std::span<const BlockKey>(&k, 1), t == 2});
+        if (!r.ok() && r.status().code() != Code::kNotFound &&
+            r.status().code() != Code::kResourceExhausted) {
+          ++bad;
+        }
+        if (r.ok() && r->lease_id != 0) (void)cache_->Release(a_, r->lease_id);
+      }
+    });
+  }
+  for (int round = 0; round < 200; ++round) {
+    auto un = cache_->UnregisterCodec(a_, codec_, /*drop_pages=*/true);
+    ASSERT_TRUE(un.ok()) << round << ": " << un.status();
+    // Nothing of the earlier registration survives into the next one.
+    ASSERT_TRUE(cache_->RegisterCodec(a_, testing::ToProfile(TinyProfile())).ok());
+  }
+  stop = true;
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  ASSERT_TRUE(cache_->UnregisterCodec(a_, codec_, true).ok());
+  Tenant& a = *tenants_->Find("a");
+  EXPECT_EQ(a.pages.load(), 0u);
+  EXPECT_EQ(a.used(Quota::kPoolBytes), 0u);
+  EXPECT_EQ(a.used(Quota::kLeases), 0u);
+  EXPECT_EQ(cache_->OpenReservations(), 0u);
 }
 
 }  // namespace

@@ -369,6 +369,18 @@ uint64_t PageTier::Clear(const CodecId* codec, uint64_t ns) {
   return removed;
 }
 
+uint64_t PageTier::Count(const CodecId& codec, uint64_t ns) {
+  auto matches = [&](const tiering::TierKey& k) { return k.codec == codec && k.ns == ns; };
+  uint64_t n = 0;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [k, p] : pending_) n += matches(k);
+  }
+  // A queued page may already be in the store too: counted twice at worst, never missed.
+  store_->ForEachKey([&](const tiering::TierKey& k, uint64_t) { n += matches(k); });
+  return n;
+}
+
 bool PageTier::Flush(absl::Time deadline) {
   {
     absl::MutexLock l(&mu_);

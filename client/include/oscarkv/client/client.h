@@ -86,8 +86,9 @@ struct ConnectOptions {
   uint32_t stream_chunk_bytes = 1 << 20;
   // false: Clients of one process dialing the same address share one HTTP/2 connection (gRPC
   // multiplexes their calls; far cheaper per call) and one local-socket channel (its pool of
-  // blocking connections and its pipelined LookupAsync connection). true: this Client opens its
-  // own.
+  // blocking connections and its pipelined LookupAsync connection). Over TLS they share it too
+  // when their CA, certificate and key files hold the same bytes (one handshake, not one per
+  // Client). true: this Client opens its own.
   bool dedicated_connection = false;
   // gRPC over TLS (a daemon started with --tls-cert): the CA bundle (PEM file) the daemon's
   // certificate must chain to; "" = plaintext. With tls_cert_file and tls_key_file (PEM) the
@@ -247,6 +248,15 @@ class Client {
                                                            std::span<const BlockKey> keys) = 0;
   // Drops cached pages of `codec_id` (nullptr: every codec). Returns pages removed.
   virtual absl::StatusOr<uint64_t> Clear(const CodecId* codec_id, bool include_pinned) = 0;
+  // Clear, then (free_codecs) unregister the cleared codecs that hold nothing any more, as
+  // UnregisterCodec does; *codecs_freed (if given) receives how many.
+  virtual absl::StatusOr<uint64_t> Clear(const CodecId* codec_id, bool include_pinned,
+                                         bool free_codecs, uint32_t* codecs_freed) = 0;
+  // Removes this tenant's registration of `codec_id` from the daemon (an admin's call: every
+  // namespace's), freeing its codec slot and quota; the proto's UnregisterCodec has the
+  // contract. FAILED_PRECONDITION while it holds pages or handles unless `drop_pages` (then
+  // they are deleted first); NOT_FOUND when not registered. Returns the pages removed.
+  virtual absl::StatusOr<uint64_t> UnregisterCodec(const CodecId& codec_id, bool drop_pages) = 0;
 
   // Non-blocking lookup: returns at once, no thread waits for the answer. Over the local socket
   // it is pipelined on one connection and `done` runs on that connection's reader thread; over

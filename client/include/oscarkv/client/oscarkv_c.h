@@ -155,6 +155,14 @@ int oscarkv_register_codec(oscarkv_client* client, const oscarkv_codec_profile* 
                            oscarkv_codec* out);
 /* Built-in shapes: "qwen3-8b", "refmodel". Registers that profile. */
 int oscarkv_register_builtin_codec(oscarkv_client* client, const char* shape, oscarkv_codec* out);
+/* Removes this tenant's registration of codec->codec_id from the daemon (an admin's: every
+ * namespace's), freeing its codec slot and quota (UnregisterCodec in proto/oscarkv/v1/oscarkv.proto).
+ * drop_pages 0: FAILED_PRECONDITION while the codec holds pages or transfer handles; nonzero:
+ * those are deleted first. NOT_FOUND when the tenant has no registration of it (also a second
+ * call). *pages_removed (may be NULL) receives the pages deleted. Afterwards this handle no
+ * longer knows the codec (calls with it: NOT_FOUND until registered again). */
+int oscarkv_unregister_codec(oscarkv_client* client, const oscarkv_codec* codec, int drop_pages,
+                             uint64_t* pages_removed);
 
 /* No daemon. Fills `out` with a built-in shape ("qwen3-8b", "refmodel"); its strings point to
  * storage owned by the library that lives as long as the process. */

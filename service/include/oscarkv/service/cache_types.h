@@ -124,6 +124,11 @@ struct ClearArgs {
   bool include_pinned = false;
 };
 
+struct UnregisterResult {
+  uint32_t codecs = 0;         // registrations removed (an admin's call: one per namespace)
+  uint64_t pages_removed = 0;  // with drop_pages: pool and SSD-tier pages deleted
+};
+
 struct PublishHandleArgs {
   std::string name;  // 1..256 bytes
   CodecId codec;

@@ -31,6 +31,7 @@ enum class Rpc {
   kCloseHandle,
   kGetDataPlane,
   kStageForRma,
+  kUnregisterCodec,
   kCount
 };
 const char* RpcName(Rpc rpc);

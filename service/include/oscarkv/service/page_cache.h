@@ -34,6 +34,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,20 @@ class PageCache {
   // Idempotent: registering a profile again returns the same id.
   absl::StatusOr<CodecRegistration> RegisterCodec(const Caller& caller,
                                                   const CodecProfile& profile);
+  // Removes the caller's registration of `codec` (the proto's UnregisterCodec has the
+  // contract): its table slot, its owner's codec quota and its entry in the SSD tier's codecs
+  // file are free again. A tenant reaches the registration of its namespace (registered by
+  // itself: another member of a shared namespace gets PERMISSION_DENIED); an admin the
+  // registrations of `codec` in every namespace. Without `drop_pages`, FAILED_PRECONDITION
+  // while it has pages (pool, reserved, or SSD tier) or transfer handles; with it they are
+  // removed first (pinned pages too: their leases keep the memory until released).
+  absl::StatusOr<UnregisterResult> UnregisterCodec(const Caller& caller, const CodecId& codec,
+                                                   bool drop_pages);
+  // Clear's `free_codecs`: unregisters the caller's registrations (an admin's: everyone's; of
+  // `codec` only when set) that hold nothing any more -- no page, reservation or handle.
+  // Returns how many it freed; one still in use stays, silently.
+  absl::StatusOr<uint32_t> FreeUnusedCodecs(const Caller& caller,
+                                            const std::optional<CodecId>& codec);
   absl::StatusOr<LookupResult> Lookup(const Caller& caller, const LookupQuery& query);
   // The same as Lookup, into `out` (cleared first; its vector's capacity is reused, so a caller
   // that keeps one LookupResult per thread allocates nothing per call).
@@ -176,7 +191,8 @@ class PageCache {
   const CacheOptions& options() const { return options_; }
   // INVALID_ARGUMENT when a batch of `n` `what`s exceeds max_batch.
   absl::Status CheckBatch(size_t n, const char* what) const;
-  size_t codecs() const { return num_codecs_.load(std::memory_order_acquire); }
+  // Live codec registrations.
+  size_t codecs() const { return live_codecs_.load(std::memory_order_acquire); }
   const TenantRegistry& tenants() const { return *tenants_; }
   // Reservations that still have uncommitted slots.
   size_t OpenReservations() const;
@@ -246,8 +262,33 @@ class PageCache {
     absl::flat_hash_map<uint64_t, std::shared_ptr<Reservation>> map ABSL_GUARDED_BY(mu);
   };
 
+  // A codec registration in use by one call. Table slots are reused after UnregisterCodec,
+  // which first takes the registration out of the table and then waits until no CodecRef of it
+  // is held: a holder may read the Codec until it lets go. Move-only.
+  class CodecRef {
+   public:
+    CodecRef() = default;
+    CodecRef(CodecRef&& o) noexcept : c_(o.c_) { o.c_ = nullptr; }
+    CodecRef& operator=(CodecRef&& o) noexcept;
+    CodecRef(const CodecRef&) = delete;
+    CodecRef& operator=(const CodecRef&) = delete;
+    ~CodecRef() { Reset(); }
+    const Codec* operator->() const { return c_; }
+    const Codec* get() const { return c_; }
+    void Reset();
+    // A reference to `c` if it is live and (serial != 0) still the registration `serial`.
+    static CodecRef Acquire(const Codec* c, uint64_t serial);
+
+   private:
+    const Codec* c_ = nullptr;
+  };
   // The codec registration of `codec_id` in the caller's namespace.
-  absl::StatusOr<const Codec*> FindCodec(const Caller& caller, const CodecId& codec_id) const;
+  absl::StatusOr<CodecRef> FindCodec(const Caller& caller, const CodecId& codec_id) const;
+  // UnregisterCodec of one live registration; codec_mu_ held.
+  absl::StatusOr<uint64_t> UnregisterLocked(Codec& c, bool drop_pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(codec_mu_);
+  // The SSD tier's codecs file: every live registration, minus `except`.
+  absl::Status SaveCodecsLocked(const Codec* except) ABSL_EXCLUSIVE_LOCKS_REQUIRED(codec_mu_);
   // The caller's tenant; PERMISSION_DENIED when its ids name no tenant or a namespace it may not
   // use (front ends never build such a Caller).
   absl::StatusOr<Tenant*> TenantOf(const Caller& caller) const;
@@ -305,9 +346,14 @@ class PageCache {
   const CacheOptions options_;
   CacheCounters counters_;
 
-  absl::Mutex codec_mu_;  // serializes RegisterCodec; readers scan codecs_ lock-free
+  // Serializes RegisterCodec and UnregisterCodec; readers scan codecs_ lock-free (CodecRef).
+  // Slots [0, num_codecs_) hold a Codec each, live or free; a Codec object lives as long as
+  // the cache (a free slot's is reused in place), so a stale pointer is never dangling.
+  absl::Mutex codec_mu_;
   std::unique_ptr<Codec> codecs_[kMaxCodecs];
   std::atomic<size_t> num_codecs_{0};
+  std::atomic<size_t> live_codecs_{0};
+  uint64_t next_codec_serial_ ABSL_GUARDED_BY(codec_mu_) = 1;
 
   std::unique_ptr<Shard[]> shards_;
   LeaseShard lease_shards_[kLeaseShards];

@@ -123,6 +123,8 @@ class PageTier {
   // Removes every page (of one codec in namespace tag `ns` when `codec` is set); returns how
   // many.
   uint64_t Clear(const CodecId* codec, uint64_t ns = 0);
+  // Pages (queued or stored) of one codec in namespace tag `ns`; walks the store's keys.
+  uint64_t Count(const CodecId& codec, uint64_t ns);
   // Waits until every queued page is in the store, or the deadline; true when drained.
   bool Flush(absl::Time deadline);
 
