@@ -6,7 +6,9 @@
 # wall time on an H200 ~150 s (GPU tests ~17 s, each decode run ~40-60 s, extend ~30 s; from
 # bench/results logs), caps sum to 235 s.
 #   here:   cmake --build build -j2 --target cuda_reference_test cuda_kernels_gpu_test kernel_bench
-#           BUILD=$PWD/build scripts/gpu/collect.sh      # -> build/carry.tar.xz
+#           BUILD=$PWD/build scripts/gpu/collect.sh      # -> build/carry.tar.xz, ~14 MB
+#           (collect.sh also packs build/cli/oscarkv when it exists, with its gRPC/RocksDB/UCX
+#           libraries: 210 MB, over the 64 MiB carry; use a build dir without it, or move it aside)
 #           mkdir -p /work/main/.devcarry/final && cp build/carry.tar.xz /work/main/.devcarry/final/
 #   device: run(command="bash scripts/gpu/final.sh .devcarry/final/carry.tar.xz",
 #               carry=[".devcarry/final"], timeout_s=300)
