@@ -4,12 +4,15 @@
 // --rate per second for --seconds; latency is measured from each call's scheduled start, so a
 // stalled server cannot hide its queueing delay. `errors` counts failed lookups and lookups that
 // did not match every stored key.
+// --tls-ca (with --tls-cert/--tls-key for mutual TLS) talks to a daemon with --tls-cert.
 //   service_loadgen --target 127.0.0.1:50051 --clients 64 --rate 10000 --seconds 5
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +49,9 @@ int main(int argc, char** argv) {
       .Option("keys", "8", "keys per lookup (a stored prefix)")
       .Option("pages", "256", "pages to store first")
       .Option("channels", "0", "gRPC channels shared round-robin by the clients (0 = one each)")
+      .Option("tls-ca", "", "gRPC over TLS: CA bundle (PEM) of the daemon's certificate")
+      .Option("tls-cert", "", "client certificate (PEM), with --tls-key, for --tls-client-ca")
+      .Option("tls-key", "", "private key (PEM) of --tls-cert")
       .Flag("pin", "pin and then release (two RPCs per lookup; latency is the Lookup's)");
   if (auto s = args.Parse(argc, argv); !s.ok() || args.help_requested()) {
     std::fprintf(stderr, "%s\n", args.Help().c_str());
@@ -74,15 +80,38 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "service_loadgen: bad option value (see --help)\n");
     return 2;
   }
+  // One credentials object for every channel; each channel still gets a connection of its own
+  // (its distinct oscarkv.* argument), plaintext and TLS alike, so the two compare as equals.
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!args.str("tls-ca").empty()) {
+    auto read = [](const std::string& path, std::string* out) {
+      std::ifstream f(path, std::ios::binary);
+      std::stringstream ss;
+      ss << f.rdbuf();
+      *out = ss.str();
+      return f.good() || f.eof();
+    };
+    grpc::SslCredentialsOptions o;
+    if (!read(args.str("tls-ca"), &o.pem_root_certs) ||
+        (!args.str("tls-cert").empty() && (!read(args.str("tls-cert"), &o.pem_cert_chain) ||
+                                           !read(args.str("tls-key"), &o.pem_private_key)))) {
+      std::fprintf(stderr, "service_loadgen: cannot read the --tls-* files\n");
+      return 2;
+    }
+    creds = grpc::SslCredentials(o);
+  } else if (!args.str("tls-cert").empty() || !args.str("tls-key").empty()) {
+    std::fprintf(stderr, "service_loadgen: --tls-cert/--tls-key need --tls-ca\n");
+    return 2;
+  }
   std::vector<std::shared_ptr<v1::KvCache::Stub>> shared;
   for (int c = 0; c < nchannels; ++c) {
     grpc::ChannelArguments ca;
     ca.SetInt("oscarkv.channel", c);
     shared.push_back(v1::KvCache::NewStub(
-        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), ca)));
+        grpc::CreateCustomChannel(target, creds, ca)));
   }
 
-  auto stub = v1::KvCache::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  auto stub = v1::KvCache::NewStub(grpc::CreateChannel(target, creds));
   const CodecProfile profile = bench::TinyBenchProfile("loadgen");
   const size_t page_bytes = GeometryFor(profile, PageKind::kInt2).page_bytes();
   std::vector<uint8_t> page_data(page_bytes * size_t(pages));
@@ -152,7 +181,7 @@ int main(int argc, char** argv) {
         grpc::ChannelArguments ca;
         ca.SetInt("oscarkv.client", t);  // distinct channels, not one shared subchannel
         s = v1::KvCache::NewStub(
-            grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), ca));
+            grpc::CreateCustomChannel(target, creds, ca));
       }
       const long n = static_cast<long>(seconds / per_client_interval);
       lat[t].reserve(n);
