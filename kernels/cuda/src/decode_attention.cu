@@ -22,6 +22,10 @@ __global__ void __launch_bounds__(kThreads, 2) DecodeBf16Kernel(const DecodePara
   asm volatile("griddepcontrol.launch_dependents;");
   int item;
   const DecodeWorkItem it = FetchItem(p, p.num_int2_items + blockIdx.x, &item);
+  if (it.kind == kPaddingItemKind) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");  // as below: complete after the INT2 grid
+    return;
+  }
   uint8_t* t = smem + kBf16StageArea + kWarps * kWarpXchg;
   SliceTable tab{reinterpret_cast<const uint8_t**>(t), reinterpret_cast<int32_t*>(t + kMaxItemSlices * 8)};
   LoadSliceTable(p, it, tab);

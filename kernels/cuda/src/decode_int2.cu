@@ -29,6 +29,9 @@ __global__ void __launch_bounds__(32 * kW, Int2MinBlocks<kW>()) DecodeInt2Kernel
   }
   int item;
   const DecodeWorkItem it = FetchItem(p, blockIdx.x, &item);
+  // A capture decoder's padding slot: no work, no partial, no arrival (an exited CTA also
+  // counts as having let the next kernel start).
+  if (it.kind == kPaddingItemKind) return;
   const bool int2_item = it.kind == static_cast<int32_t>(PageKind::kInt2);
   PrefetchSharedRotation(p, it, item);
   int ticket = -1;
@@ -187,6 +190,13 @@ __global__ void __launch_bounds__(kPrepThreads) QueryPrepKernel(const DecodePara
   float* dst = RotatedQueries(p) + row0;
   const float scale = (p.softmax_scale > 0 ? p.softmax_scale : 0.08838834764831845f) * kLog2e;
   uint64_t marks[3] = {0, 0, 0};  // diagnostics: wait returned, queries loaded, rotated
+  // A capture decoder's pair past the planned batch: its one item is empty and reads no query.
+  // (active_pairs is Update's copy, complete before the kernel ahead of this one started.) CTA 0
+  // always waits (PrepWait): the INT2 kernel's wait for this grid then also orders it after
+  // the kernel ahead (e.g. the previous launch's merges in the same workspace).
+  if (blockIdx.x != 0 && p.active_pairs != nullptr && static_cast<int>(blockIdx.x) >= __ldg(p.active_pairs)) {
+    return;
+  }
   if (p.rot_k == nullptr) {
     PrepWait();
     for (int i = t; i < gqa * 128; i += kPrepThreads) {

@@ -138,6 +138,8 @@ DecodeParams DecoderParams(const PagedDecoder& decoder) {
   p.items = s.items.as<DecodeWorkItem>();
   p.num_items = s.capture ? s.capacity_items : static_cast<int32_t>(s.plan.items.size());
   p.item_indptr = s.item_indptr.as<int32_t>();
+  // Capture: the batch's pair count follows the capacity's item_indptr (Update).
+  if (s.capture) p.active_pairs = p.item_indptr + size_t(s.capacity.max_seqs) * s.shape.num_kv_heads + 1;
   p.item_order = s.order.as<int32_t>();
   p.launch_items = s.launch_items.as<DecodeWorkItem>();
   // A capture decoder runs every item in the INT2 kernel (one grid of capacity_items CTAs); its
@@ -153,11 +155,12 @@ DecodeParams DecoderParams(const PagedDecoder& decoder) {
   // some SMs). Several waves (B=32): the rotation kernel. With the rotation kernel, it starts as a
   // programmatic dependent of the previous kernel when the INT2 kernel is this launch's only
   // kernel (then the previous kernel is one like it in back-to-back launches; a BF16 kernel would
-  // let it start early and hold SMs).
+  // let it start early and hold SMs) -- always so for a capture decoder, which runs every item
+  // in the INT2 kernel.
   const int n2 = s.capture ? s.options_n2 : s.plan.num_int2_items;
   p.rotate_in_cta = n2 > 2 * s.num_sms && n2 <= 3 * s.num_sms;
   if (n2 <= 2 * s.num_sms) p.int2_ctas_per_sm = 2;
-  p.early_rotation = !p.rotate_in_cta && p.fused_merge && n2 == p.num_items;
+  p.early_rotation = !p.rotate_in_cta && p.fused_merge && (s.capture || n2 == p.num_items);
   // With the rotation kernel, the fragments (and BF16 items' queries) are loaded before the
   // first copies.
   p.fragments_before_copies = !p.rotate_in_cta;
@@ -242,7 +245,8 @@ absl::StatusOr<PagedDecoder> PagedDecoder::CreateForCapture(const DecodeShape& s
   const size_t n = static_cast<size_t>(s.capacity_items);
   auto items = DeviceBuffer::Create(n * sizeof(DecodeWorkItem));
   if (!items.ok()) return items.status();
-  auto ip = DeviceBuffer::Create((size_t(pairs) + 1) * sizeof(int32_t));
+  // item_indptr, then the batch's pair count (DecodeParams::active_pairs).
+  auto ip = DeviceBuffer::Create((size_t(pairs) + 2) * sizeof(int32_t));
   if (!ip.ok()) return ip.status();
   auto ord = DeviceBuffer::Create(n * sizeof(int32_t));
   if (!ord.ok()) return ord.status();
@@ -308,14 +312,16 @@ absl::Status PagedDecoder::Update(const std::vector<int32_t>& indptr,
         1, cur * (s.capacity_items - pl->empty_pairs - (pairs - batch_pairs)) / need - 1));
   }
   // Items in (sequence, KV head) order with an empty one (no slices) for every pair without
-  // items, the rest of the grid as empty items of the last pair; the launch order is the plan's,
-  // then the empty items.
+  // items (its CTA writes the pair's zero output), then padding items (kPaddingItemKind, in no
+  // pair's range: their CTAs exit at once) up to the grid's size; the launch order is the
+  // plan's, then the empty items, then the padding.
   std::vector<DecodeWorkItem> items;
   std::vector<int32_t> item_indptr, remap(plan.items.size(), -1), order;
   items.reserve(s.capacity_items);
-  item_indptr.reserve(pairs + 1);
+  item_indptr.reserve(pairs + 2);
   item_indptr.push_back(0);
   std::vector<int32_t> empties;
+  const int32_t padding_kind = kPaddingItemKind;
   for (int32_t pair = 0; pair < pairs; ++pair) {
     if (pair < batch_pairs) {
       for (int32_t i = plan.item_indptr[pair]; i < plan.item_indptr[pair + 1]; ++i) {
@@ -327,17 +333,17 @@ absl::Status PagedDecoder::Update(const std::vector<int32_t>& indptr,
       empties.push_back(static_cast<int32_t>(items.size()));
       items.push_back({pair / H, pair % H, static_cast<int32_t>(PageKind::kInt2), 0, 0, 0});
     }
-    if (pair == pairs - 1) {
-      while (items.size() < static_cast<size_t>(s.capacity_items)) {
-        empties.push_back(static_cast<int32_t>(items.size()));
-        items.push_back({pair / H, pair % H, static_cast<int32_t>(PageKind::kInt2), 0, 0, 0});
-      }
-    }
     item_indptr.push_back(static_cast<int32_t>(items.size()));
   }
+  const int32_t real_items = static_cast<int32_t>(items.size());
+  while (items.size() < static_cast<size_t>(s.capacity_items)) {
+    items.push_back({0, 0, padding_kind, 0, 0, 0});
+  }
+  item_indptr.push_back(batch_pairs);
   order.reserve(items.size());
   for (int32_t i : plan.order) order.push_back(remap[i]);
   order.insert(order.end(), empties.begin(), empties.end());
+  for (int32_t i = real_items; i < s.capacity_items; ++i) order.push_back(i);
   std::vector<DecodeWorkItem> launch;
   launch.reserve(order.size());
   for (int32_t i : order) launch.push_back(items[i]);

@@ -46,6 +46,11 @@ struct DecodeWorkItem {
   int32_t page_entry = 0;  // seq_page_indptr[seq], filled by the planner (saves a lookup)
 };
 
+// DecodeWorkItem::kind of a capture decoder's padding slots (PagedDecoder::Update): the grid is
+// fixed at capture for the capacity, the batch's items fill its first slots and the CTAs of the
+// rest exit at once (no pair counts them, nothing reads their partials).
+inline constexpr int32_t kPaddingItemKind = -1;
+
 struct DecodePlan {
   std::vector<DecodeWorkItem> items;  // ordered by (seq, kv_head)
   std::vector<int32_t> item_indptr;   // [num_seqs * num_kv_heads + 1] into items
@@ -111,6 +116,11 @@ struct DecodeParams {
   // for the item_order load.
   const DecodeWorkItem* launch_items = nullptr;
   int32_t num_int2_items = 0;             // plan.num_int2_items
+  // Capture decoders (nullptr otherwise): device count of the planned batch's (sequence, KV
+  // head) pairs, written by PagedDecoder::Update. The rotation kernel's grid covers the
+  // capacity; its CTAs of later pairs (sequences past the batch, whose only items are empty)
+  // exit at once.
+  const int32_t* active_pairs = nullptr;
   const float* q = nullptr;               // [num_seqs][num_q_heads][head_dim], unrotated
   const float* rot_k = nullptr;  // [num_kv_heads][d][d] R_K of `layer` (nullptr: q already rotated)
   const float* rot_v = nullptr;  // [num_kv_heads][d][d] R_V, used when unrotate_output
