@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -59,7 +60,7 @@ class ShmStaging {
 
  private:
   ShmStaging(int sock, uint8_t* staging, uint64_t staging_bytes,
-             std::unique_ptr<ShmMapping> pool, std::vector<char> rx)
+             std::unique_ptr<ShmMapping> pool, std::string rx)
       : sock_(sock),
         staging_(staging),
         staging_bytes_(staging_bytes),
@@ -72,7 +73,7 @@ class ShmStaging {
   const uint64_t staging_bytes_;
   std::unique_ptr<ShmMapping> pool_;
   uint64_t next_id_ = 1;  // guarded by mu_
-  std::vector<char> rx_;  // guarded by mu_: one answer frame (local::kMaxFrameBytes)
+  std::string rx_;  // guarded by mu_: one answer frame (local::kMaxFrameBytes, reused)
 };
 
 }  // namespace oscarkv::client
