@@ -63,6 +63,23 @@ class TenantPki {
   bool ok_ = false;
 };
 
+// A fixture whose test suite shares one TenantPki (a few openssl runs), made in
+// SetUpTestSuite under TempDir()/<Derived::kPkiTag>_<pid> and removed in TearDownTestSuite;
+// SetUp asserts the certificates were made. Use: class F : public TenantPkiTest<F> with a public
+// `static constexpr const char* kPkiTag`; an overriding SetUp calls TenantPkiTest::SetUp() first.
+template <typename Derived>
+class TenantPkiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { pki_ = new TenantPki(Derived::kPkiTag); }
+  static void TearDownTestSuite() {
+    delete pki_;
+    pki_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(pki_->ok()) << pki_->log(); }
+
+  static inline TenantPki* pki_ = nullptr;
+};
+
 // `n` real pages of `codec` (seeds seed..seed+n-1), each its own one-block request.
 struct TenantPages {
   std::vector<BlockKey> keys;

@@ -146,15 +146,14 @@ pb::StageReadRequest Chunk(uint64_t lease, const BlockKey& key, uint64_t page_of
   return r;
 }
 
-class TenantShmTest : public ::testing::Test {
+class TenantShmTest : public TenantPkiTest<TenantShmTest> {
+ public:
+  static constexpr const char* kPkiTag = "tenant_shm_test";
+
  protected:
-  static void SetUpTestSuite() { pki_ = new TenantPki("tenant_shm_test"); }
-  static void TearDownTestSuite() {
-    delete pki_;
-    pki_ = nullptr;
-  }
   void SetUp() override {
-    ASSERT_TRUE(pki_->ok()) << pki_->log();
+    TenantPkiTest::SetUp();
+    if (HasFatalFailure()) return;
     const std::string cfg = pki_->path("tenants.yaml");
     std::ofstream(cfg) << TenantsYaml(*pki_);
     daemon_ = StartDaemon({"--config", cfg});
@@ -203,10 +202,8 @@ class TenantShmTest : public ::testing::Test {
     return log;
   }
 
-  static TenantPki* pki_;
   std::unique_ptr<testing::LocalDaemon> daemon_;
 };
-TenantPki* TenantShmTest::pki_ = nullptr;
 
 TEST_F(TenantShmTest, TenantStoresAndLoadsOverSharedMemoryWithoutThePool) {
   auto a = As("tenant-a");

@@ -54,15 +54,14 @@ std::string TenantsYaml(const TenantPki& pki) {
          "  - {name: common, tenants: [tenant-a, tenant-b]}\n";
 }
 
-class TenantsTest : public ::testing::Test {
+class TenantsTest : public TenantPkiTest<TenantsTest> {
+ public:
+  static constexpr const char* kPkiTag = "tenants_test";
+
  protected:
-  static void SetUpTestSuite() { pki_ = new TenantPki("tenants_test"); }
-  static void TearDownTestSuite() {
-    delete pki_;
-    pki_ = nullptr;
-  }
   void SetUp() override {
-    ASSERT_TRUE(pki_->ok()) << pki_->log();
+    TenantPkiTest::SetUp();
+    if (HasFatalFailure()) return;
     const std::string cfg = pki_->path("tenants.yaml");
     std::ofstream(cfg) << TenantsYaml(*pki_);
     daemon_ = StartDaemon({"--config", cfg});
@@ -87,10 +86,8 @@ class TenantsTest : public ::testing::Test {
     return c.ok() ? *std::move(c) : nullptr;
   }
 
-  static TenantPki* pki_;
   std::unique_ptr<testing::LocalDaemon> daemon_;
 };
-TenantPki* TenantsTest::pki_ = nullptr;
 
 TEST_F(TenantsTest, TenantBCannotFindLoadDeleteClearOrReleaseTenantAsPagesOverGrpc) {
   auto a = As("tenant-a"), b = As("tenant-b");

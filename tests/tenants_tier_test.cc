@@ -34,15 +34,14 @@ std::string TenantsYaml(const TenantPki& pki) {
          "    role: admin\n";
 }
 
-class TenantsTierTest : public ::testing::Test {
+class TenantsTierTest : public TenantPkiTest<TenantsTierTest> {
+ public:
+  static constexpr const char* kPkiTag = "tenants_tier_test";
+
  protected:
-  static void SetUpTestSuite() { pki_ = new TenantPki("tenants_tier_test"); }
-  static void TearDownTestSuite() {
-    delete pki_;
-    pki_ = nullptr;
-  }
   void SetUp() override {
-    ASSERT_TRUE(pki_->ok()) << pki_->log();
+    TenantPkiTest::SetUp();
+    if (HasFatalFailure()) return;
     tier_ = pki_->path("tier");
     std::filesystem::remove_all(tier_);
     ASSERT_TRUE(Restart());
@@ -82,11 +81,9 @@ class TenantsTierTest : public ::testing::Test {
     EXPECT_TRUE(c.ok()) << cert << ": " << c.status();
     return c.ok() ? *std::move(c) : nullptr;
   }
-  static TenantPki* pki_;
   std::unique_ptr<testing::LocalDaemon> daemon_;
   std::string tier_;
 };
-TenantPki* TenantsTierTest::pki_ = nullptr;
 
 TEST_F(TenantsTierTest, EachTenantGetsBackOnlyItsOwnTierPagesAcrossARestart) {
   auto a = As("tenant-a"), b = As("tenant-b");

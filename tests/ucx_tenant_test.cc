@@ -137,15 +137,14 @@ std::vector<pid_t> TenantChildren(pid_t daemon) {
   return out;
 }
 
-class UcxTenantTest : public ::testing::Test {
+class UcxTenantTest : public TenantPkiTest<UcxTenantTest> {
+ public:
+  static constexpr const char* kPkiTag = "ucx_tenant_test";
+
  protected:
-  static void SetUpTestSuite() { pki_ = new TenantPki("ucx_tenant_test"); }
-  static void TearDownTestSuite() {
-    delete pki_;
-    pki_ = nullptr;
-  }
   void SetUp() override {
-    ASSERT_TRUE(pki_->ok()) << pki_->log();
+    TenantPkiTest::SetUp();
+    if (HasFatalFailure()) return;
     daemon_ = StartTenantDaemon(1);
     ASSERT_NE(daemon_, nullptr);
   }
@@ -231,11 +230,9 @@ class UcxTenantTest : public ::testing::Test {
     return req;
   }
 
-  static TenantPki* pki_;
   std::unique_ptr<testing::LocalDaemon> daemon_;
   std::string address_;  // set: the clients of Options() dial this daemon instead
 };
-TenantPki* UcxTenantTest::pki_ = nullptr;
 
 TEST_F(UcxTenantTest, TenantLoadsItsPagesThroughItsOwnDataPlane) {
   auto a = As("tenant-a");
