@@ -13,6 +13,12 @@ or a chunk of it) with the extend kernel (earlier pages plus the chunk's own row
 With `client` and `client_codec` set, a prompt whose first full pages are cached in the daemon
 loads them into the cache's slots instead of recomputing them (prefix hit), and after the
 prompt its full pages are stored. Batches must be unpadded (every row the same length).
+
+for_model folds each layer's value rotation into its o_proj (fold_value_rotations=True, the
+default; oscarkv.torch.fold): the attention then returns its output in the rotated value basis
+and the kernels skip the output's unrotation. The folded model computes correctly only through
+this attention with this codec (oscarkv.torch.unfold_model_value_rotations undoes the fold);
+a layer whose attention module has no o_proj keeps the unrotation.
 """
 import threading
 from typing import Any, List, Optional, Sequence, Tuple
@@ -22,6 +28,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .torch import KVCodec, PagedKVCache
+from .torch.fold import fold_model_value_rotations, folded_digest
 
 _active = threading.local()
 
@@ -59,6 +66,8 @@ class OscarkvCache(Cache):
 
     def __init__(self, paged: PagedKVCache, client: Any = None, client_codec: Any = None) -> None:
         self.paged = paged
+        # the digest an attention module's o_proj must be folded with for rotated outputs
+        self.value_basis = paged.codec.rotation_digest()
         super().__init__(layers=[_Layer(self, i) for i in range(paged.codec.num_layers)])
         self._past = 0
         self._started = False
@@ -67,13 +76,18 @@ class OscarkvCache(Cache):
 
     @staticmethod
     def for_model(model: Any, codec: KVCodec, max_seqs: int = 1, max_seq_tokens: int = 4096,
-                  **kw) -> "OscarkvCache":
+                  fold_value_rotations: bool = True, **kw) -> "OscarkvCache":
+        """A cache for `model` (its device, query heads); fold_value_rotations: R_V of each layer
+        folded into its o_proj (in place, once per codec; see the module docstring)."""
         cfg = model.config
         paged = PagedKVCache(codec, cfg.num_attention_heads, max_seqs, max_seq_tokens,
                              device=model.device, max_step_tokens=kw.pop("max_step_tokens", 4096),
                              int2_slots=kw.pop("int2_slots", None),
                              bf16_slots=kw.pop("bf16_slots", None))
-        return OscarkvCache(paged, **kw)
+        cache = OscarkvCache(paged, **kw)
+        if fold_value_rotations:
+            fold_model_value_rotations(model, codec, cache.value_basis)
+        return cache
 
     def _update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
         B, H, q_len, d = k.shape
@@ -160,14 +174,19 @@ def oscarkv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     B, Hq, q_len, d = query.shape
     p = cache.paged
     layer = module.layer_idx
+    folded = folded_digest(module)  # o_proj folded with this codec: rotated output
+    if folded is not None and folded != cache.value_basis:
+        raise ValueError("layer %d's o_proj is folded with another codec's value rotations "
+                         "(OscarkvCache.for_model refolds it)" % layer)
+    unrotate = folded is None
     if q_len == 1:
-        out = p.decode(layer, query[:, :, 0, :])
+        out = p.decode(layer, query[:, :, 0, :], unrotate=unrotate)
     else:
         q = query.transpose(1, 2).reshape(B * q_len, Hq, d)
         H = key.shape[1]
         k = key.transpose(1, 2).reshape(B * q_len, H, d)
         v = value.transpose(1, 2).reshape(B * q_len, H, d)
-        out = p.extend(layer, q, k, v)
+        out = p.extend(layer, q, k, v, unrotate=unrotate)
     return out.view(B, q_len, Hq, d).to(query.dtype), None
 
 

@@ -52,6 +52,9 @@ def test_generation_equals_stock_transformers_within_the_bf16_windows(model_dir)
     ids = torch.tensor([list(text)], device="cuda")
     codec = KVCodec.builtin("hadamard", ok.config.num_hidden_layers, ok.config.num_key_value_heads)
     cache = OscarkvCache.for_model(ok, codec, max_seqs=1, max_seq_tokens=512, max_step_tokens=256)
+    # for_model folded R_V into every o_proj: the attention returns rotated outputs
+    from oscarkv.torch.fold import folded_digest
+    assert all(folded_digest(layer.self_attn) == cache.value_basis for layer in ok.model.layers)
     got = ok.generate(ids, past_key_values=cache, max_new_tokens=24, do_sample=False)
     want = ref.generate(ids, max_new_tokens=24, do_sample=False)
     assert torch.equal(got[0, :216], want[0, :216]), (bytes(got[0, 200:].tolist()),

@@ -2,7 +2,7 @@
 # On the GPU machine: the oscarkv.torch GPU tests, the reference model's quality through
 # transformers + oscarkv, and `python -m oscarkv.bench model`, from a folder packed by
 # scripts/gpu/torch_pack.sh. Logs and JSON go to $OUT (or /tmp/oscarkv-torch-out).
-#   usage: [BENCH_ARGS=...] torch_gpu.sh [PACK_DIR] [STAGES]   STAGES: comma list of tests,quality,smoke,bench
+#   usage: [BENCH_ARGS=...] [SKIP_SLOW=1] torch_gpu.sh [PACK_DIR] [STAGES]   STAGES: comma list of tests,quality,smoke,bench
 set -uo pipefail
 pack=$(cd "${1:-$(dirname "$0")}" && pwd)
 stages=${2:-tests,quality,bench}
@@ -25,8 +25,12 @@ for s in ${stages//,/ }; do
   t0=$(date +%s)
   case $s in
     tests)
+      # SKIP_SLOW=1: -m "not slow" (leaves out the refmodel quality test, ~60 s)
+      sel=()
+      [ "${SKIP_SLOW:-0}" = 1 ] && sel=(-m "not slow")
       timeout ${TEST_TIMEOUT:-200} $py -m pytest -q -p no:cacheprovider "$pack/python/tests/test_torch_ops.py" \
-        "$pack/python/tests/test_torch_refmodel.py" "$pack/python/tests/test_torch_bench_model.py" \
+        "$pack/python/tests/test_torch_fold.py" "$pack/python/tests/test_torch_refmodel.py" \
+        "$pack/python/tests/test_torch_bench_model.py" "${sel[@]}" \
         -rA 2>&1 | tee "$out/tests.log" | tail -25 ;;
     quality)
       timeout 300 $py -m oscarkv.bench quality --model "$pack/refmodel" --text "$pack/refmodel/val.txt" \

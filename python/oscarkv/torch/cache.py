@@ -435,9 +435,10 @@ class PagedKVCache:
                                      dtype=torch.float32, device=self.device)
         return self._qbuf[:rows]
 
-    def decode(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+    def decode(self, layer: int, q: torch.Tensor, unrotate: bool = True) -> torch.Tensor:
         """Attention of one new token per sequence (after write): q [active, Hq, d] ->
-        out f32 [active, Hq, d] in the model's value space."""
+        out f32 [active, Hq, d] in the model's value space; unrotate=False: in the rotated
+        value basis (o R_V), for an o_proj with R_V folded in (fold.py), one product less."""
         c = self.codec
         if self.device.type == "cuda":
             qb = self.query_buffer(q.shape[0])
@@ -450,12 +451,14 @@ class PagedKVCache:
         out, _ = ops.paged_decode(qp, self.pool, self._ptrs(layer), self.page_kinds,
                                   self.page_token_counts, self.seq_page_indptr[:self.active + 1],
                                   self.seq_page_ids, rot, gl, dec, self.geo_layers,
-                                  c.group_size, c.page_tokens, 0.0)
+                                  c.group_size, c.page_tokens, 0.0, unrotate)
         return out[:q.shape[0]]
 
-    def extend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def extend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               unrotate: bool = True) -> torch.Tensor:
         """Attention of this step's new tokens to their sequences' earlier pages and causally to
-        each other: q [total_new, Hq, d], k / v [total_new, kv_heads, d] in the model's basis."""
+        each other: q [total_new, Hq, d], k / v [total_new, kv_heads, d] in the model's basis;
+        out in the model's value space (unrotate=False: the rotated basis, as decode)."""
         c = self.codec
         if self.device.type == "cuda" and self._extend is None:
             self._extend = ops.ExtendPlan(self.geo_layers, c.num_kv_heads, self.num_q_heads,
@@ -470,7 +473,7 @@ class PagedKVCache:
                                   *self._geo(layer)[::-1],
                                   self._extend.handle if self._extend is not None else 0,
                                   self._step_max_new, self.geo_layers, c.group_size,
-                                  c.page_tokens, 0.0)
+                                  c.page_tokens, 0.0, unrotate)
         return out
 
     # ---- pages in and out ----

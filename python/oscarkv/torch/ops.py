@@ -168,11 +168,12 @@ def paged_decode(q: torch.Tensor, pool: torch.Tensor, page_ptrs: torch.Tensor,
                  page_kinds: torch.Tensor, page_token_counts: torch.Tensor,
                  seq_page_indptr: torch.Tensor, seq_page_ids: torch.Tensor,
                  rotations: torch.Tensor, layer: int, decoder: int, num_layers: int,
-                 group_size: int, page_tokens: int,
-                 softmax_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+                 group_size: int, page_tokens: int, softmax_scale: float,
+                 unrotate_output: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """One decode step of `layer`: q f32 [rows, Hq, d] (unrotated, one token per sequence) over
-    the sequences' pages; returns (out f32 [rows, Hq, d] in the model's value space, lse f32
-    [rows, Hq]). On CUDA `decoder` is a PagedDecoder.handle planned for this table (rows = its
+    the sequences' pages; returns (out f32 [rows, Hq, d] in the model's value space -- or, with
+    unrotate_output False, in the rotated value basis: o R_V, for an o_proj the rotation is
+    folded into (fold.py) --, lse f32 [rows, Hq]). On CUDA `decoder` is a PagedDecoder.handle planned for this table (rows = its
     capacity; rows past the batch get 0 / -inf); on CPU it is ignored."""
     _check_q(q, rotations, layer)
     out = torch.empty_like(q)
@@ -180,8 +181,8 @@ def paged_decode(q: torch.Tensor, pool: torch.Tensor, page_ptrs: torch.Tensor,
     if q.device.type == "cuda":
         table = _table(page_ptrs, page_kinds, page_token_counts, seq_page_indptr, seq_page_ids)
         io = _capi.AttnIO(q.data_ptr(), rotations[layer, 0].data_ptr(),
-                          rotations[layer, 1].data_ptr(), 1, softmax_scale, out.data_ptr(),
-                          lse.data_ptr())
+                          rotations[layer, 1].data_ptr(), 1 if unrotate_output else 0,
+                          softmax_scale, out.data_ptr(), lse.data_ptr())
         _capi.check(_capi.load().oscarkv_cuda_decoder_run(decoder, layer, ctypes.byref(table),
                                                           ctypes.byref(io), _stream(q)))
         return out, lse
@@ -195,14 +196,14 @@ def paged_decode(q: torch.Tensor, pool: torch.Tensor, page_ptrs: torch.Tensor,
     lse.fill_(float("-inf"))
     _capi.check(_capi.load().oscarkv_cuda_reference_decode(
         ctypes.byref(prof), ctypes.byref(rot), arr, sz, npages, seq_page_indptr.data_ptr(), n,
-        seq_page_ids.data_ptr(), layer, q.data_ptr(), q.shape[1], 1, softmax_scale,
-        out.data_ptr(), lse.data_ptr()))
+        seq_page_ids.data_ptr(), layer, q.data_ptr(), q.shape[1], 1 if unrotate_output else 0,
+        softmax_scale, out.data_ptr(), lse.data_ptr()))
     return out, lse
 
 
 @paged_decode.register_fake
 def _(q, pool, page_ptrs, page_kinds, page_token_counts, seq_page_indptr, seq_page_ids, rotations,
-      layer, decoder, num_layers, group_size, page_tokens, softmax_scale):
+      layer, decoder, num_layers, group_size, page_tokens, softmax_scale, unrotate_output=True):
     return torch.empty_like(q), q.new_empty(q.shape[:2])
 
 
@@ -212,12 +213,13 @@ def paged_extend(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                  page_kinds: torch.Tensor, page_token_counts: torch.Tensor,
                  seq_page_indptr: torch.Tensor, seq_page_ids: torch.Tensor,
                  rotations: torch.Tensor, layer: int, plan: int, max_new_tokens: int,
-                 num_layers: int, group_size: int, page_tokens: int,
-                 softmax_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+                 num_layers: int, group_size: int, page_tokens: int, softmax_scale: float,
+                 unrotate_output: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """Extend (chunked prefill) of `layer`: new tokens [q_indptr[b], q_indptr[b+1]) of sequence b
     attend to its pages and causally to each other. q f32 [total, Hq, d] unrotated; k_new /
     v_new bf16 [total, kv_heads, d] ROTATED rows (as pages hold them). Returns (out f32 [total,
-    Hq, d] in model space, lse f32 [total, Hq]). On CUDA `plan` is an ExtendPlan.handle."""
+    Hq, d] in model space -- rotated value basis with unrotate_output False --, lse f32
+    [total, Hq]). On CUDA `plan` is an ExtendPlan.handle."""
     _check_q(q, rotations, layer)
     if k_new.dtype != torch.bfloat16 or not k_new.is_contiguous() or not v_new.is_contiguous():
         raise ValueError("k_new / v_new must be contiguous bf16 [total, kv_heads, d]")
@@ -226,8 +228,8 @@ def paged_extend(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     if q.device.type == "cuda":
         table = _table(page_ptrs, page_kinds, page_token_counts, seq_page_indptr, seq_page_ids)
         io = _capi.AttnIO(q.data_ptr(), rotations[layer, 0].data_ptr(),
-                          rotations[layer, 1].data_ptr(), 1, softmax_scale, out.data_ptr(),
-                          lse.data_ptr())
+                          rotations[layer, 1].data_ptr(), 1 if unrotate_output else 0,
+                          softmax_scale, out.data_ptr(), lse.data_ptr())
         _capi.check(_capi.load().oscarkv_cuda_extend_run(
             plan, layer, ctypes.byref(table), q_indptr.data_ptr(), max_new_tokens,
             k_new.data_ptr(), v_new.data_ptr(), ctypes.byref(io), _stream(q)))
@@ -241,14 +243,15 @@ def paged_extend(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
     _capi.check(_capi.load().oscarkv_cuda_reference_extend(
         ctypes.byref(prof), ctypes.byref(rot), arr, sz, npages, seq_page_indptr.data_ptr(), n,
         seq_page_ids.data_ptr(), layer, q_indptr.data_ptr(), q.data_ptr(), k_new.data_ptr(),
-        v_new.data_ptr(), q.shape[1], 1, softmax_scale, out.data_ptr(), lse.data_ptr()))
+        v_new.data_ptr(), q.shape[1], 1 if unrotate_output else 0, softmax_scale, out.data_ptr(),
+        lse.data_ptr()))
     return out, lse
 
 
 @paged_extend.register_fake
 def _(q, k_new, v_new, q_indptr, pool, page_ptrs, page_kinds, page_token_counts, seq_page_indptr,
       seq_page_ids, rotations, layer, plan, max_new_tokens, num_layers, group_size, page_tokens,
-      softmax_scale):
+      softmax_scale, unrotate_output=True):
     return torch.empty_like(q), q.new_empty(q.shape[:2])
 
 
