@@ -102,7 +102,7 @@ def test_bad_shapes_are_errors():
 
 
 @needs_dev
-@pytest.mark.parametrize("mode", ["plain", "norm", "residual_f32_in", "swiglu"])
+@pytest.mark.parametrize("mode", ["plain", "norm", "residual_f32_in", "swiglu", "swiglu_in"])
 def test_gemv_equals_torch(mode):
     g = torch.Generator(device=DEV).manual_seed(4)
     Kd, N = 1024, 72  # N not a multiple of the row block: masked rows
@@ -120,6 +120,13 @@ def test_gemv_equals_torch(mode):
         want = r.float() + x32 @ w.float().t()
         y = K.gemv(x32, w, out=r, residual=r)  # in place, as the model's x += a W_o^T
         assert y is r
+    elif mode == "swiglu_in":  # x2 holds gate | up; read as silu_mul's output
+        x2 = torch.randn(1, 2 * Kd, device=DEV, generator=g).to(torch.bfloat16)
+        r = torch.randn(1, N, device=DEV, generator=g).to(torch.bfloat16)
+        want = r.float() + K.silu_mul(x2).float() @ w.float().t()
+        y = K.gemv(x2, w, out=r, residual=r, swiglu_in=True)
+        with pytest.raises(ValueError):
+            K.gemv(x, w, swiglu_in=True)  # x is [1, K], not [1, 2K]
     else:
         y = K.gemv(x, w, norm=nw, eps=1e-6, swiglu=True)
         hn = ref_rms(x, nw, 1e-6).to(torch.bfloat16).float()
@@ -133,6 +140,19 @@ def test_gemv_equals_torch(mode):
                                        atol=2e-2 * float(want.abs().max()))
     with pytest.raises(ValueError):
         K.gemv(x, w, norm=nw, out=x)  # the normed input may not be the output
+    if DEV == "cuda" and K.pdl_supported():  # launched as a programmatic dependent
+        cf = {"BLOCK_N": 8, "BLOCK_K": 256, "num_warps": 4, "pdl": True}
+        if mode == "swiglu":
+            got = K.gemv(x, w, norm=nw, eps=1e-6, swiglu=True, config=cf)
+        elif mode == "norm":
+            got = K.gemv(x, w, norm=nw, eps=1e-6, config=cf)
+        elif mode == "plain":
+            got = K.gemv(x, w, config=cf)
+        else:
+            got = None
+        if got is not None:
+            torch.testing.assert_close(got.float(), want, rtol=2e-2,
+                                       atol=2e-2 * float(want.abs().max()))
 
 
 SMALL = dict(layers=2, hidden=512, q_heads=32, kv_heads=8, head_dim=128, inter=1024, vocab=1000,
@@ -166,6 +186,46 @@ def test_fused_step_equals_eager_step(side, form, batch):
 
 
 @gpu
+def test_gemv_step_with_pdl_launches_equals_eager_step():
+    """Every projection a GEMV launched as a programmatic dependent of the kernel ahead (the
+    probe's pdl configs), in a CUDA graph: the eager step's logits."""
+    pytest.importorskip("oscarkv.torch")
+    if not K.pdl_supported():
+        pytest.skip("this Triton / GPU has no griddepcontrol")
+    from oscarkv.bench import model as M
+    m = M.Model(SMALL, form="gemv")
+    cf = dict(BLOCK_N=4, BLOCK_K=512, num_warps=4, pdl=True)
+    m.gemv_pick = dict(qkv=cf, o=cf, gate_up=cf, down=cf, lm_head=cf)
+    s = M.PagedSide(m, M.int2_codec(SMALL), 1, 1000)
+    s.ids = torch.tensor([11], device="cuda")
+    g, out = M.capture(s.step)
+    g.replay()
+    got = out.float().clone()
+    m.form = "eager"
+    want = s.step().float()
+    assert bool((torch.nn.functional.cosine_similarity(got, want, dim=-1) > 0.999).all())
+    torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2 * float(want.abs().max()))
+
+
+@gpu
+def test_gemv_step_with_down_reading_gate_up_equals_eager_step():
+    """The gemv form with gate_up on cuBLAS and down reading its output as silu(gate) * up
+    (the probe's down_si pick) gives the eager step's logits."""
+    pytest.importorskip("oscarkv.torch")
+    from oscarkv.bench import model as M
+    m = M.Model(SMALL, form="gemv")
+    cf = dict(BLOCK_N=4, BLOCK_K=512, num_warps=4)
+    m.gemv_pick = dict(qkv=cf, o=cf, down_si=cf)
+    s = M.PagedSide(m, M.int2_codec(SMALL), 1, 1000)
+    s.ids = torch.tensor([9], device="cuda")
+    got = s.step().float()
+    m.form = "eager"
+    want = s.step().float()
+    assert bool((torch.nn.functional.cosine_similarity(got, want, dim=-1) > 0.999).all())
+    torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2 * float(want.abs().max()))
+
+
+@gpu
 @pytest.mark.parametrize("side", ["int2", "bf16-pages"])
 def test_layer_major_step_equals_page_major_step(side):
     """The same step on a layer-major pool (one region per layer) and on whole pages gives the
@@ -184,3 +244,23 @@ def test_layer_major_step_equals_page_major_step(side):
         M.LAYOUT["paged"] = M.LAYOUTS[0]
     a, b = got.values()
     torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3 * float(b.abs().max()))
+
+
+@gpu
+@pytest.mark.parametrize("side", ["int2", "bf16-pages"])
+def test_folded_step_equals_unrotating_step(side):
+    """The paged sides' default -- R_V folded into their W_o, the decode's output left rotated --
+    gives the logits of the unrotating launch on the model's W_o (gemv form, batch 1)."""
+    pytest.importorskip("oscarkv.torch")
+    from oscarkv.bench import model as M
+    m = M.Model(SMALL, form="gemv")
+    got = {}
+    for fold in (True, False):
+        s = M.PagedSide(m, M.int2_codec(SMALL, side == "bf16-pages", 1128), 1, 1000, fold=fold)
+        s.ids = torch.tensor([5], device="cuda")
+        got[fold] = s.step().float()
+        assert (s.o is not None) == fold
+    assert not torch.equal(M.folded_o(m, M.int2_codec(SMALL))[0], m.layers[0]["o"])
+    a, b = got[True], got[False]
+    assert bool((torch.nn.functional.cosine_similarity(a, b, dim=-1) > 0.9999).all())
+    torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * float(b.abs().max()))

@@ -33,6 +33,13 @@ def available() -> bool:
     return triton is not None and torch.cuda.is_available()
 
 
+def pdl_supported() -> bool:
+    """Whether gemv configs may set pdl: Triton with griddepcontrol (tl.extra.cuda.gdc_wait)
+    and a CUDA GPU of compute capability 9.0 or later."""
+    return (available() and hasattr(getattr(getattr(tl, "extra", None), "cuda", None), "gdc_wait")
+            and torch.cuda.get_device_capability()[0] >= 9)
+
+
 if triton is not None:
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, stride_x, stride_y, eps,
@@ -87,40 +94,82 @@ if triton is not None:
 
 
     @triton.jit
+    def _gemv_input(xrow, nw_ptr, k0, ks, K: tl.constexpr, NORM: tl.constexpr,
+                    SWIGLU_IN: tl.constexpr):
+        """Columns k0 + ks of the GEMV's input row in f32 (SWIGLU_IN: silu(gate) * up, rounded
+        to bf16; NORM: times the norm weight), and their raw squares (the norm's sum)."""
+        if SWIGLU_IN:
+            gv = tl.load(xrow + k0 + ks).to(tl.float32)
+            uv = tl.load(xrow + K + k0 + ks).to(tl.float32)
+            xv = (gv / (1.0 + tl.exp(-gv)) * uv).to(tl.bfloat16).to(tl.float32)
+        else:
+            xv = tl.load(xrow + k0 + ks).to(tl.float32)
+        sq = xv * xv
+        if NORM:
+            xv = xv * tl.load(nw_ptr + k0 + ks).to(tl.float32)
+        return xv, sq
+
+    @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, y_ptr, res_ptr, nw_ptr, N, stride_x, stride_y, stride_r, eps,
                      K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     NORM: tl.constexpr, RESID: tl.constexpr, SWIGLU: tl.constexpr):
+                     NORM: tl.constexpr, RESID: tl.constexpr, SWIGLU: tl.constexpr,
+                     SWIGLU_IN: tl.constexpr, PDL: tl.constexpr):
         # One input row (program_id 1) times BLOCK_N rows of W [*, K] (row-major, K contiguous).
+        # SWIGLU_IN: the input row is [gate K | up K], read as silu(gate) * up (bf16-rounded).
         m = tl.program_id(1).to(tl.int64)
         rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
         ks = tl.arange(0, BLOCK_K)
         xrow = x_ptr + m * stride_x
-        rstd = 1.0
-        if NORM:  # RMSNorm of the input row (each program re-reads it: K*2 bytes from L2)
-            ss = tl.zeros([BLOCK_K], tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                xv = tl.load(xrow + k0 + ks).to(tl.float32)
-                ss += xv * xv
-            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+        # RMSNorm of the input row in the same pass: the sum of squares gathers with the
+        # products of x * norm weight, and 1/rms scales the row sums at the end (one read of x)
+        ss = tl.zeros([BLOCK_K], tl.float32)
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         if SWIGLU:
             acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            xv = tl.load(xrow + k0 + ks).to(tl.float32)
-            if NORM:  # rounded to bf16 as the unfused norm's output is
-                xv = (xv * rstd * tl.load(nw_ptr + k0 + ks).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
-            w = tl.load(w_ptr + rows[:, None] * K + (k0 + ks)[None, :], mask=rmask[:, None],
-                        other=0.0)
-            acc += w.to(tl.float32) * xv[None, :]
-            if SWIGLU:  # the up row of each gate row: N rows further
-                w2 = tl.load(w_ptr + (rows + N)[:, None] * K + (k0 + ks)[None, :],
-                             mask=rmask[:, None], other=0.0)
-                acc2 += w2.to(tl.float32) * xv[None, :]
+        wrow = w_ptr + rows[:, None] * K + ks[None, :]
+        if PDL:
+            # Launched as a programmatic dependent of the kernel ahead: the first W tile (which
+            # no kernel writes) loads while that kernel finishes; x and every store wait for
+            # it (griddepcontrol.wait); the kernel after this one may launch from then on.
+            # The loop keeps one W tile in flight ahead of the products.
+            w = tl.load(wrow, mask=rmask[:, None], other=0.0)
+            if SWIGLU:
+                w2 = tl.load(wrow + N * K, mask=rmask[:, None], other=0.0)
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+            for k0 in range(0, K, BLOCK_K):
+                xv, sq = _gemv_input(xrow, nw_ptr, k0, ks, K, NORM, SWIGLU_IN)
+                if NORM:
+                    ss += sq
+                more = rmask[:, None] & (k0 + BLOCK_K < K)
+                wn = tl.load(wrow + k0 + BLOCK_K, mask=more, other=0.0)
+                acc += w.to(tl.float32) * xv[None, :]
+                w = wn
+                if SWIGLU:
+                    wn2 = tl.load(wrow + N * K + k0 + BLOCK_K, mask=more, other=0.0)
+                    acc2 += w2.to(tl.float32) * xv[None, :]
+                    w2 = wn2
+        else:
+            for k0 in range(0, K, BLOCK_K):
+                xv, sq = _gemv_input(xrow, nw_ptr, k0, ks, K, NORM, SWIGLU_IN)
+                if NORM:
+                    ss += sq
+                w = tl.load(wrow + k0, mask=rmask[:, None], other=0.0)
+                acc += w.to(tl.float32) * xv[None, :]
+                if SWIGLU:  # the up row of each gate row: N rows further
+                    w2 = tl.load(wrow + N * K + k0, mask=rmask[:, None], other=0.0)
+                    acc2 += w2.to(tl.float32) * xv[None, :]
         y = tl.sum(acc, axis=1)
+        if NORM:
+            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+            y = y * rstd
         if SWIGLU:
             y = y.to(tl.bfloat16).to(tl.float32)  # rounded as the unfused GEMM's output is
-            u = tl.sum(acc2, axis=1).to(tl.bfloat16).to(tl.float32)
+            u = tl.sum(acc2, axis=1)
+            if NORM:
+                u = u * rstd
+            u = u.to(tl.bfloat16).to(tl.float32)
             y = y / (1.0 + tl.exp(-y)) * u
         if RESID:
             y += tl.load(res_ptr + m * stride_r + rows, mask=rmask, other=0.0).to(tl.float32)
@@ -132,16 +181,26 @@ GEMV_CONFIG = dict(BLOCK_N=8, BLOCK_K=512, num_warps=4)  # see --gemv-probe
 
 def gemv(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
          residual: Optional[torch.Tensor] = None, norm: Optional[torch.Tensor] = None,
-         eps: float = 1e-6, swiglu: bool = False, config: Optional[dict] = None) -> torch.Tensor:
+         eps: float = 1e-6, swiglu: bool = False, config: Optional[dict] = None,
+         swiglu_in: bool = False) -> torch.Tensor:
     """For a few rows (decode at batch 1): y = f(x) @ w.T (+ residual), bf16 out, f32 sums.
     x [M, K] (bf16 or f32; f32 is read as is: no cast kernel); w [N', K] contiguous bf16;
     norm: RMSNorm weight [K] applied to x first; swiglu: w holds gate rows then up rows
-    (N' = 2N), y = silu(x w_gate.T) * (x w_up.T) [M, N]. residual may be out itself (in place:
-    each program reads only its own rows of it), never x."""
+    (N' = 2N), y = silu(x w_gate.T) * (x w_up.T) [M, N]. The norm is applied in the same pass
+    (row sums of x * weight scaled by 1/rms at the end), not rounded to bf16 in between as an
+    unfused norm's output is. residual may be out itself (in place: each program reads only
+    its own rows of it), never x. config: BLOCK_N, BLOCK_K, num_warps, optionally
+    num_stages, and pdl (launched as a programmatic dependent of the kernel ahead, its first
+    weight tile loaded before it waits for that kernel: Hopper and later). swiglu_in: x [M, 2K] holds gate then
+    up columns (a gate/up GEMM's output) and is read as silu(gate) * up, rounded to bf16 as
+    silu_mul's output is (no silu_mul kernel before a down projection)."""
     _check_rows("x", x)
-    if w.dim() != 2 or not w.is_contiguous() or w.shape[1] != x.shape[1] or w.dtype != torch.bfloat16:
-        raise ValueError("w must be contiguous bf16 [N, %d]" % x.shape[1])
-    M, Kd = x.shape
+    Kd = x.shape[1] // 2 if swiglu_in else x.shape[1]
+    if (w.dim() != 2 or not w.is_contiguous() or w.shape[1] != Kd or w.dtype != torch.bfloat16
+            or (swiglu_in and (x.shape[1] % 2 or norm is not None))):
+        raise ValueError("w must be contiguous bf16 [N, %d]%s" % (
+            Kd, " (swiglu_in: x [M, 2K], no norm)" if swiglu_in else ""))
+    M = x.shape[0]
     N = w.shape[0] // 2 if swiglu else w.shape[0]
     if norm is not None and (norm.numel() != Kd or residual is x or out is x):
         raise ValueError("norm needs a [K] weight and an input that is not the output")
@@ -153,11 +212,17 @@ def gemv(x: torch.Tensor, w: torch.Tensor, out: Optional[torch.Tensor] = None,
     if Kd % cfg["BLOCK_K"]:
         raise ValueError("K %d is not a multiple of BLOCK_K %d" % (Kd, cfg["BLOCK_K"]))
     r = residual if residual is not None else y
+    launch = {"num_stages": cfg["num_stages"]} if "num_stages" in cfg else {}
+    if cfg.get("pdl"):
+        if x.device.type != "cuda" or not pdl_supported():
+            raise ValueError("gemv config pdl needs Triton's griddepcontrol on a CUDA GPU >= 9.0")
+        launch["launch_pdl"] = True
     if M:
         _gemv_kernel[(triton.cdiv(N, cfg["BLOCK_N"]), M)](
             x, w, y, r, norm if norm is not None else w, N, x.stride(0), y.stride(0), r.stride(0),
             eps, K=Kd, BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"], NORM=norm is not None,
-            RESID=residual is not None, SWIGLU=swiglu, num_warps=cfg["num_warps"])
+            RESID=residual is not None, SWIGLU=swiglu, SWIGLU_IN=swiglu_in,
+            PDL=bool(cfg.get("pdl")), num_warps=cfg["num_warps"], **launch)
     return y
 
 

@@ -9,7 +9,10 @@ is the faster BF16 side. The model (embeddings, RMSNorm, fused QKV, q/k norm, Ro
 lm_head) is this file's own, the same for every side: cuBLAS GEMMs (residual adds in place, in
 their epilogue) and, with Triton, three fused kernels per layer for the rest (kernels.py:
 RMSNorm, q/k norm + RoPE writing q/k/v where the side reads them, SiLU*up); --model-kernels
-eager runs the plain torch form instead.
+eager runs the plain torch form instead. The paged sides fold each layer's value rotation into
+their own copy of W_o (oscarkv.torch.fold, as oscarkv.transformers does on a model), so the
+paged decode returns its output in the rotated basis with no unrotation (rows: v_fold;
+--also unfold adds rows of the unrotating launch on the model's W_o).
 
 Bounds: (weight bytes read per step + KV bytes read per step) / the copy bandwidth measured in
 the same run (a device-to-device copy, read + write bytes over time).
@@ -17,12 +20,14 @@ the same run (a device-to-device copy, read + write bytes over time).
 import argparse
 import json
 import time
+import traceback
 from typing import Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
 
 from ..torch import BF16, INT2, KVCodec, PagedKVCache
+from ..torch.fold import fold_value_rotation
 from . import kernels as K
 from .probes import capture, gemv_probe, median_time, profile_replays
 
@@ -45,7 +50,9 @@ class Model:
         if self.form not in FORMS:
             raise ValueError("model form %r: one of %s" % (self.form, ", ".join(FORMS)))
         # gemv form: projection (qkv, o, gate_up, down, lm_head) -> Triton GEMV config, or
-        # absent: cuBLAS. Every projection a GEMV until gemv_probe picks the faster per shape.
+        # absent: cuBLAS; down_si: with gate_up on cuBLAS, down as a GEMV reading its output as
+        # silu(gate) * up (no silu_mul kernel). Every projection a GEMV until gemv_probe picks
+        # the faster per shape.
         self.gemv_pick: Dict[str, Optional[dict]] = {
             p: dict(K.GEMV_CONFIG) for p in ("qkv", "o", "gate_up", "down", "lm_head")}
         g = torch.Generator(device=device).manual_seed(seed)
@@ -104,7 +111,7 @@ class Model:
             k = kd if kd is not None else heads[:, hq:hq + h]
             v = vd if vd is not None else heads[:, hq + h:]
             a = attn.attend(i, q, k, v)
-            x.addmm_(a.reshape(T, -1).to(x.dtype), l["o"].t())  # in place: no copy of x
+            x.addmm_(a.reshape(T, -1).to(x.dtype), attn.o_weight(i, l).t())  # in place: no copy of x
             gu = K.rms_norm(x, l["ln2"], eps) @ l["gu"].t()
             x.addmm_(K.silu_mul(gu), l["down"].t())
         return x
@@ -128,12 +135,17 @@ class Model:
             k = kd if kd is not None else heads[:, hq:hq + h]
             v = vd if vd is not None else heads[:, hq + h:]
             a = attn.attend(i, q, k, v).reshape(1, -1)
+            wo = attn.o_weight(i, l)
             if pick.get("o"):
-                K.gemv(a, l["o"], out=x, residual=x, config=pick["o"])
+                K.gemv(a, wo, out=x, residual=x, config=pick["o"])
             else:
-                x.addmm_(a.to(x.dtype), l["o"].t())
+                x.addmm_(a.to(x.dtype), wo.t())
             if pick.get("gate_up"):
                 y = K.gemv(x, l["gu"], norm=l["ln2"], eps=eps, swiglu=True, config=pick["gate_up"])
+            elif pick.get("down_si"):  # down reads the gate/up output as silu(gate) * up
+                gu = K.rms_norm(x, l["ln2"], eps) @ l["gu"].t()
+                K.gemv(gu, l["down"], out=x, residual=x, swiglu_in=True, config=pick["down_si"])
+                continue
             else:
                 y = K.silu_mul(K.rms_norm(x, l["ln2"], eps) @ l["gu"].t())
             if pick.get("down"):
@@ -167,7 +179,7 @@ class Model:
                 vd.copy_(heads[:, hq + h:])
             v = vd if vd is not None else heads[:, hq + h:]
             a = attn.attend(i, q, kd, v)
-            x = torch.addmm(x, a.reshape(T, -1).to(x.dtype), l["o"].t())
+            x = torch.addmm(x, a.reshape(T, -1).to(x.dtype), attn.o_weight(i, l).t())
             y = F.rms_norm(x, (c["hidden"],), l["ln2"], eps)
             gu = y @ l["gu"].t()
             g_, u = gu.chunk(2, -1)
@@ -270,18 +282,38 @@ class Attn:
         """(k_dst, v_dst) [T, kv_heads, d] views to write this layer's rows to, or None."""
         return None, None
 
+    def o_weight(self, layer: int, l: Dict) -> torch.Tensor:
+        """The output projection's weight of `layer` for this side's attention output (the
+        model's; a side whose attention returns rotated outputs gives it with R_V folded in)."""
+        return l["o"]
+
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+
+# Whether the paged sides fold R_V into o_proj (oscarkv.torch.fold: the decode returns rotated
+# outputs, no unrotation in its launch) -- what oscarkv.transformers does; --also unfold adds
+# rows of the unrotating launch.
+FOLD = dict(on=True)
+
+
+def folded_o(model: Model, codec: KVCodec) -> List[torch.Tensor]:
+    """Every layer's W_o with codec's R_V folded in (new tensors; the model's stay as they are)."""
+    hq = model.cfg["q_heads"]
+    return [fold_value_rotation(l["o"], codec.matrices[i, 1], hq) for i, l in enumerate(model.layers)]
 
 
 class PagedSide(Attn):
     """The model on a PagedKVCache: q goes straight into the decoder's f32 query buffer; per
     layer one quantize-on-write launch (K and V from the QKV output, no copies) and the paged
-    decode."""
+    decode (rotated output into a folded o_proj unless fold is off)."""
 
-    def __init__(self, model: Model, codec: KVCodec, batch: int, ctx: int) -> None:
+    def __init__(self, model: Model, codec: KVCodec, batch: int, ctx: int,
+                 fold: Optional[bool] = None) -> None:
         super().__init__(model.cfg)
         self.model, self.batch = model, batch
+        self.fold = FOLD["on"] if fold is None else fold
+        self.o = folded_o(model, codec) if self.fold else None
         self.cache = paged_cache(model, codec, batch, ctx)
         self.cache.begin_step([1] * batch)
         self.ids = torch.zeros(batch, dtype=torch.long, device="cuda")
@@ -291,9 +323,12 @@ class PagedSide(Attn):
     def q_buffer(self, T):
         return self.cache.query_buffer(T)
 
+    def o_weight(self, layer, l):
+        return self.o[layer] if self.fold else l["o"]
+
     def attend(self, layer, q, k, v):
         self.cache.write(layer, k, v)
-        return self.cache.decode(layer, q)
+        return self.cache.decode(layer, q, unrotate=not self.fold)
 
     def step(self):
         return self.model.logits(self.model.forward(self.ids, self.pos, self))
@@ -370,10 +405,12 @@ def run_side(model: Model, name: str, batch: int, ctx: int) -> Dict:
         side = PagedSide(model, int2_codec(cfg, name == "bf16-pages", ctx + 128), batch, ctx)
     kernels = model.form
     layout = LAYOUT["paged"] if isinstance(side, PagedSide) else "dense"
-    t = time_side(side, label="%s-%s-%s-b%d-%d" % (name, kernels, layout, batch, ctx)
-                  if batch == 1 else "")
+    fold = bool(getattr(side, "fold", False))
+    t = time_side(side, label="%s-%s-%s%s-b%d-%d" % (name, kernels, layout,
+                                                     "" if fold or layout == "dense" else "-unfold",
+                                                     batch, ctx) if batch == 1 else "")
     r = dict(side=name, batch=batch, ctx=ctx, step_s=t, kv_bytes=side.kv_bytes,
-             tokens_per_s=batch / t, model_kernels=kernels, page_layout=layout)
+             tokens_per_s=batch / t, model_kernels=kernels, page_layout=layout, v_fold=fold)
     if isinstance(side, PagedSide):
         t0 = time.perf_counter()
         for _ in range(5):
@@ -409,13 +446,19 @@ def ttft(model: Model, prefix: int, new: int) -> Dict:
     ids = torch.randint(0, cfg["vocab"], (new,), device="cuda")
     pos = torch.arange(prefix, prefix + new, device="cuda")
 
+    fold = FOLD["on"]
+    wo = folded_o(model, codec) if fold else None
+
     class HitAttn(Attn):
         def q_buffer(self, T):  # extend's query: f32, contiguous
             return torch.empty(T, self.hq, self.d, dtype=torch.float32, device="cuda")
 
+        def o_weight(self, layer, l):
+            return wo[layer] if fold else l["o"]
+
         def attend(self, layer, q, k, v):
             cache.write(layer, k, v)
-            return cache.extend(layer, q, k, v)
+            return cache.extend(layer, q, k, v, unrotate=not fold)
 
     def prefill():
         x = model.forward(ids, pos, HitAttn(cfg))
@@ -446,7 +489,7 @@ def ttft(model: Model, prefix: int, new: int) -> Dict:
         torch.cuda.synchronize()
         ts.append(time.perf_counter() - t0)
     hit_s = sorted(ts[2:])[len(ts[2:]) // 2]
-    cache = g = staged = None  # free the INT2 side before the BF16 prefill
+    cache = g = staged = wo = None  # free the INT2 side before the BF16 prefill
     torch.cuda.empty_cache()
     # Full BF16 prefill of prefix + new tokens (causal), K/V kept in a dense BF16 cache.
     n = prefix + new
@@ -503,7 +546,7 @@ def ttft(model: Model, prefix: int, new: int) -> Dict:
             except RuntimeError as e:
                 print("  prefill backend %s%s failed: %s" % (backend, " expanded" if expand else "",
                                                            str(e).splitlines()[0][:200]))
-    return dict(prefix=prefix, new=new, hit_s=hit_s, hit_page_bytes=page_bytes,
+    return dict(prefix=prefix, new=new, hit_s=hit_s, hit_page_bytes=page_bytes, v_fold=fold,
                 prefill_s=best[0], prefill_backend=best[1], ratio=best[0] / hit_s)
 
 
@@ -525,9 +568,10 @@ def main(argv=None) -> int:
     ap.add_argument("--page-layout", choices=LAYOUTS, default=LAYOUTS[0],
                     help="how the paged sides' pool holds pages (PagedKVCache layer_major)")
     ap.add_argument("--also", default="",
-                    help="comma list of further model forms / page layouts to time every "
-                    "batch-1 side with (extra rows: model_kernels / page_layout say which; the "
-                    "keys use --model-kernels and --page-layout)")
+                    help="comma list of further model forms / page layouts, or 'unfold' (the "
+                    "paged sides unrotating their output instead of a folded o_proj), to time "
+                    "every batch-1 side with (extra rows: model_kernels / page_layout / v_fold "
+                    "say which; the keys use --model-kernels, --page-layout and the fold)")
     ap.add_argument("--no-gemv-probe", action="store_true",
                     help="gemv form: skip timing each projection of one layer at batch 1 (cuBLAS "
                     "vs Triton GEMV configurations, CUDA graphs) and picking the faster per "
@@ -557,13 +601,12 @@ def main(argv=None) -> int:
         r["bound_s"] = (wbytes + r["kv_bytes"]) / bw
         r["vs_bound"] = r["step_s"] / r["bound_s"]
         out["runs"].append(r)
-        print("  %-10s %-5s %-11s B=%-4d ctx=%-6d step %8.3f ms  bound %8.3f ms (x%.2f)  %9.1f tok/s%s"
-              % (r["side"], r["model_kernels"][:5], r["page_layout"], r["batch"], r["ctx"], r["step_s"] * 1e3,
+        print("  %-10s %-5s %-11s %-6s B=%-4d ctx=%-6d step %8.3f ms  bound %8.3f ms (x%.2f)  %9.1f tok/s%s"
+              % (r["side"], r["model_kernels"][:5], r["page_layout"],
+                 "fold" if r.get("v_fold") else "-", r["batch"], r["ctx"], r["step_s"] * 1e3,
                  r["bound_s"] * 1e3, r["vs_bound"], r["tokens_per_s"],
                  "  host plan %.2f ms" % (r["host_plan_s"] * 1e3) if "host_plan_s" in r else ""))
         return r
-
-    import traceback
 
     def save():
         if a.json:
@@ -574,7 +617,10 @@ def main(argv=None) -> int:
                 open(a.json, "w").write(text)
 
     if "gemv" in (main_form,) + tuple(a.also.split(",")) and not a.no_gemv_probe:
-        out["gemv_probe"] = gemv_probe(model, bw)
+        try:
+            out["gemv_probe"] = gemv_probe(model, bw)
+        except Exception:  # the bench stands without the probe (every projection a GEMV)
+            traceback.print_exc()
         out["gemv_pick"] = model.gemv_pick
         save()
     for ctx in [int(x) for x in a.contexts.split(",") if x]:
@@ -586,11 +632,13 @@ def main(argv=None) -> int:
                 traceback.print_exc()
                 torch.cuda.empty_cache()
             for extra in [f for f in a.also.split(",") if f and f not in (main_form, a.page_layout)]:
-                if extra in LAYOUTS and s == "bf16-sdpa":
-                    continue  # a dense cache has no page layout
-                # the same side in another model form or page layout (an extra row)
+                if (extra in LAYOUTS or extra == "unfold") and s == "bf16-sdpa":
+                    continue  # a dense cache has no page layout and no rotation
+                # the same side in another model form, page layout or unfolded (an extra row)
                 if extra in LAYOUTS:
                     LAYOUT["paged"] = extra
+                elif extra == "unfold":
+                    FOLD["on"] = False
                 else:
                     model.form = extra
                 try:
@@ -598,7 +646,7 @@ def main(argv=None) -> int:
                 except Exception:
                     traceback.print_exc()
                     torch.cuda.empty_cache()
-                model.form, LAYOUT["paged"] = main_form, a.page_layout
+                model.form, LAYOUT["paged"], FOLD["on"] = main_form, a.page_layout, True
         if "int2" not in res or len(res) < 2:
             continue
         # The BF16 baseline: the fastest BF16 row of this context in any form / layout timed

@@ -88,55 +88,117 @@ def profile_replays(g, label: str, layers: int, out_dir: str, step_s: float, n: 
                 launches_per_step=launches, top=[(t, c, k[:150]) for t, c, k in kern[:25]])
 
 
-GEMV_CONFIGS = [dict(BLOCK_N=8, BLOCK_K=512, num_warps=4), dict(BLOCK_N=16, BLOCK_K=256, num_warps=4),
-                dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4), dict(BLOCK_N=16, BLOCK_K=512, num_warps=8)]
+def _cfg(n, k, w, stages=None, pdl=False):
+    c = dict(BLOCK_N=n, BLOCK_K=k, num_warps=w)
+    if stages is not None:
+        c["num_stages"] = stages
+    if pdl:
+        c["pdl"] = True
+    return c
+
+
+# Triton GEMV configurations the probe tries per projection (BLOCK_N rows x BLOCK_K columns a
+# step, warps, software-pipeline stages, pdl: launched as a programmatic dependent of the
+# kernel ahead, its first weight tile loading while that kernel ends): the picks of the last
+# H200 run (bench/results/h200_torch_bench_model.json) and their neighbours.
+GEMV_CONFIGS = {
+    "qkv": [_cfg(8, 512, 4), _cfg(8, 512, 4, 1), _cfg(8, 1024, 8), _cfg(8, 512, 4, pdl=True),
+            _cfg(4, 512, 4, pdl=True)],
+    "o": [_cfg(4, 512, 4), _cfg(8, 512, 4), _cfg(4, 512, 4, pdl=True), _cfg(8, 512, 4, pdl=True)],
+    "gate_up": [_cfg(8, 1024, 8), _cfg(8, 512, 4), _cfg(8, 1024, 8, pdl=True),
+                _cfg(8, 512, 4, pdl=True)],
+    "down": [_cfg(2, 2048, 4), _cfg(4, 1024, 4), _cfg(2, 2048, 4, pdl=True),
+             _cfg(4, 1024, 4, pdl=True)],
+    "down_si": [_cfg(4, 1024, 4), _cfg(4, 1024, 4, pdl=True)],
+    "lm_head": [_cfg(8, 512, 4), _cfg(8, 512, 4, pdl=True)],
+}
+
+
+def config_name(cf: dict) -> str:
+    return "triton %d/%d/%d%s%s" % (cf["BLOCK_N"], cf["BLOCK_K"], cf["num_warps"],
+                                    "/s%d" % cf["num_stages"] if "num_stages" in cf else "",
+                                    "/pdl" if cf.get("pdl") else "")
 
 
 def gemv_probe(model, bw: float, reps: int = 20) -> List[Dict]:
-    """Each projection of layer 0 (and lm_head) at one token: the cuBLAS form (with its norm /
-    SiLU / residual kernels) against the Triton GEMV in each configuration; `reps` calls per CUDA
-    graph, median replay / reps. Sets model.gemv_pick to the faster per projection (every side
+    """Each projection at one token: the cuBLAS form (with its norm / SiLU / residual kernels)
+    against the Triton GEMV in each configuration of GEMV_CONFIGS; `reps` calls per CUDA graph,
+    each on the next layer's matrix (so the weights come from DRAM as in the model, not from
+    L2), median replay / reps. Sets model.gemv_pick to the faster per projection (every side
     then runs the same choice). Returns rows (name, form, us, weight GB/s, vs copy bandwidth)."""
-    c, l = model.cfg, model.layers[0]
+    c, layers = model.cfg, model.layers
     eps = c["eps"]
     x = torch.randn(1, c["hidden"], device="cuda", dtype=torch.bfloat16)
     a32 = torch.randn(1, c["q_heads"] * c["head_dim"], device="cuda")
     h_ = torch.randn(1, c["inter"], device="cuda", dtype=torch.bfloat16)
+    gu_ = torch.randn(1, 2 * c["inter"], device="cuda", dtype=torch.bfloat16)
+    # gate_up's cuBLAS form leaves silu(gate) * up to the down projection (timed there: "down"
+    # forms on h plus one silu_mul, or "down_si" reading the gate/up output itself)
     cases = {
-        "qkv": (l["qkv"], lambda: K.rms_norm(x, l["ln1"], eps) @ l["qkv"].t(),
-                lambda cf: K.gemv(x, l["qkv"], norm=l["ln1"], eps=eps, config=cf)),
-        "o": (l["o"], lambda: x.addmm_(a32.to(torch.bfloat16), l["o"].t()),
-                      lambda cf: K.gemv(a32, l["o"], out=x, residual=x, config=cf)),
-        "gate_up": (l["gu"], lambda: K.silu_mul(K.rms_norm(x, l["ln2"], eps) @ l["gu"].t()),
-                         lambda cf: K.gemv(x, l["gu"], norm=l["ln2"], eps=eps, swiglu=True,
-                                           config=cf)),
-        "down": (l["down"], lambda: x.addmm_(h_, l["down"].t()),
-                 lambda cf: K.gemv(h_, l["down"], out=x, residual=x, config=cf)),
-        "lm_head": (model.lm_head, lambda: K.rms_norm(x, model.norm, eps) @ model.lm_head.t(),
-                    lambda cf: K.gemv(x, model.lm_head, norm=model.norm, eps=eps, config=cf)),
+        "qkv": ("qkv", lambda l: K.rms_norm(x, l["ln1"], eps) @ l["qkv"].t(),
+                lambda l, cf: K.gemv(x, l["qkv"], norm=l["ln1"], eps=eps, config=cf)),
+        "o": ("o", lambda l: x.addmm_(a32.to(torch.bfloat16), l["o"].t()),
+              lambda l, cf: K.gemv(a32, l["o"], out=x, residual=x, config=cf)),
+        "gate_up": ("gu", lambda l: K.rms_norm(x, l["ln2"], eps) @ l["gu"].t(),
+                    lambda l, cf: K.gemv(x, l["gu"], norm=l["ln2"], eps=eps, swiglu=True,
+                                         config=cf)),
+        "down": ("down", lambda l: x.addmm_(h_, l["down"].t()),
+                 lambda l, cf: K.gemv(h_, l["down"], out=x, residual=x, config=cf)),
+        "down_si": ("down", None,
+                    lambda l, cf: K.gemv(gu_, l["down"], out=x, residual=x, swiglu_in=True,
+                                         config=cf)),
+        "silu_mul": (None, lambda l: K.silu_mul(gu_), None),
     }
+    head = dict(lm_head=model.lm_head)
+    cases["lm_head"] = ("lm_head", lambda l: K.rms_norm(x, model.norm, eps) @ model.lm_head.t(),
+                        lambda l, cf: K.gemv(x, model.lm_head, norm=model.norm, eps=eps, config=cf))
     rows, pick = [], {}
-    for name, (w, cub, tri) in cases.items():
-        forms = [("cublas", cub, None)] + [
-            ("triton %d/%d/%d" % (cf["BLOCK_N"], cf["BLOCK_K"], cf["num_warps"]),
-             (lambda cf=cf: tri(cf)), cf) for cf in GEMV_CONFIGS]
+    for name, (key, cub, tri) in cases.items():
+        mats = [head] if name == "lm_head" else layers  # lm_head: 1.2 GB, never in L2
+        nbytes = 2 * (mats[0][key].numel() if key else gu_.numel())
+        forms = ([("cublas", cub, None)] if cub else []) + [
+            (config_name(cf), (lambda l, cf=cf: tri(l, cf)), cf)
+            for cf in (GEMV_CONFIGS[name] if tri else [])]
         for form, fn, cf in forms:
             try:
                 x.normal_()  # the in-place forms grow x; keep it at unit scale
-                g, _ = capture(lambda: [fn() for _ in range(reps)])
+                g, _ = capture(lambda: [fn(mats[r % len(mats)]) for r in range(reps)])
                 t = median_time(g.replay, 10) / reps
-                r = dict(name=name, form=form, us=t * 1e6, weight_GBps=w.numel() * 2 / t / 1e9,
-                         vs_copy_bw=w.numel() * 2 / t / bw)
-                if name not in pick or t < pick[name][0]:
+                r = dict(name=name, form=form, us=t * 1e6, weight_GBps=nbytes / t / 1e9,
+                         vs_copy_bw=nbytes / t / bw, matrices=min(reps, len(mats)))
+                if name == "gate_up" and cf is None:
+                    pick["gate_up_cublas"] = (t, None)
+                elif name not in pick or t < pick[name][0]:
                     pick[name] = (t, cf)
-                print("  gemv probe %-13s %-18s %8.2f us  %7.0f GB/s  (%.2f of copy bw)"
+                print("  gemv probe %-13s %-22s %8.2f us  %7.0f GB/s  (%.2f of copy bw)"
                       % (name, form, r["us"], r["weight_GBps"], r["vs_copy_bw"]))
                 rows.append(r)
                 del g
             except Exception as e:
                 print("  gemv probe %s %s failed: %s" % (name, form, str(e).splitlines()[0][:200]))
+    mlp = pick_mlp(pick)
+    for n in ("gate_up", "gate_up_cublas", "down", "down_si", "silu_mul"):
+        pick.pop(n, None)
+    pick.update(mlp)
     model.gemv_pick = {n: cf for n, (_, cf) in pick.items() if cf is not None}
     print("  gemv form: %s" % ", ".join(
-        "%s %s" % (n, "triton %d/%d/%d" % (cf["BLOCK_N"], cf["BLOCK_K"], cf["num_warps"])
-                   if cf else "cublas") for n, (_, cf) in pick.items()))
+        "%s %s" % (n, config_name(cf) if cf else "cublas") for n, (_, cf) in pick.items()))
     return rows
+
+
+def pick_mlp(pick: Dict) -> Dict:
+    """The fastest of the MLP's forms from the probe's per-case best (seconds, config):
+    gate_up as a GEMV with SiLU*up in its epilogue, then down on its output; or gate_up on
+    cuBLAS, then silu_mul and down, or down reading the gate/up output (down_si). Returns
+    {case: (seconds, config)} of the cases the chosen form runs (a config None: cuBLAS)."""
+    big = (float("inf"), None)
+    gu, down, si, silu = (pick.get(n, big) for n in ("gate_up", "down", "down_si", "silu_mul"))
+    # gate_up's best may be cuBLAS (config None) or a GEMV: time each family apart
+    forms = []
+    if gu[1] is not None:
+        forms.append((gu[0] + down[0], {"gate_up": gu, "down": down}))
+    cub = pick.get("gate_up_cublas", big)
+    forms.append((cub[0] + silu[0] + down[0], {"gate_up": (cub[0], None), "down": down}))
+    if si[1] is not None:
+        forms.append((cub[0] + si[0], {"gate_up": (cub[0], None), "down_si": si}))
+    return min(forms, key=lambda f: f[0])[1]
