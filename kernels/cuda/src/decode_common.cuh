@@ -193,6 +193,50 @@ __device__ __forceinline__ void MbarWait(uint32_t mbar, int phase) {
       : "memory");
 }
 
+// The merged rows' R_Vᵀ product in 8-warp CTAs (GQA <= 4): out[j][i] = Σ_k o[j][k] · R_V[i][k],
+// warp w summing k in [16w, 16w+16) for the outputs i = 4·lane + u with all 16 of its lane's
+// R_V pieces loaded at once (one L2 round trip; the 4-warp form below takes four, one per
+// quarter of its 32 k), then the 8 warps' partial sums added through shared memory by all 256
+// threads. os: [gqa][128] merged rows at the start of smem; the partial sums [8][8][128] follow.
+__device__ __forceinline__ void MergeUnrotate8(const DecodeParams& p, int h, float* os, int qh0) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int gqa = static_cast<int>(p.shape.gqa());
+  const float* r = p.rot_v + size_t(h) * 128 * 128;
+  float* part = os + 8 * 128;
+  const int k0 = 16 * warp;
+  float4 rv[4][4];  // [row u][k piece m]
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) rv[u][m] = *reinterpret_cast<const float4*>(r + size_t(4 * lane + u) * 128 + k0 + 4 * m);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if (j < gqa) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const float4 x = *reinterpret_cast<const float4*>(os + j * 128 + k0 + 4 * m);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          acc[u] = fmaf(x.x, rv[u][m].x, acc[u]);
+          acc[u] = fmaf(x.y, rv[u][m].y, acc[u]);
+          acc[u] = fmaf(x.z, rv[u][m].z, acc[u]);
+          acc[u] = fmaf(x.w, rv[u][m].w, acc[u]);
+        }
+      }
+      reinterpret_cast<float4*>(part + (warp * 8 + j) * 128)[lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    }
+  }
+  __syncthreads();
+  for (int u = threadIdx.x; u < gqa * 128; u += 256) {
+    const int j = u >> 7, i = u & 127;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; ++w) v += part[(w * 8 + j) * 128 + i];
+    p.out[size_t(qh0 + j) * 128 + i] = v;
+  }
+}
+
 // kW: warps of the CTA (kWarps, or DecodeParams::int2_warps in the INT2 kernel): warp w takes heads
 // w, w + kW; warps past the fourth idle in the R_Vᵀ product.
 template <int kW = kWarps>
@@ -328,6 +372,10 @@ __device__ void MergePairInCta(const DecodeParams& p, int seq, int h, uint8_t* s
   }
   if (!unrot) return;
   __syncthreads();
+  if constexpr (kW == 8) {
+    MergeUnrotate8(p, h, os, qh0);
+    return;
+  }
   // out[j][i] = Σ_k o[j][k] · R_V[i][k]: warp w sums k in [32w, 32w+32) for the outputs
   // i = 4·lane + u (rows of R_V; each quarter's 8 row pieces are loaded at once, from L2: they
   // were prefetched when the merge started), the four warps' partial sums are added through
@@ -521,6 +569,17 @@ __device__ void FinishItem(const DecodeParams& p, int item, const DecodeWorkItem
     __syncthreads();  // every thread has read the flag, which lies in the merge's staging area
     MergePairInCta<kW>(p, it.seq, it.kv_head, smem, mi0, mi1);
   }
+}
+
+// A pair whose only item has no slices (capture decoders): its GQA output rows 0 and lse -inf,
+// the bits MergePairInCta writes for one empty partial (and its R_V product of zero rows).
+template <int kW = kWarps>
+__device__ void WriteEmptyPair(const DecodeParams& p, const DecodeWorkItem& it) {
+  const int gqa = static_cast<int>(p.shape.gqa());
+  const size_t qh0 = size_t(it.seq) * p.shape.num_q_heads + size_t(it.kv_head) * gqa;
+  for (int i = threadIdx.x; i < gqa * 32; i += 32 * kW)
+    reinterpret_cast<float4*>(p.out + qh0 * 128)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (p.lse != nullptr && threadIdx.x < gqa) p.lse[qh0 + threadIdx.x] = -INFINITY;
 }
 
 // The work item of launch slot `slot` (an index into the plan's order) and its index.

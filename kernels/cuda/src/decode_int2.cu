@@ -33,6 +33,17 @@ __global__ void __launch_bounds__(32 * kW, Int2MinBlocks<kW>()) DecodeInt2Kernel
   // counts as having let the next kernel start).
   if (it.kind == kPaddingItemKind) return;
   const bool int2_item = it.kind == static_cast<int32_t>(PageKind::kInt2);
+  // A capture decoder's empty item (the one item of a pair without tokens: a sequence past the
+  // batch, or an empty one) writes what the merge of its empty partial gives -- output 0, lse
+  // -inf -- and exits: no query staging, R_K, rotation, partial, arrival or merge (H200, 8 x 32K
+  // through a capture decoder of capacity 16: 64 such CTAs in the tail, after the real items).
+  if (int2_item && it.num_slices == 0) {
+    const int pair = it.seq * static_cast<int>(p.shape.num_kv_heads) + it.kv_head;
+    if (p.item_indptr[pair + 1] - p.item_indptr[pair] == 1) {
+      WriteEmptyPair<kW>(p, it);
+      return;
+    }
+  }
   PrefetchSharedRotation(p, it, item);
   int ticket = -1;
   if (kW == kWarps && int2_item && p.rotate_in_cta) {
