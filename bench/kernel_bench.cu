@@ -395,24 +395,30 @@ absl::StatusOr<double> TimeDecode(const KernelBenchOptions& o, PagedBatch& pb, i
                   : TimeMedianUs([&] { return cuda::LaunchDecodeAttention(params[c++ % params.size()], nullptr); },
                                  o.samples);
   if (us.ok() && timeline != nullptr) {
-    // One launch with timestamps, between untimed back-to-back launches (as in the timing).
-    const int ctas = cuda::DecoderPlan(*pb.decoder).num_int2_items;
-    auto tl = DeviceBuffer::Create(size_t(std::max(ctas, 1)) * cuda::kDecodeTimelineWords * 8);
+    // Two consecutive launches with timestamps, between untimed back-to-back launches (as in
+    // the timing): the second one's records are labelled LABEL#2, so the gap from one launch's
+    // last CTA to the next one's first (and the entry-to-entry period) can be read.
+    const int ctas = params[0].num_int2_items;  // the INT2 grid (a capture decoder: its capacity)
+    const size_t words = size_t(std::max(ctas, 1)) * cuda::kDecodeTimelineWords;
+    auto tl = DeviceBuffer::Create(2 * words * 8);
     if (!tl.ok()) return tl.status();
     BENCH_RETURN_IF_ERROR(CudaStatus(cudaMemset(tl->get(), 0, tl->bytes()), "timeline"));
     for (int i = 0; i < 24; ++i) {
       cuda::DecodeParams p = params[c++ % params.size()];
-      if (i == 20) p.debug_timeline = tl->as<uint64_t>();
+      if (i == 20 || i == 21) p.debug_timeline = tl->as<uint64_t>() + (i - 20) * words;
       BENCH_RETURN_IF_ERROR(cuda::LaunchDecodeAttention(p, nullptr));
     }
     BENCH_RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "timeline run"));
     auto h = tl->ToHost<uint64_t>();
     if (!h.ok()) return h.status();
-    for (int cta = 0; cta < ctas; ++cta) {
-      std::fprintf(timeline, "%s,%d,%.2f,%d", timeline_label.c_str(), B, *us, cta);
-      for (int w = 0; w < cuda::kDecodeTimelineWords; ++w)
-        std::fprintf(timeline, ",%llu", static_cast<unsigned long long>((*h)[size_t(cta) * cuda::kDecodeTimelineWords + w]));
-      std::fprintf(timeline, "\n");
+    for (int l = 0; l < 2; ++l) {
+      for (int cta = 0; cta < ctas; ++cta) {
+        std::fprintf(timeline, "%s%s,%d,%.2f,%d", timeline_label.c_str(), l ? "#2" : "", B, *us, cta);
+        for (int w = 0; w < cuda::kDecodeTimelineWords; ++w)
+          std::fprintf(timeline, ",%llu",
+                       static_cast<unsigned long long>((*h)[l * words + size_t(cta) * cuda::kDecodeTimelineWords + w]));
+        std::fprintf(timeline, "\n");
+      }
     }
   }
   if (!us.ok() || out_host == nullptr) return us;

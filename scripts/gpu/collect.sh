@@ -7,7 +7,9 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 b=${BUILD:-$root/build-f}
 out=$b/carry
 rm -rf "$out" && mkdir -p "$out/lib"
-for bin in kernels/cuda/cuda_kernels_gpu_test kernels/cuda/cuda_reference_test bench/kernel_bench bench/write_probe cli/oscarkv; do
+# (bench/kernel_bench_base: an A/B partner binary put there by hand, e.g. main's kernel_bench)
+for bin in kernels/cuda/cuda_kernels_gpu_test kernels/cuda/cuda_reference_test bench/kernel_bench bench/kernel_bench_base \
+    bench/write_probe cli/oscarkv; do
   [ -f "$b/$bin" ] || continue
   cp "$b/$bin" "$out/" && strip "$out/$(basename $bin)"
   # (a binary may need none of them: grep then finds nothing, which is not an error)

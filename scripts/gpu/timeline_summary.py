@@ -90,6 +90,27 @@ def main():
     area, peak = sum(bins) * step, max(bins)
     start = st.median(c['loop'] for c in ctas)
     print('loop warp-µs %.0f; all %d warps to a common end from %.2f µs: %.2f µs' % (area, peak, start, start + area / peak))
+    # The next launch's records (LABEL#2, the launch right after this one, back to back), in
+    # %globaltimer ns: where one launch's period goes between its first CTA's entry and the next
+    # launch's first CTA's entry.
+    nxt = [r for r in csv.DictReader(open(path)) if r['config'] == label + '#2']
+    if nxt:
+        ns = lambda rs, k: [int(r['w%d' % k]) for r in rs if int(r['w%d' % k] or 0)]
+        e1, e2 = min(ns(rows, 0)), min(ns(nxt, 0))
+        end1 = max(ns(rows, 12))
+        rot2 = ns(nxt, 22)
+        print('launch period (first entry -> next launch\'s first entry) %.2f µs; this launch\'s CTAs: '
+              'entry spread %.2f, last end %.2f; gap last end -> next first entry %.2f µs' % (
+                  (e2 - e1) / 1e3, (max(ns(rows, 0)) - e1) / 1e3, (end1 - e1) / 1e3, (e2 - end1) / 1e3))
+        if rot2:
+            m = [int(r.get('w23') or 0) for r in nxt if int(r.get('w22') or 0)]
+            wait = [x - ((y & 0x1fffff)) for x, y in zip(rot2, m)]
+            print('next launch\'s rotation kernel: wait returned %s, CTAs end %s (µs after this launch\'s last end)' % (
+                q([(w - end1) / 1e3 for w in wait]), q([(x - end1) / 1e3 for x in rot2])))
+        loops = ns(rows, 13)
+        if loops:
+            print('this launch, µs after its first entry (%%globaltimer): loops start %s; CTA ends %s' % (
+                q([(x - e1) / 1e3 for x in loops]), q([(x - e1) / 1e3 for x in ns(rows, 12)])))
     return 0
 
 
