@@ -377,8 +377,11 @@ class GrpcClient final : public Client {
 
   absl::StatusOr<StoreResult> Store(const Codec& codec,
                                     std::span<const PageWrite> pages) override {
+    // A shared-namespace client reserves over gRPC: the socket acts for its own namespace.
+    const bool local_reserve =
+        staging_ != nullptr && staging_->reserve_frames() && options_.shared_namespace.empty();
     return StorePages(StoreTarget{*rpc_, staging_ ? staging_->pool() : shm_.get(),
-                                  staging_.get(), server_.max_batch, options_},
+                                  staging_.get(), local_reserve, server_.max_batch, options_},
                       codec, pages);
   }
 

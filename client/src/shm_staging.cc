@@ -1,6 +1,7 @@
 #include "shm_staging.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -66,7 +67,7 @@ absl::StatusOr<std::unique_ptr<ShmStaging>> ShmStaging::Open(LocalChannel& local
   if (a->fd < 0 && resp.ParseFromArray(a->body, static_cast<int>(a->body_bytes)) && resp.pool_bytes() == 0) {
     // A tenant: stores through staging, no pool mapping (shm_load_staging.h loads).
     return std::unique_ptr<ShmStaging>(
-        new ShmStaging(*sock, staging, bytes, nullptr, std::move(rx)));
+        new ShmStaging(*sock, staging, bytes, nullptr, std::move(rx), resp.reserve_frames()));
   }
   if (a->fd < 0 || !resp.ParseFromArray(a->body, static_cast<int>(a->body_bytes)) || resp.pool_bytes() != pool_bytes) {
     if (a->fd >= 0) ::close(a->fd);
@@ -77,7 +78,8 @@ absl::StatusOr<std::unique_ptr<ShmStaging>> ShmStaging::Open(LocalChannel& local
   ::close(a->fd);
   if (!pool.ok()) return fail(pool.status());
   return std::unique_ptr<ShmStaging>(
-      new ShmStaging(*sock, staging, bytes, std::move(*pool), std::move(rx)));
+      new ShmStaging(*sock, staging, bytes, std::move(*pool), std::move(rx),
+                     resp.reserve_frames()));
 }
 
 ShmStaging::~ShmStaging() {
@@ -85,24 +87,118 @@ ShmStaging::~ShmStaging() {
   ::close(sock_);
 }
 
+namespace {
+
+// A page in equal pieces of at most a slot each: one piece (one frame) for a page of up to
+// kChunkBytes, and no short straggler that costs a round trip of its own.
+uint64_t PieceBytes(uint64_t page_bytes) {
+  const uint64_t pieces =
+      std::max<uint64_t>(1, (page_bytes + ShmStaging::kChunkBytes - 1) / ShmStaging::kChunkBytes);
+  return std::min(ShmStaging::kChunkBytes, ((page_bytes + pieces - 1) / pieces + 63) / 64 * 64);
+}
+
+// True when a frame is waiting on `sock` (without taking it).
+bool Readable(int sock) {
+  pollfd p{sock, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
+}
+
+}  // namespace
+
 absl::Status ShmStaging::StagePages(uint64_t reservation_id, std::span<const PageWrite> pages,
                                     std::span<const size_t> reserved,
                                     std::vector<absl::Status>* status,
                                     std::vector<bool>* committed) {
   std::lock_guard<std::mutex> lock(mu_);
+  return StageLocked(reservation_id, pages, reserved, {}, status, committed);
+}
+
+absl::Status ShmStaging::ReserveAndStage(const pb::ReserveRequest& reserve,
+                                         std::span<const PageWrite> pages,
+                                         std::span<const size_t> candidates, const Admit& admit,
+                                         std::vector<absl::Status>* status,
+                                         std::vector<bool>* committed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  committed->assign(pages.size(), false);
+  if (!reserve_frames_) {
+    return absl::FailedPreconditionError("this daemon serves no Reserve frames");
+  }
+  const uint64_t id = next_id_++;
+  if (absl::Status s = SendLocalFrame(sock_, local::Method::kReserve, id, reserve); !s.ok()) {
+    ::shutdown(sock_, SHUT_RDWR);
+    return s;
+  }
+  // While the daemon reserves: the first chunks into staging, until its answer is here or the
+  // slots are full (at least one, so the first StageWrite goes out with the answer).
+  std::vector<Prestaged> ahead;
+  for (size_t i : candidates) {
+    const std::span<const uint8_t> src = pages[i].bytes;
+    const uint64_t piece = PieceBytes(src.size());
+    for (uint64_t off = 0; off < src.size() && ahead.size() < kSlots; off += piece) {
+      const uint32_t slot = static_cast<uint32_t>(ahead.size());
+      std::memcpy(staging_ + uint64_t{slot} * kChunkBytes, src.data() + off,
+                  std::min<uint64_t>(piece, src.size() - off));
+      ahead.push_back({i, off, slot});
+      if (Readable(sock_)) break;
+    }
+    if (ahead.size() == kSlots || Readable(sock_)) break;
+  }
+  auto a = RecvLocalAnswer(sock_, id, &rx_);
+  if (!a.ok()) {
+    ::shutdown(sock_, SHUT_RDWR);  // the answer may still come: the connection is unusable
+    return a.status();
+  }
+  if (a->fd >= 0) ::close(a->fd);
+  if (!a->status.ok()) return absl::Status(a->status.code(), absl::StrCat("Reserve: ", a->status.message()));
+  pb::ReserveResponse resp;
+  if (!resp.ParseFromArray(a->body, static_cast<int>(a->body_bytes))) {
+    ::shutdown(sock_, SHUT_RDWR);
+    return absl::InternalError("Reserve: unparsable answer on the local connection");
+  }
+  absl::StatusOr<std::vector<size_t>> reserved = admit(resp);
+  if (!reserved.ok()) return reserved.status();
+  if (reserved->empty()) return absl::OkStatus();
+  (void)StageLocked(resp.reservation_id(), pages, *reserved, ahead, status, committed);
+  return absl::OkStatus();
+}
+
+absl::Status ShmStaging::StageLocked(uint64_t reservation_id, std::span<const PageWrite> pages,
+                                     std::span<const size_t> reserved,
+                                     std::span<const Prestaged> ahead,
+                                     std::vector<absl::Status>* status,
+                                     std::vector<bool>* committed) {
   committed->assign(pages.size(), false);
   struct InFlight {
     uint64_t id;
-    size_t page;  // index into `pages`
-    bool last;    // completes the page: its answer is the page's verdict
+    size_t page;    // index into `pages`
+    bool last;      // completes the page: its answer is the page's verdict
+    uint32_t slot;  // free again once answered
   };
   std::deque<InFlight> inflight;
   std::vector<bool> confirmed(pages.size(), false);
+  std::vector<bool> is_reserved(pages.size(), false);
+  for (size_t i : reserved) is_reserved[i] = true;
+  // Slots holding a chunk copied ahead for a reserved page stay taken until it is sent; the
+  // rest are free. Those chunks are a prefix of the chunks below, in the same order.
+  std::vector<uint32_t> free_slots;
+  std::vector<bool> held(kSlots, false);
+  size_t next_ahead = 0;
+  std::vector<Prestaged> kept;
+  for (const Prestaged& p : ahead) {
+    if (is_reserved[p.page]) {
+      held[p.slot] = true;
+      kept.push_back(p);
+    }
+  }
+  for (uint32_t slot = kSlots; slot-- > 0;) {
+    if (!held[slot]) free_slots.push_back(slot);
+  }
   absl::Status broken;
   // One answer, oldest first: a failed chunk decides its page (the first failure is kept).
   auto settle = [&]() -> bool {
     const InFlight f = inflight.front();
     inflight.pop_front();
+    free_slots.push_back(f.slot);
     auto a = RecvLocalAnswer(sock_, f.id, &rx_);
     if (!a.ok()) {
       broken = a.status();
@@ -127,24 +223,26 @@ absl::Status ShmStaging::StagePages(uint64_t reservation_id, std::span<const Pag
   };
   pb::StageWriteRequest req;
   req.set_reservation_id(reservation_id);
-  uint64_t seq = 0;
   for (size_t i : reserved) (*status)[i] = absl::OkStatus();
   for (size_t r = 0; r < reserved.size() && broken.ok(); ++r) {
     const size_t i = reserved[r];
     const std::span<const uint8_t> src = pages[i].bytes;
     req.set_key(reinterpret_cast<const char*>(pages[i].key.bytes.data()), pages[i].key.bytes.size());
-    // The page in equal pieces of at most a slot each: one piece (one frame) for a page of up
-    // to kChunkBytes, and no short straggler that costs a round trip of its own.
-    const uint64_t pieces = std::max<uint64_t>(1, (src.size() + kChunkBytes - 1) / kChunkBytes);
-    const uint64_t piece =
-        std::min(kChunkBytes, ((src.size() + pieces - 1) / pieces + 63) / 64 * 64);
-    for (uint64_t off = 0; off < src.size() && broken.ok(); off += piece, ++seq) {
-      if (inflight.size() == kSlots && !settle()) break;
+    const uint64_t piece = PieceBytes(src.size());
+    for (uint64_t off = 0; off < src.size() && broken.ok(); off += piece) {
       const uint64_t len = std::min<uint64_t>(piece, src.size() - off);
-      const uint64_t slot = (seq % kSlots) * kChunkBytes;
-      std::memcpy(staging_ + slot, src.data() + off, len);
+      uint32_t slot;
+      if (next_ahead < kept.size() && kept[next_ahead].page == i &&
+          kept[next_ahead].offset == off) {
+        slot = kept[next_ahead++].slot;  // copied while the daemon reserved
+      } else {
+        if (free_slots.empty() && !settle()) break;
+        slot = free_slots.back();
+        free_slots.pop_back();
+        std::memcpy(staging_ + uint64_t{slot} * kChunkBytes, src.data() + off, len);
+      }
       req.set_page_offset(off);
-      req.set_staging_offset(slot);
+      req.set_staging_offset(uint64_t{slot} * kChunkBytes);
       req.set_length(len);
       req.set_commit(off + len == src.size());  // the last chunk commits the page
       const uint64_t id = next_id_++;
@@ -152,7 +250,7 @@ absl::Status ShmStaging::StagePages(uint64_t reservation_id, std::span<const Pag
         broken = s;
         break;
       }
-      inflight.push_back({id, i, off + len == src.size()});
+      inflight.push_back({id, i, off + len == src.size(), slot});
     }
   }
   while (!inflight.empty() && broken.ok()) settle();

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -21,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "oscarkv/client/client.h"
+#include "oscarkv/v1/oscarkv.pb.h"
 #include "shm_mapping.h"
 
 namespace oscarkv::client {
@@ -46,6 +48,25 @@ class ShmStaging {
 
   // The pool, read-only; null for a tenant (the pool holds every tenant's pages).
   const ShmMapping* pool() const { return pool_.get(); }
+  // The daemon serves Reserve frames on this connection (AttachStagingResponse.reserve_frames).
+  bool reserve_frames() const { return reserve_frames_; }
+
+  // Given the Reserve answer: which pages of the batch were reserved (each with its status
+  // left OK), the others' statuses set. A non-OK return stops the store with that status.
+  using Admit =
+      std::function<absl::StatusOr<std::vector<size_t>>(const ::oscarkv::v1::ReserveResponse&)>;
+
+  // One batch without gRPC (needs reserve_frames()): sends `reserve` as a Reserve frame on this
+  // connection, copies the first chunks of pages[candidates] into staging while the daemon
+  // answers (so the pipeline starts full), hands the answer to `admit`, then stages the pages it
+  // admitted as StagePages does (the chunks copied ahead are sent without copying again; those
+  // of pages not reserved are dropped). The return is the Reserve's: non-OK when the daemon
+  // refused it, `admit` failed or the connection broke before the answer (nothing is known to
+  // be reserved then); a break while staging goes into the pages' statuses as in StagePages.
+  absl::Status ReserveAndStage(const ::oscarkv::v1::ReserveRequest& reserve,
+                               std::span<const PageWrite> pages,
+                               std::span<const size_t> candidates, const Admit& admit,
+                               std::vector<absl::Status>* status, std::vector<bool>* committed);
 
   // Stages pages[reserved[i]] into their slots of `reservation_id`, in order, asking the daemon
   // to commit each page with its last chunk. (*status)[j] for j in `reserved` ends OK (copied
@@ -60,18 +81,31 @@ class ShmStaging {
 
  private:
   ShmStaging(int sock, uint8_t* staging, uint64_t staging_bytes,
-             std::unique_ptr<ShmMapping> pool, std::string rx)
+             std::unique_ptr<ShmMapping> pool, std::string rx, bool reserve_frames)
       : sock_(sock),
         staging_(staging),
         staging_bytes_(staging_bytes),
         pool_(std::move(pool)),
+        reserve_frames_(reserve_frames),
         rx_(std::move(rx)) {}
+
+  // A chunk copied into staging slot `slot` before its page was known to be reserved.
+  struct Prestaged {
+    size_t page;  // index into `pages`
+    uint64_t offset;
+    uint32_t slot;
+  };
+  // StagePages under mu_, starting from the chunks `ahead` (in page order) already in staging.
+  absl::Status StageLocked(uint64_t reservation_id, std::span<const PageWrite> pages,
+                           std::span<const size_t> reserved, std::span<const Prestaged> ahead,
+                           std::vector<absl::Status>* status, std::vector<bool>* committed);
 
   std::mutex mu_;  // one store at a time: the staging slots and the connection
   const int sock_;
   uint8_t* const staging_;
   const uint64_t staging_bytes_;
   std::unique_ptr<ShmMapping> pool_;
+  const bool reserve_frames_;
   uint64_t next_id_ = 1;  // guarded by mu_
   std::string rx_;  // guarded by mu_: one answer frame (local::kMaxFrameBytes, reused)
 };

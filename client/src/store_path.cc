@@ -8,6 +8,7 @@
 #include "oscarkv/kernels/page_checksum.h"
 #include "oscarkv/proto/codec_convert.h"
 #include "oscarkv/util/status_macros.h"
+#include "oscarkv/v1/local_control.h"
 #include "rpc_core.h"
 #include "shm_mapping.h"
 #include "shm_staging.h"
@@ -16,6 +17,7 @@ namespace oscarkv::client {
 namespace {
 
 namespace pb = ::oscarkv::v1;
+namespace local = ::oscarkv::v1::local;
 
 absl::Status FromItem(const pb::ItemStatus& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.code()), s.message());
@@ -116,37 +118,44 @@ class StoreCall {
       item->set_key(KeyBytes(pages[i].key));
       item->set_kind(proto::ToProto(pages[i].kind));
     }
+    uint64_t reservation = 0;
+    std::vector<size_t> reserved;  // indexes into `pages`
+    std::vector<pb::PageRef> slots;
+    auto admit = [&](const pb::ReserveResponse& resp) -> absl::StatusOr<std::vector<size_t>> {
+      reservation = resp.reservation_id();
+      absl::Status s = Admit(resp, pages, idx, status, &reserved, &slots);
+      if (!s.ok()) {
+        if (reservation != 0) AbortReservation(reservation);
+        return s;
+      }
+      if (reserved.empty() && reservation != 0) AbortReservation(reservation);
+      return reserved;
+    };
+    if (t_.staging != nullptr && t_.local_reserve && idx.size() <= local::kMaxReserveItems) {
+      // Same host: Reserve on the staging connection, the first pages copied into staging
+      // while the daemon answers, then staged (copied, hashed and committed by the daemon).
+      std::vector<bool> committed;
+      OSCARKV_RETURN_IF_ERROR(
+          t_.staging->ReserveAndStage(req, pages, idx, admit, status, &committed));
+      if (reserved.empty()) return absl::OkStatus();
+      std::vector<size_t> to_commit;
+      size_t staged_committed = 0;
+      for (size_t i : reserved) {
+        if (committed[i]) {
+          ++staged_committed;
+        } else if ((*status)[i].ok()) {
+          to_commit.push_back(i);
+        }
+      }
+      return CommitRest(reservation, pages, reserved, to_commit, staged_committed, status);
+    }
     pb::ReserveResponse resp;
     {
       auto ctx = t_.rpc.Context();
       OSCARKV_RETURN_IF_ERROR(FromGrpc(t_.rpc.stub().Reserve(ctx.get(), req, &resp), "Reserve"));
     }
-    const uint64_t reservation = resp.reservation_id();
-    if (static_cast<size_t>(resp.results_size()) != idx.size()) {
-      if (reservation != 0) AbortReservation(reservation);
-      return absl::InternalError("Reserve: daemon returned a result count != item count");
-    }
-    std::vector<size_t> reserved;  // indexes into `pages`
-    std::vector<pb::PageRef> slots;
-    for (size_t j = 0; j < idx.size(); ++j) {
-      const auto& r = resp.results(static_cast<int>(j));
-      if (r.status().code() != 0) {
-        (*status)[idx[j]] = FromItem(r.status());
-        continue;
-      }
-      if (r.slot().bytes() != pages[idx[j]].bytes.size()) {
-        (*status)[idx[j]] = absl::InternalError(absl::StrCat(
-            "daemon reserved a ", r.slot().bytes(), "-byte slot for a ",
-            pages[idx[j]].bytes.size(), "-byte page"));
-        continue;  // left uncommitted: aborted below
-      }
-      reserved.push_back(idx[j]);
-      slots.push_back(r.slot());
-    }
-    if (reserved.empty()) {
-      if (reservation != 0) AbortReservation(reservation);
-      return absl::OkStatus();
-    }
+    OSCARKV_RETURN_IF_ERROR(admit(resp).status());
+    if (reserved.empty()) return absl::OkStatus();
     // Over shared memory each page is copied into its slot and hashed in the same pass; a page
     // whose bytes do not match its checksum is not committed (DATA_LOSS to this caller).
     std::vector<size_t> to_commit;
@@ -182,6 +191,16 @@ class StoreCall {
         for (size_t i : reserved) (*status)[i] = written;
       }
     }
+    return CommitRest(reservation, pages, reserved, to_commit, staged_committed, status);
+  }
+
+  // Of `reserved` (reservation `reservation`): `staged_committed` pages the daemon committed
+  // with their last staged chunk, `to_commit` pages written and ready. Commits those, then
+  // aborts whatever of the reservation is not committed.
+  absl::Status CommitRest(uint64_t reservation, std::span<const PageWrite> pages,
+                          const std::vector<size_t>& reserved,
+                          const std::vector<size_t>& to_commit, size_t staged_committed,
+                          std::vector<absl::Status>* status) {
     if (to_commit.empty()) {
       // Aborting releases only what is not committed; committed pages stay.
       if (staged_committed < reserved.size()) AbortReservation(reservation);
@@ -218,6 +237,32 @@ class StoreCall {
     }
     // Aborting releases only what is not committed; committed pages stay.
     if (!all_committed) AbortReservation(reservation);
+    return absl::OkStatus();
+  }
+
+  // The pages of `idx` that `resp` reserved go to `reserved` (their slots to `slots`); every
+  // other page of `idx` gets its status. INTERNAL when the answer does not match the request.
+  static absl::Status Admit(const pb::ReserveResponse& resp, std::span<const PageWrite> pages,
+                            std::span<const size_t> idx, std::vector<absl::Status>* status,
+                            std::vector<size_t>* reserved, std::vector<pb::PageRef>* slots) {
+    if (static_cast<size_t>(resp.results_size()) != idx.size()) {
+      return absl::InternalError("Reserve: daemon returned a result count != item count");
+    }
+    for (size_t j = 0; j < idx.size(); ++j) {
+      const auto& r = resp.results(static_cast<int>(j));
+      if (r.status().code() != 0) {
+        (*status)[idx[j]] = FromItem(r.status());
+        continue;
+      }
+      if (r.slot().bytes() != pages[idx[j]].bytes.size()) {
+        (*status)[idx[j]] = absl::InternalError(absl::StrCat(
+            "daemon reserved a ", r.slot().bytes(), "-byte slot for a ",
+            pages[idx[j]].bytes.size(), "-byte page"));
+        continue;  // left uncommitted: aborted by the caller
+      }
+      reserved->push_back(idx[j]);
+      slots->push_back(r.slot());
+    }
     return absl::OkStatus();
   }
 

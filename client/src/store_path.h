@@ -22,6 +22,9 @@ struct StoreTarget {
   const RpcCore& rpc;
   const ShmMapping* shm;  // null: the gRPC data path
   ShmStaging* staging;    // isolated shared memory: pages go through it (shm is read-only)
+  // Reserve on the staging connection (ShmStaging::ReserveAndStage) instead of over gRPC: the
+  // daemon serves it and the socket's caller is the one gRPC would act for.
+  bool local_reserve;
   uint32_t max_batch;     // the daemon's
   const ConnectOptions& options;
 };

@@ -58,6 +58,8 @@ struct LocalControlServer::Worker {
   pb::AttachLoadStagingResponse attach_load_resp;
   pb::StageReadRequest stage_read_req;
   pb::StageReadResponse stage_read_resp;
+  pb::ReserveRequest reserve_req;
+  pb::ReserveResponse reserve_resp;
   alignas(cmsghdr) char control[kFdControlBytes];  // descriptors passed with a frame
 };
 
@@ -412,6 +414,7 @@ bool LocalControlServer::AttachStaging(Worker* w, Conn* c, uint64_t id, const ch
                                    *isolated_pool_);
   if (!region.ok()) return Reply(w, c, method, id, region.status(), nullptr);
   w->attach_resp.set_staging_max_bytes(staging_max_bytes_);
+  w->attach_resp.set_reserve_frames(true);
   if (!c->caller.admin) {
     // One arena holds every tenant's pages: a mapping of it would let this tenant read the
     // others'. A tenant stores through its staging and loads through a load staging region
@@ -456,6 +459,27 @@ bool LocalControlServer::AttachLoadStaging(Worker* w, Conn* c, uint64_t id, cons
   const bool sent = Reply(w, c, method, id, absl::OkStatus(), &w->attach_load_resp, *fd);
   ::close(*fd);
   return sent;
+}
+
+absl::Status LocalControlServer::Reserve(const Caller& caller, const pb::ReserveRequest& req,
+                                         pb::ReserveResponse* resp) {
+  RpcTimer t(calls_->metrics(), Rpc::kReserve);
+  if (static_cast<uint32_t>(req.items_size()) > local::kMaxReserveItems) {
+    return t.Done(absl::InvalidArgumentError(
+        absl::StrCat("a Reserve frame holds at most ", local::kMaxReserveItems, " items, not ",
+                     req.items_size(), "; reserve larger batches over gRPC")));
+  }
+  absl::Status s = wire::Reserve(*calls_->cache(), caller, req, resp);
+  if (s.ok() && sizeof(local::ResponseHeader) + resp->ByteSizeLong() > local::kMaxFrameBytes) {
+    // The answer cannot reach the client: nothing may stay reserved that it was not told of.
+    if (resp->reservation_id() != 0) {
+      (void)calls_->cache()->Abort(caller, resp->reservation_id());
+    }
+    s = absl::ResourceExhaustedError(absl::StrCat(
+        "the Reserve answer exceeds the local socket's frame limit of ", local::kMaxFrameBytes,
+        " bytes; nothing was reserved (reserve over gRPC)"));
+  }
+  return t.Done(std::move(s));
 }
 
 bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
@@ -617,6 +641,24 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
             *calls_->cache(), c->caller, w->stage_read_req,
             c->load_staging ? c->load_staging->bytes() : std::span<uint8_t>());
         if (!Reply(w, c, h.method, h.id, s, &w->stage_read_resp)) return false;
+        break;
+      }
+      case local::Method::kReserve: {
+        if (!c->handshaken) {
+          Reply(w, c, h.method, h.id,
+                absl::FailedPreconditionError("Handshake first on a local connection"), nullptr);
+          return false;
+        }
+        w->reserve_req.Clear();
+        w->reserve_resp.Clear();
+        if (!w->reserve_req.ParseFromArray(body, body_bytes)) {
+          return malformed(h.id, "unparsable ReserveRequest");
+        }
+        m->RecordLocalCall(Rpc::kReserve);
+        if (!Reply(w, c, h.method, h.id, Reserve(c->caller, w->reserve_req, &w->reserve_resp),
+                   &w->reserve_resp)) {
+          return false;
+        }
         break;
       }
       default:

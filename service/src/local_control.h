@@ -1,6 +1,6 @@
 // LocalControlServer: oscarkvd's same-host control socket (frames: proto/oscarkv/v1/
 // local_control.h). Serves Handshake, Lookup and Release through the same ControlCalls as the
-// gRPC service, on `threads` epoll threads that run each call inline on the thread that read
+// gRPC service (and Reserve through the same wire translation), on `threads` epoll threads that run each call inline on the thread that read
 // it: one wake-up per batch of ready connections, no hand-off to another thread. A connection
 // belongs to one thread for its life (assigned round robin at accept).
 //
@@ -71,6 +71,9 @@ class LocalControlServer {
   // AttachStaging (isolated shared memory); false when `c` must be closed.
   bool AttachStaging(Worker* w, Conn* c, uint64_t id, const char* body, int body_bytes,
                      int passed_fd);
+  // Reserve for `caller`: wire::Reserve, as over gRPC, within the frame limits.
+  absl::Status Reserve(const Caller& caller, const pb::ReserveRequest& req,
+                       pb::ReserveResponse* resp);
   // AttachLoadStaging (local_load_staging.h); false when `c` must be closed.
   bool AttachLoadStaging(Worker* w, Conn* c, uint64_t id, const char* body, int body_bytes);
 

@@ -69,12 +69,36 @@ std::vector<std::string> Seeds() {
   staged.set_length(64);
   pb::AttachStagingRequest staging;
   staging.set_staging_bytes(1 << 20);
+  // Reserve frames: two pages of the fuzz server's codec, a bad key and a bad kind among good
+  // items, an unknown codec, and one item more than a frame may hold.
+  const std::string codec = LocalFrameFuzzCodecId();
+  auto reserve = [&](int items, int key_bytes, pb::PageKind kind, const std::string& id) {
+    pb::ReserveRequest r;
+    r.set_codec_id(id);
+    for (int i = 0; i < items; ++i) {
+      auto* item = r.add_items();
+      item->set_key(std::string(static_cast<size_t>(i == 1 ? key_bytes : 16),
+                                static_cast<char>('k' + i % 64)));
+      item->set_kind(i == 2 ? kind : pb::PAGE_KIND_INT2);
+    }
+    return r.SerializeAsString();
+  };
+  const std::string reserve_two = reserve(2, 16, pb::PAGE_KIND_INT2, codec);
+  const std::string reserve_bad_items = reserve(3, 15, static_cast<pb::PageKind>(7), codec);
+  const std::string reserve_unknown_codec = reserve(2, 16, pb::PAGE_KIND_INT2, std::string(16, 'z'));
+  const std::string reserve_too_many =
+      reserve(static_cast<int>(local::kMaxReserveItems) + 1, 16, pb::PAGE_KIND_INT2, codec);
   std::vector<std::string> seeds = {
       kHandshake + Request(7, load_region.SerializeAsString()) +
           Request(6, chunk.SerializeAsString()) + Request(7, too_big.SerializeAsString()) +
           Request(6, "\xff\x01"),
       kHandshake + Request(6, chunk.SerializeAsString()) +  // StageRead before any region
           Request(4, staging.SerializeAsString()) + Request(5, staged.SerializeAsString()),
+      kHandshake + Request(8, reserve_two) + Request(8, reserve_two) +  // then: in progress
+          Request(8, reserve_bad_items) + Request(8, reserve_unknown_codec) +
+          Request(5, staged.SerializeAsString()) + Request(8, reserve_too_many) +
+          Request(8, "\xff\xff"),
+      Request(8, reserve_two),                      // Reserve before the handshake
       Request(7, load_region.SerializeAsString()),  // before the handshake
       kHandshake + Request(2, look.SerializeAsString()) + Request(3, rel.SerializeAsString()),
       kHandshake + kHandshake + kHandshake + Request(2, look.SerializeAsString()),
@@ -123,6 +147,7 @@ TEST(LocalFrameFuzz, SeedsAndMutationsNeverBreakTheServer) {
   EXPECT_GT(st.answers_by_code[9], 10u);    // FAILED_PRECONDITION: lookup before handshake, ...
   EXPECT_GT(st.answers_by_code[5] + st.answers_by_code[3], 0u);  // lookups of an unknown codec
   EXPECT_GT(st.closed_by_daemon, 10u);
+  EXPECT_GT(st.reserves_ok, 10u);  // Reserve frames that reached the cache and took slots
   std::printf("local frame fuzz: %d mutated inputs, %llu frames, %llu closed by the daemon\n",
               inputs, static_cast<unsigned long long>(st.frames_sent),
               static_cast<unsigned long long>(st.closed_by_daemon));

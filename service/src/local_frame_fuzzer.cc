@@ -35,6 +35,7 @@
 #include "oscarkv/service/metrics.h"
 #include "oscarkv/service/page_cache.h"
 #include "oscarkv/v1/local_control.h"
+#include "test_pages.h"
 
 namespace oscarkv::service {
 namespace {
@@ -57,6 +58,7 @@ struct FuzzServer {
   std::unique_ptr<LocalControlServer> server;
   std::string path;
   std::string buf;  // one answer
+  std::string codec_id;  // of the registered TinyProfile
   LocalFrameFuzzStats stats;
 
   FuzzServer() {
@@ -69,12 +71,16 @@ struct FuzzServer {
     co.index_shards = 4;
     cache = std::make_unique<PageCache>(pool.get(), &clock, co);
     calls = std::make_unique<ControlCalls>(cache.get(), &metrics);
+    // A codec, so Reserve frames that name it get past the codec check and take slots.
+    auto codec = cache->RegisterCodec(Caller{}, testing::ToProfile(testing::TinyProfile()));
+    Check(codec.ok(), "cannot register the fuzz codec");
+    codec_id.assign(reinterpret_cast<const char*>(codec->id.bytes.data()), codec->id.bytes.size());
     path = "/tmp/oscarkv-frame-fuzz-" + std::to_string(::getpid()) + ".sock";
     LocalControlOptions lo;
     lo.path = path;
     lo.slice_us = 0;
     // Isolated, so the shared-memory frames (AttachStaging, StageWrite, AttachLoadStaging,
-    // StageRead) are parsed and checked too; small regions keep each input cheap.
+    // StageRead, Reserve) are parsed and checked too; small regions keep each input cheap.
     lo.isolated_pool = &pool->arena();
     lo.staging_max_bytes = 1 << 20;
     auto s = LocalControlServer::Start(lo, calls.get());
@@ -170,6 +176,22 @@ struct FuzzServer {
         parsed = r.ParseFromArray(body, body_bytes);
         break;
       }
+      case local::Method::kReserve: {
+        // One result per item of the request, and a reservation id when any slot was given.
+        pb::ReserveResponse r;
+        pb::ReserveRequest q;
+        parsed = r.ParseFromArray(body, body_bytes) &&
+                 q.ParseFromArray(frame.data() + sizeof(local::RequestHeader),
+                                  static_cast<int>(frame.size() - sizeof(local::RequestHeader)));
+        if (parsed) {
+          Check(r.results_size() == q.items_size(), "Reserve: a result count != item count");
+          bool any_slot = false;
+          for (const auto& res : r.results()) any_slot |= res.status().code() == 0;
+          Check(!any_slot || r.reservation_id() != 0, "Reserve: slots without a reservation");
+          ++stats.reserves_ok;
+        }
+        break;
+      }
       default:
         parsed = false;
     }
@@ -205,6 +227,7 @@ std::string ValidHandshake(uint64_t id) {
 }  // namespace
 
 LocalFrameFuzzStats& LocalFrameFuzzStatsForTest() { return Server()->stats; }
+std::string LocalFrameFuzzCodecId() { return Server()->codec_id; }
 
 bool LocalFrameFuzzServerAlive() {
   FuzzServer* s = Server();
@@ -221,6 +244,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace oscarkv::service;
   namespace local = ::oscarkv::v1::local;
   FuzzServer* s = Server();
+  // Past every reservation's deadline: what earlier inputs reserved (and never committed) is
+  // reclaimed, so the pool does not stay full of them.
+  s->clock.Advance(10 * 60 * 1000);
+  s->cache->Reap();
   const int fd = s->Dial();
   size_t at = 0;
   uint64_t id = 1;

@@ -296,7 +296,7 @@ std::string Metrics::Render(const PageCache& cache) const {
                   "# HELP oscarkv_local_calls_total Calls carried by the same-host control "
                   "socket (also in oscarkv_rpcs_total).\n"
                   "# TYPE oscarkv_local_calls_total counter\n");
-  for (Rpc r : {Rpc::kHandshake, Rpc::kLookup, Rpc::kRelease}) {
+  for (Rpc r : {Rpc::kHandshake, Rpc::kLookup, Rpc::kRelease, Rpc::kReserve}) {
     absl::StrAppend(&out, "oscarkv_local_calls_total{method=\"", RpcName(r), "\"} ",
                     local_calls(r), "\n");
   }

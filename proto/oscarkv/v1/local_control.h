@@ -44,6 +44,11 @@ inline constexpr uint32_t kMaxLookupKeys = (kMaxFrameBytes - 4096) / 64;
 // do not map the pool (tenants): AttachLoadStagingRequest/Response (the answer carries the
 // region's read-only descriptor) and StageReadRequest/Response. A descriptor sent with any
 // other frame than AttachStaging is closed unread.
+// kReserve: ReserveRequest/Response, the gRPC Reserve for the connection's caller (same checks,
+// quotas and answers), so a same-host store needs no gRPC round trip; served by daemons whose
+// AttachStagingResponse says reserve_frames. At most kMaxReserveItems items (INVALID_ARGUMENT
+// above, nothing reserved); an answer that would not fit a frame is RESOURCE_EXHAUSTED and its
+// reservation aborted, so nothing stays reserved that the client was not told of.
 enum class Method : uint16_t {
   kHandshake = 1,
   kLookup = 2,
@@ -51,8 +56,13 @@ enum class Method : uint16_t {
   kAttachStaging = 4,
   kStageWrite = 5,
   kStageRead = 6,
-  kAttachLoadStaging = 7
+  kAttachLoadStaging = 7,
+  kReserve = 8
 };
+
+// Reserves of at most this many items fit a frame both ways (an item is at most 21 request
+// bytes; a result, a reserved slot's PageRef or a short error, stays well under 256 bytes).
+inline constexpr uint32_t kMaxReserveItems = 1024;
 
 struct RequestHeader {
   uint32_t magic = kMagic;
