@@ -360,6 +360,9 @@ absl::StatusOr<PdDemoReport> RunPdHandoffDemo(const PdDemoOptions& o) {
     cmd.push_back(i == 0 ? "prefill-host" : "decode-host");
     // The namespaces' veth addresses are not loopback: plaintext there is this demo's choice.
     if (hosts) cmd.push_back("--allow-plaintext");
+    // The decode host reads daemon A's whole-pool UCX data plane over the veth, which any peer
+    // on that link could read and write: the demo's throwaway namespaces accept that.
+    if (hosts) cmd.push_back("--ucx-allow-unverified-rma");
 #ifdef OSCARKV_PD_HAS_UCX
     // UCX over TCP on this host's one link (the veth end, or lo on loopback).
     for (std::string f : {"--ucx-tls", "tcp", "--ucx-net-devices"}) cmd.push_back(f);

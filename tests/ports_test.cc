@@ -324,11 +324,13 @@ TEST(PortsTest, UcxDataPlaneListensOnlyOnTheListenInterface) {
 }
 
 // The control for the test above: with every device allowed, a host with a non-loopback
-// interface gets a data-plane listener there, so the check above can see one.
+// interface gets a data-plane listener there, so the check above can see one. (The whole-pool
+// data plane reachable off this host needs --ucx-allow-unverified-rma: ucx_dataplane_test.)
 TEST(PortsTest, UcxAllDevicesListensBeyondLoopback) {
   const std::string other = NonLoopbackAddress();
   if (other.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 interface";
-  auto d = Start({"--metrics-listen", "off", "--ucx-tls", "tcp", "--ucx-net-devices", "all"});
+  auto d = Start({"--metrics-listen", "off", "--ucx-tls", "tcp", "--ucx-net-devices", "all",
+                  "--ucx-allow-unverified-rma"});
   ASSERT_TRUE(d.ok()) << d.status();
   const pid_t child = DataPlaneChild((*d)->pid());
   ASSERT_GT(child, 0);

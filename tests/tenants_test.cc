@@ -206,8 +206,10 @@ TEST_F(TenantsTest, AdminClearsEveryTenantAndSeesEveryonesStats) {
   EXPECT_TRUE(b->Release(*pinned).ok());
 }
 
-// The UCX data plane's remote key covers the whole pool: only an admin tenant gets it.
-TEST_F(TenantsTest, OnlyTheAdminGetsTheWholePoolUcxKey) {
+// The UCX data plane's remote key covers the whole pool: with tenants nobody gets it (no
+// process maps the pool for UCX unless ucx.allow_unverified_rma; ucx_tenant_test), a tenant
+// gets a data plane of its own.
+TEST_F(TenantsTest, NoTenantGetsTheWholePoolUcxKey) {
   auto get = [&](const std::string& cert, pb::GetDataPlaneResponse* resp) {
     grpc::SslCredentialsOptions o;
     o.pem_root_certs = ReadTextFile(pki_->path("ca.pem"));
@@ -223,19 +225,22 @@ TEST_F(TenantsTest, OnlyTheAdminGetsTheWholePoolUcxKey) {
   grpc::Status s = get("mallory", &none);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
   EXPECT_NE(s.error_message().find("names no tenant"), std::string::npos) << s.error_message();
-  // The admin: the key, or FAILED_PRECONDITION where this machine's UCX did not start.
+  // Not even the admin: there is no whole-pool data plane (or, where this machine's UCX did not
+  // start, no data plane at all); FAILED_PRECONDITION either way.
   s = get("admin", &admin);
-  EXPECT_TRUE(s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
       << s.error_code() << ": " << s.error_message();
-  if (!s.ok()) return;
+  EXPECT_TRUE(admin.pool_rkey().empty());
+  const std::string why = s.error_message();
   // A tenant: not the pool key but a data plane of its own over its staging region
   // (ucx_tenant_test loads through it).
   s = get("tenant-a", &tenant);
+  if (!s.ok() && why.find("no whole-pool UCX data plane") == std::string::npos) {
+    GTEST_SKIP() << "UCX did not start on this machine: " << why;
+  }
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_TRUE(tenant.staged());
-  EXPECT_FALSE(admin.staged());
-  EXPECT_NE(tenant.pool_rkey(), admin.pool_rkey());
-  EXPECT_NE(tenant.worker_address(), admin.worker_address());
+  EXPECT_FALSE(tenant.pool_rkey().empty());
 }
 
 // The one way to share: a configured shared namespace, chosen by the client option.

@@ -1,6 +1,8 @@
 // The UCX data plane end to end: oscarkvd serves its pool over UCX (GetDataPlane), a UcxLoader
 // fetches leased pages and handle pages by RMA get, over tcp and over shm; kill -9 of the daemon
-// during batch transfers (10 rounds) gives errors, never a wrong page, within the bound.
+// during batch transfers (10 rounds) gives errors, never a wrong page, within the bound. The
+// whole-pool data plane where another host could reach it (a non-loopback or wildcard listen
+// address, or devices named off loopback) is a startup error unless explicitly allowed.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -12,6 +14,8 @@
 #include <chrono>
 #include <cstdio>
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -19,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "oscarkv/client/ucx_loader.h"
 #include "test_util.h"
+#include "ucx_test_peer.h"
 
 namespace oscarkv::testing {
 namespace {
@@ -42,7 +47,9 @@ Stored StorePages(client::Client& c, const client::Codec& codec, uint64_t seed, 
   for (size_t i = 0; i < n; ++i) w.push_back({s.keys[i], PageKind::kInt2, s.pages[i]});
   auto r = c.Store(codec, w);
   EXPECT_TRUE(r.ok()) << r.status();
-  if (r.ok()) EXPECT_EQ(r->stored, n);
+  if (r.ok()) {
+    EXPECT_EQ(r->stored, n);
+  }
   return s;
 }
 
@@ -90,8 +97,12 @@ TEST_P(UcxDataPlaneTest, LoadAndHandleByRma) {
   std::printf("tls=%s daemon=[%s] endpoint=[%s] peer_failure_detection=%d\n", tls.c_str(),
               absl::StrJoin(info->daemon_transports, ",").c_str(), lanes.c_str(),
               info->peer_failure_detection);
-  if (tls == "tcp") EXPECT_TRUE(absl::StrContains(lanes, "tcp")) << lanes;
-  if (tls == "shm") EXPECT_FALSE(absl::StrContains(lanes, "tcp")) << lanes;
+  if (tls == "tcp") {
+    EXPECT_TRUE(absl::StrContains(lanes, "tcp")) << lanes;
+  }
+  if (tls == "shm") {
+    EXPECT_FALSE(absl::StrContains(lanes, "tcp")) << lanes;
+  }
 
   const auto t0 = Clock::now();
   auto r = loader->Load(codec, s.keys);
@@ -335,6 +346,95 @@ TEST(UcxDataPlane, ThroughputSideBySide) {
       });
     }
   }
+}
+
+// Starts oscarkvd with `flags`, expecting it to refuse: its stderr.
+std::string FailedStart(const std::vector<std::string>& flags) {
+  static int seq = 0;
+  testing::LocalDaemonOptions o;
+  o.binary = OSCARKVD_PATH;
+  o.flags = {"--metrics-listen", "off", "--pool-mb", "64", "--shm-name",
+             UniqueShmName("oscarkv-ucxexp", seq++)};
+  o.flags.insert(o.flags.end(), flags.begin(), flags.end());
+  o.log_path = ::testing::TempDir() + "/ucx_exposure_" + std::to_string(::getpid()) + ".log";
+  auto d = testing::LocalDaemon::Start(o);
+  EXPECT_FALSE(d.ok()) << "started with " << absl::StrJoin(flags, " ");
+  std::ifstream f(o.log_path);
+  std::stringstream log;
+  log << f.rdbuf();
+  std::remove(o.log_path.c_str());
+  return log.str();
+}
+
+// A daemon whose whole-pool data plane another host could reach refuses to start, saying why
+// and what to do: the default config on a wildcard or non-loopback listen address (no tenants),
+// and devices named beyond loopback on a loopback listen address.
+TEST(UcxPoolExposure, OffHostWholePoolDataPlaneIsRefused) {
+  const std::string refusal = "oscarkvd: refusing the whole-pool UCX data plane on ";
+  std::string log = FailedStart({"--listen", "0.0.0.0:0", "--allow-plaintext"});
+  EXPECT_NE(log.find(refusal + "all (UCX_TLS tcp)"), std::string::npos) << log;
+  EXPECT_NE(log.find("read and write the entire pool"), std::string::npos) << log;
+  EXPECT_NE(log.find("--ucx-allow-unverified-rma"), std::string::npos) << log;
+  log = FailedStart({"--ucx-net-devices", "all"});  // on 127.0.0.1
+  EXPECT_NE(log.find(refusal + "all"), std::string::npos) << log;
+  const auto [ip, dev] = NonLoopbackInterface();
+  if (ip.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 interface";
+  log = FailedStart({"--listen", ip + ":0", "--allow-plaintext"});
+  EXPECT_NE(log.find(refusal + dev + " (UCX_TLS tcp)"), std::string::npos) << log;
+  log = FailedStart({"--ucx-net-devices", "lo," + dev});
+  EXPECT_NE(log.find(refusal + "lo," + dev), std::string::npos) << log;
+  log = FailedStart({"--listen", ip + ":0", "--allow-plaintext", "--ucx-tls", "shm,tcp"});
+  EXPECT_NE(log.find(refusal + dev + " (UCX_TLS shm,tcp)"), std::string::npos) << log;
+}
+
+// The same non-loopback address starts when the pool data plane stays on this host (loopback
+// devices, shared-memory transports only), is off, or is explicitly allowed off-host (flag or
+// YAML key); where it runs, a client of this host still loads every page by RMA.
+TEST(UcxPoolExposure, OffHostListenStartsWhenThePoolPlaneStaysHereOrIsAllowed) {
+  const auto [ip, dev] = NonLoopbackInterface();
+  if (ip.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 interface";
+  const std::string cfg = ::testing::TempDir() + "/ucx_allow_" + std::to_string(::getpid()) +
+                          ".yaml";
+  std::ofstream(cfg) << "ucx:\n  tls: tcp\n  allow_unverified_rma: true\n";
+  struct Case {
+    std::vector<std::string> flags;
+    std::string client_tls, client_devices;  // empty tls: no UCX load tried
+  };
+  const std::vector<Case> cases = {
+      {{"--ucx-net-devices", "lo"}, "tcp", "lo"},
+      {{"--ucx-tls", "shm"}, "shm", ""},
+      {{"--ucx", "off"}, "", ""},
+      {{"--ucx-allow-unverified-rma"}, "tcp", dev},
+      {{"--config", cfg}, "tcp", dev},
+  };
+  uint64_t seed = 11000;
+  for (const Case& k : cases) {
+    SCOPED_TRACE(absl::StrJoin(k.flags, " "));
+    std::vector<std::string> flags = {"--listen", ip + ":0", "--allow-plaintext"};
+    flags.insert(flags.end(), k.flags.begin(), k.flags.end());
+    auto d = StartDaemon(flags);
+    ASSERT_NE(d, nullptr);
+    if (k.client_tls.empty()) continue;
+    auto c = Connect(d->address(), client::DataPath::kGrpc);
+    ASSERT_NE(c, nullptr);
+    const client::Codec codec = RegisterRefmodel(*c);
+    Stored s = StorePages(*c, codec, seed += 100, 4);
+    client::UcxLoaderOptions o;
+    o.connect.address = d->address();
+    o.connect.data_path = client::DataPath::kGrpc;
+    o.connect.rpc_timeout_ms = 2000;
+    o.tls = k.client_tls;
+    o.net_devices = k.client_devices;
+    o.peer_timeout_ms = 1000;
+    o.transfer_timeout_ms = 1500;
+    auto l = client::UcxLoader::Connect(o);
+    ASSERT_TRUE(l.ok()) << l.status();
+    auto r = (*l)->Load(codec, s.keys);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->matched, 4u);
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(r->pages[i], s.pages[i]) << i;
+  }
+  std::remove(cfg.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Tls, UcxDataPlaneTest, ::testing::Values("tcp", "shm"),

@@ -5,7 +5,9 @@
 // reach them with the first tenant's key; a killed tenant child is restarted and the loader
 // reconnects; a corrupt page is DATA_LOSS at the tenant's client; requests that do not fit the
 // region are refused with RESOURCE_EXHAUSTED; throughput of the staged path beside the pool's.
-#include <dirent.h>
+// With tenants no process maps the pool for UCX unless ucx.allow_unverified_rma asks for it (an
+// admin is told why), so a raw peer of any data-plane process the daemon runs, with made-up
+// addresses and keys, finds none of another tenant's pages.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -20,6 +22,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "oscarkv/client/ucx_loader.h"
@@ -27,6 +31,7 @@
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
 #include "tenant_pki.h"
 #include "test_util.h"
+#include "ucx_test_peer.h"
 
 namespace oscarkv::testing {
 namespace {
@@ -49,93 +54,7 @@ bool Holds(const std::vector<uint8_t>& hay, const std::vector<uint8_t>& page) {
   return std::search(hay.begin(), hay.end(), needle.begin(), needle.end()) != hay.end();
 }
 
-// What any UCX peer can do with a worker address and an exported key: its own context and
-// worker, an endpoint to that worker, RMA gets of whatever address it names.
-class RawPeer {
- public:
-  static std::unique_ptr<RawPeer> Connect(const std::string& worker_address, size_t bytes) {
-    auto p = std::unique_ptr<RawPeer>(new RawPeer);
-    transport::ContextOptions co;
-    co.tls = "tcp";
-    co.net_devices = "lo";
-    co.name = "raw-peer";
-    auto ctx = transport::Context::Create(co);
-    EXPECT_TRUE(ctx.ok()) << ctx.status();
-    if (!ctx.ok()) return nullptr;
-    p->context_ = *std::move(ctx);
-    p->buffer_.resize(bytes);
-    auto region = p->context_->Register(p->buffer_.data(), p->buffer_.size());
-    EXPECT_TRUE(region.ok()) << region.status();
-    if (!region.ok()) return nullptr;
-    p->region_ = *std::move(region);
-    auto worker = transport::Worker::Create(*p->context_);
-    EXPECT_TRUE(worker.ok()) << worker.status();
-    if (!worker.ok()) return nullptr;
-    p->worker_ = *std::move(worker);
-    transport::EndpointOptions eo;
-    eo.peer_timeout = absl::Milliseconds(1000);
-    eo.error_handling = transport::EndpointOptions::ErrorHandling::kPeer;
-    auto ep = p->worker_->Connect(worker_address, eo);
-    EXPECT_TRUE(ep.ok()) << ep.status();
-    if (!ep.ok()) return nullptr;
-    p->ep_ = *std::move(ep);
-    return p;
-  }
-  ~RawPeer() {
-    ep_.reset();
-    worker_.reset();
-    region_.reset();
-    context_.reset();
-  }
-  // `n` bytes at `addr` of the peer, using the key `rkey_blob` (a MemoryRegion::exported()).
-  absl::StatusOr<std::vector<uint8_t>> Get(const std::string& rkey_blob, uint64_t addr,
-                                           size_t n) {
-    if (n > buffer_.size()) return absl::InvalidArgumentError("larger than the buffer");
-    auto remote = ep_->ImportRemote(rkey_blob);
-    if (!remote.ok()) return remote.status();
-    std::fill(buffer_.begin(), buffer_.end(), 0);
-    const transport::TransferDesc d{buffer_.data(), addr, n};
-    absl::Status s = ep_->Run(transport::Direction::kGet, *region_, **remote,
-                              std::span<const transport::TransferDesc>(&d, 1),
-                              absl::Milliseconds(3000));
-    remote->reset();
-    if (!s.ok()) return s;
-    return std::vector<uint8_t>(buffer_.begin(), buffer_.begin() + n);
-  }
-
- private:
-  RawPeer() = default;
-  std::unique_ptr<transport::Context> context_;
-  std::vector<uint8_t> buffer_;
-  std::unique_ptr<transport::MemoryRegion> region_;
-  std::unique_ptr<transport::Worker> worker_;
-  std::unique_ptr<transport::Endpoint> ep_;
-};
-
-// The daemon's tenant data-plane children: oscarkvd processes whose parent is the daemon, in
-// the internal data-plane mode, over a region of kRegionBytes (the pool's child maps 64 MiB).
-std::vector<pid_t> TenantChildren(pid_t daemon) {
-  std::vector<pid_t> out;
-  DIR* d = ::opendir("/proc");
-  if (d == nullptr) return out;
-  while (dirent* e = ::readdir(d)) {
-    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
-    if (pid <= 0) continue;
-    const std::string stat = ReadTextFile("/proc/" + std::to_string(pid) + "/stat");
-    const size_t close = stat.rfind(')');
-    if (close == std::string::npos) continue;
-    std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
-    if (f.size() < 2 || std::atoi(f[1].c_str()) != daemon) continue;
-    std::vector<std::string> argv =
-        absl::StrSplit(ReadTextFile("/proc/" + std::to_string(pid) + "/cmdline"), '\0');
-    if (argv.size() > 3 && argv[1] == "--internal-ucx-data-plane" &&
-        argv[3] == std::to_string(kRegionBytes)) {
-      out.push_back(pid);
-    }
-  }
-  ::closedir(d);
-  return out;
-}
+std::vector<pid_t> TenantChildren(pid_t daemon) { return DataPlaneChildren(daemon, kRegionBytes); }
 
 class UcxTenantTest : public TenantPkiTest<UcxTenantTest> {
  public:
@@ -172,6 +91,7 @@ class UcxTenantTest : public TenantPkiTest<UcxTenantTest> {
     o.tls_ca_file = pki_->path("ca.pem");
     o.tls_cert_file = pki_->path(who + ".pem");
     o.tls_key_file = pki_->path(who + ".key");
+    o.tls_server_name = server_name_;
     return o;
   }
   std::unique_ptr<client::Client> As(const std::string& who) {
@@ -183,7 +103,7 @@ class UcxTenantTest : public TenantPkiTest<UcxTenantTest> {
     client::UcxLoaderOptions o;
     o.connect = Options(who);
     o.tls = "tcp";
-    o.net_devices = "lo";
+    o.net_devices = client_devices_;
     o.buffer_bytes = 8 << 20;
     o.peer_timeout_ms = 1000;
     o.transfer_timeout_ms = 1500;
@@ -232,6 +152,8 @@ class UcxTenantTest : public TenantPkiTest<UcxTenantTest> {
 
   std::unique_ptr<testing::LocalDaemon> daemon_;
   std::string address_;  // set: the clients of Options() dial this daemon instead
+  std::string server_name_;            // the name checked against the daemon's certificate
+  std::string client_devices_ = "lo";  // the loaders' UCX_NET_DEVICES
 };
 
 TEST_F(UcxTenantTest, TenantLoadsItsPagesThroughItsOwnDataPlane) {
@@ -275,21 +197,148 @@ TEST_F(UcxTenantTest, TenantLoadsItsPagesThroughItsOwnDataPlane) {
   ASSERT_EQ(h->pages.size(), 40u);
   for (size_t i = 0; i < 40; ++i) EXPECT_EQ(h->pages[i], p.bytes[i]) << i;
 
-  // The tenant's data plane is not the pool's: another worker, a key over kRegionBytes only.
+  // The tenant's data plane covers its region only; there is no pool data plane to get: an
+  // admin is told why (and loads over gRPC or shared memory).
   pb::GetDataPlaneResponse mine, pool;
   ASSERT_TRUE(Call(*Stub("tenant-a"), pb::GetDataPlaneRequest(), &mine).ok());
-  ASSERT_TRUE(Call(*Stub("admin"), pb::GetDataPlaneRequest(), &pool).ok());
+  EXPECT_TRUE(mine.staged());
+  EXPECT_EQ(mine.pool_bytes(), kRegionBytes);
+  grpc::Status s = Call(*Stub("admin"), pb::GetDataPlaneRequest(), &pool);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("no whole-pool UCX data plane"), std::string::npos)
+      << s.error_message();
+  client::UcxLoaderOptions ao;
+  ao.connect = Options("admin");
+  ao.tls = "tcp";
+  ao.net_devices = "lo";
+  auto admin_loader = client::UcxLoader::Connect(ao);
+  EXPECT_EQ(admin_loader.status().code(), absl::StatusCode::kFailedPrecondition)
+      << admin_loader.status();
+}
+
+// With tenants and the default config, no data-plane process maps the pool: each maps only its
+// tenant's region. A raw UCX peer on tenant B's worker, naming the address where the daemon
+// maps the pool with B's key and with a made-up key, and reading all of B's region, finds none
+// of A's pages, while A's are staged (unfreed) in A's region.
+TEST_F(UcxTenantTest, WithTenantsNoDataPlaneProcessMapsThePool) {
+  auto a = As("tenant-a"), b = As("tenant-b");
+  ASSERT_TRUE(a && b);
+  const client::Codec codec = RegisterRefmodel(*a);
+  TenantPages p = MakeTenantPages(codec, 250, 4);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  const uint64_t lease = Pin(*a, codec, p.keys);
+  ASSERT_NE(lease, 0u);
+  pb::GetDataPlaneResponse dp_a, dp_b;
+  ASSERT_TRUE(Call(*Stub("tenant-a"), pb::GetDataPlaneRequest(), &dp_a).ok());
+  ASSERT_TRUE(Call(*Stub("tenant-b"), pb::GetDataPlaneRequest(), &dp_b).ok());
+  pb::StageForRmaResponse staged;
+  ASSERT_TRUE(Call(*Stub("tenant-a"), StageRequest(lease, p.keys), &staged).ok());
+
+  const uint64_t pool_at = PoolMappedAt(daemon_->pid(), daemon_->shm_path());
+  ASSERT_NE(pool_at, 0u) << "the daemon does not map " << daemon_->shm_path();
+  const std::vector<pid_t> planes = DataPlaneChildren(daemon_->pid(), 0);
+  EXPECT_EQ(planes.size(), 2u);  // tenant-a's and tenant-b's; none for the pool
+  for (pid_t child : planes) {
+    EXPECT_EQ(PoolMappedAt(child, daemon_->shm_path()), 0u) << "data-plane process " << child
+                                                        << " maps the pool";
+  }
+  EXPECT_EQ(TenantChildren(daemon_->pid()).size(), planes.size());
+
+  auto peer = RawPeer::Connect(dp_b.worker_address(), kRegionBytes);
+  ASSERT_NE(peer, nullptr);
+  auto region_b = peer->Get(dp_b.pool_rkey(), dp_b.pool_base(), kRegionBytes);
+  ASSERT_TRUE(region_b.ok()) << region_b.status();
+  for (size_t i = 0; i < 4; ++i) EXPECT_FALSE(Holds(*region_b, p.bytes[i])) << i;
+  // The pool's address in the daemon means nothing in B's child: the get fails (the child may
+  // die of it and is restarted) or reads the child's own memory -- never A's pages.
+  auto at_pool = peer->Get(dp_b.pool_rkey(), pool_at, kRegionBytes);
+  if (at_pool.ok()) {
+    for (size_t i = 0; i < 4; ++i) EXPECT_FALSE(Holds(*at_pool, p.bytes[i])) << i;
+  }
+  // A made-up key (a well-formed one the daemon never issued: the peer's own) at the same
+  // address, on a fresh endpoint (B's child may have been restarted by the get above).
+  pb::GetDataPlaneResponse dp_b2;
+  grpc::Status live;
+  for (int i = 0; i < 100; ++i) {  // UNAVAILABLE while a crashed child is restarted
+    live = Call(*Stub("tenant-b"), pb::GetDataPlaneRequest(), &dp_b2);
+    if (live.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(live.ok()) << live.error_message();
+  auto forged = RawPeer::Connect(dp_b2.worker_address(), kRegionBytes);
+  ASSERT_NE(forged, nullptr);
+  auto got = forged->Get(forged->OwnKey(), pool_at, kRegionBytes);
+  if (got.ok()) {
+    for (size_t i = 0; i < 4; ++i) EXPECT_FALSE(Holds(*got, p.bytes[i])) << i;
+  }
+  // A still loads its pages through its own data plane.
+  auto loader = Loader("tenant-a");
+  ASSERT_NE(loader, nullptr);
+  auto r = loader->Load(codec, p.keys);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(r->pages[i], p.bytes[i]) << i;
+  ASSERT_TRUE(a->Release(lease).ok());
+}
+
+// ucx.allow_unverified_rma with tenants: the pool data plane runs again, for admins only (its
+// key reads every page); tenants keep their own.
+TEST_F(UcxTenantTest, AllowUnverifiedRmaStartsThePoolDataPlaneForAdmins) {
+  auto d = StartTenantDaemon(1, {"--ucx-allow-unverified-rma"});
+  ASSERT_NE(d, nullptr);
+  address_ = d->address();
+  pb::GetDataPlaneResponse mine, pool;
+  auto stub = [&](const std::string& who) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = ReadTextFile(pki_->path("ca.pem"));
+    o.pem_private_key = ReadTextFile(pki_->path(who + ".key"));
+    o.pem_cert_chain = ReadTextFile(pki_->path(who + ".pem"));
+    return pb::KvCache::NewStub(grpc::CreateChannel(d->address(), grpc::SslCredentials(o)));
+  };
+  ASSERT_TRUE(Call(*stub("tenant-a"), pb::GetDataPlaneRequest(), &mine).ok());
+  ASSERT_TRUE(Call(*stub("admin"), pb::GetDataPlaneRequest(), &pool).ok());
   EXPECT_TRUE(mine.staged());
   EXPECT_FALSE(pool.staged());
   EXPECT_EQ(mine.pool_bytes(), kRegionBytes);
   EXPECT_EQ(pool.pool_bytes(), uint64_t{64} << 20);
   EXPECT_NE(mine.worker_address(), pool.worker_address());
-  EXPECT_NE(mine.pool_rkey(), pool.pool_rkey());
+  // The pool's data-plane process maps the pool (the control for the check of
+  // WithTenantsNoDataPlaneProcessMapsThePool); the tenant's does not.
+  const std::vector<pid_t> pool_planes = DataPlaneChildren(d->pid(), uint64_t{64} << 20);
+  ASSERT_EQ(pool_planes.size(), 1u);
+  EXPECT_NE(PoolMappedAt(pool_planes[0], d->shm_path()), 0u);
+  for (pid_t child : TenantChildren(d->pid())) EXPECT_EQ(PoolMappedAt(child, d->shm_path()), 0u);
   auto admin_loader = Loader("admin");
   ASSERT_NE(admin_loader, nullptr);
   auto admin_info = admin_loader->Info();
   ASSERT_TRUE(admin_info.ok()) << admin_info.status();
   EXPECT_FALSE(admin_info->staged);
+  address_.clear();
+}
+
+// Tenants on a non-loopback address need no opt-in (there is no pool data plane): the tenant's
+// own data plane listens on that interface and serves its pages there.
+TEST_F(UcxTenantTest, TenantsOnANonLoopbackAddressStartWithoutThePoolDataPlane) {
+  const auto [ip, dev] = NonLoopbackInterface();
+  if (ip.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 interface";
+  auto d = StartTenantDaemon(1, {"--listen", ip + ":0", "--ucx-net-devices", dev});
+  ASSERT_NE(d, nullptr);
+  address_ = d->address();
+  server_name_ = "localhost";  // the test server certificate's name
+  client_devices_ = dev;
+  auto a = As("tenant-a");
+  ASSERT_NE(a, nullptr);
+  const client::Codec codec = RegisterRefmodel(*a);
+  TenantPages p = MakeTenantPages(codec, 1500, 4);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  auto loader = Loader("tenant-a");
+  ASSERT_NE(loader, nullptr);
+  auto r = loader->Load(codec, p.keys);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(r->pages[i], p.bytes[i]) << i;
+  EXPECT_EQ(DataPlaneChildren(d->pid(), 0).size(), 1u);  // tenant-a's only
+  address_.clear();
+  server_name_.clear();
+  client_devices_ = "lo";
 }
 
 TEST_F(UcxTenantTest, TenantBCannotStageTenantAsPagesNorReachThemWithItsEndpoint) {
@@ -541,7 +590,8 @@ TEST_F(UcxTenantTest, ThroughputStagedVsPoolSideBySide) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return bytes / s / 1e6;
   };
-  std::unique_ptr<testing::LocalDaemon> big = StartTenantDaemon(64);
+  // The pool path needs the pool data plane, which with tenants runs only when allowed.
+  std::unique_ptr<testing::LocalDaemon> big = StartTenantDaemon(64, {"--ucx-allow-unverified-rma"});
   ASSERT_NE(big, nullptr);
   struct Path {
     std::string name, who, address;
@@ -632,7 +682,8 @@ TEST_F(UcxTenantTest, StagesBeyondTheRegionAreResourceExhausted) {
   const BlockKey stranger = MakeTenantPages(codec, 900, 1).keys[0];
   s = Call(*stub, StageRequest(lease, std::span<const BlockKey>(&stranger, 1)), &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
-  // An admin reads the pool with its own key: StageForRma is not for it.
+  // StageForRma is not for an admin (with the pool data plane it reads the pool with its own
+  // key; without it, it loads over gRPC or shared memory).
   s = Call(*Stub("admin"), StageRequest(lease, keys.subspan(0, 1)), &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   // Free-only, including unknown ids: OK.

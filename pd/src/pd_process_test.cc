@@ -60,7 +60,10 @@ void RunHandoff(const std::vector<std::string> exec[2], const std::string addr[2
     cmd.insert(cmd.end(),
                {*daemon_bin, "--listen", addr[i] + ":0", "--pool-mb", "64", "--metrics-listen",
                 "off", "--log-level", "warn", "--ucx-tls", "tcp", "--ucx-net-devices", dev[i],
-                "--allow-plaintext"});  // netns veth addresses are not loopback
+                // netns veth addresses are not loopback: plaintext gRPC, and the decode host
+                // reads daemon A's whole-pool data plane over the veth (any peer on that link
+                // could read and write the pool: acceptable in throwaway namespaces only)
+                "--allow-plaintext", "--ucx-allow-unverified-rma"});
     oscarkv::testing::LocalDaemonOptions o;
     o.binary = cmd[0];
     o.flags.assign(cmd.begin() + 1, cmd.end());

@@ -38,8 +38,10 @@ down() {
 # Runs in this shell (not a subshell) so that DAEMON_PIDS reaches the exit trap.
 start_daemon() {
   local ns=$1 addr=$2 log=$3 out=$3.out line=""
+  # Plaintext gRPC and the whole-pool UCX data plane on the veth (decode reads daemon A's pool
+  # over it; any peer on that link could read and write the pool): throwaway namespaces only.
   ip netns exec "$ns" "$OSCARKVD" --listen "$addr:0" --metrics-listen off --pool-mb 128 --allow-plaintext \
-      >"$out" 2>"$log" &
+      --ucx-allow-unverified-rma >"$out" 2>"$log" &
   DAEMON_PIDS+=($!)
   for _ in $(seq 300); do
     line=$(grep -m1 '^oscarkvd ready' "$out" || true)

@@ -35,6 +35,7 @@ const std::string& DefaultConfigYaml() {
 #   --local-slice-us         server.local_slice_us
 #   --ucx on|off             ucx.enabled           --ucx-tls               ucx.tls
 #   --ucx-net-devices        ucx.net_devices
+#   --ucx-allow-unverified-rma  ucx.allow_unverified_rma
 #   --tier-path              tier.path             --tier-mb               tier.capacity_mb
 #   --tier-queue-mb          tier.queue_mb         --version               print the version
 #   --tls-cert               tls.cert              --tls-key               tls.key
@@ -78,6 +79,8 @@ ucx:
   tls: tcp                      # UCX_TLS: tcp, shm (posix/sysv/cma), rc,ud, ...
   net_devices: ""               # UCX_NET_DEVICES; "" = the listen address's interface, all = every one
   share_pool_key: false         # hand the whole-pool RMA key to tenants too (default: admins only)
+  allow_unverified_rma: false   # whole-pool data plane reachable off this host / with tenants
+                                # (any peer that reaches it reads and writes the pool; README Security)
   tenant_region_mb: 64          # per-tenant RMA staging region (own data-plane process), MiB
 tier:
   path: ""                      # SSD tier directory; "" = no tier (evicted pages are dropped)
@@ -152,6 +155,7 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "ucx.tls") return ReadString(v, key, &c->ucx_tls);
   if (key == "ucx.net_devices") return ReadString(v, key, &c->ucx_net_devices);
   if (key == "ucx.share_pool_key") return ReadBool(v, key, &c->ucx_share_pool_key);
+  if (key == "ucx.allow_unverified_rma") return ReadBool(v, key, &c->ucx_allow_unverified_rma);
   if (key == "ucx.tenant_region_mb") return ReadUint(v, key, &c->ucx_tenant_region_mb, 1, 4096);
   if (key == "tls.cert") return ReadString(v, key, &c->tls_cert);
   if (key == "tls.key") return ReadString(v, key, &c->tls_key);
@@ -632,6 +636,9 @@ Args MakeArgs() {
       .Option("ucx-tls", "", "UCX_TLS of the data plane: tcp, shm, rc,ud, ... (default tcp)")
       .Option("ucx-net-devices", "", "UCX_NET_DEVICES of the data plane, or all (default: the "
                                      "interface of the --listen address; all for 0.0.0.0)")
+      .Flag("ucx-allow-unverified-rma", "run the whole-pool UCX data plane where it is "
+                                        "reachable off this host, or with tenants (for admins): "
+                                        "any peer that reaches it reads and writes the pool")
       .Option("tier-path", "", "SSD tier directory: evicted pages are demoted there and survive "
                                "restarts (default: no tier)")
       .Option("tier-mb", "", "SSD tier capacity in MiB: its files never exceed it, the oldest segment goes first (required with --tier-path)")
@@ -716,6 +723,7 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
   str("tls-key", &c.tls_key);
   str("tls-client-ca", &c.tls_client_ca);
   if (args.flag("allow-plaintext")) c.allow_plaintext = true;
+  if (args.flag("ucx-allow-unverified-rma")) c.ucx_allow_unverified_rma = true;
   if (args.given("ucx")) {
     const std::string u = args.str("ucx");
     if (u != "on" && u != "off") {

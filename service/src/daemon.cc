@@ -247,6 +247,31 @@ absl::Status RunDaemon(const DaemonConfig& config) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config.listen,
                                                ": another process is serving on it"));
   }
+#ifdef OSCARKV_HAVE_UCX
+  // The whole-pool UCX data plane (config.h ucx_allow_unverified_rma says why it is guarded):
+  // with tenants it does not run unless asked for (tenants load through data planes of their
+  // own, ucx_tenant_regions.h), and where a peer on another host could reach it the daemon
+  // refuses to start unless told the network is trusted, as for plaintext gRPC.
+  const bool pool_data_plane = config.ucx && (config.tenants.empty() ||
+                                              config.ucx_share_pool_key ||
+                                              config.ucx_allow_unverified_rma);
+  // Only the interfaces the control plane listens on, unless configured otherwise.
+  const absl::StatusOr<std::string> ucx_devices =
+      DataPlaneNetDevices(config.ucx_net_devices, *listen);
+  if (pool_data_plane && !config.ucx_allow_unverified_rma && ucx_devices.ok() &&
+      DataPlaneReachableOffHost(config.ucx_tls, *ucx_devices)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing the whole-pool UCX data plane on ", *ucx_devices, " (UCX_TLS ",
+        config.ucx_tls.empty() ? std::string("all") : config.ucx_tls,
+        "): any peer that reaches it can read and write the entire pool, with no certificate "
+        "and whatever its tenant -- UCX serves software-emulated RMA (tcp, and any peer's get/put "
+        "active messages) at whatever address a request names, checking no key. Configure "
+        "tenants (each loads through a data plane of its own that maps only what it staged), "
+        "keep it on this host (ucx.net_devices: lo, or a loopback --listen), turn it off "
+        "(--ucx off), or accept the risk on a trusted network with --ucx-allow-unverified-rma "
+        "(ucx.allow_unverified_rma: true)"));
+  }
+#endif
   gpr_set_log_function(LogGrpcCore);
   if (absl::Status s = CheckTcpListenable(*listen, "--listen"); !s.ok()) return s;
   if (absl::Status s = CheckTcpListenable(*metrics_addr, "--metrics-listen", "metrics: "); !s.ok()) return s;
@@ -332,6 +357,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   Metrics metrics;
   KvCacheService service(&cache, &metrics);
   service.SharePoolKeyWithTenants(config.ucx_share_pool_key);
+  bool ucx_tenants_only = false;  // UCX for tenants' own data planes only (no pool worker)
 #ifdef OSCARKV_HAVE_UCX
   // The sealed pool's read-only descriptor the data-plane child inherits (closed at exit).
   int data_plane_pool_fd = -1;
@@ -343,11 +369,35 @@ absl::Status RunDaemon(const DaemonConfig& config) {
   } data_plane_pool_fd_closer{&data_plane_pool_fd};
   std::unique_ptr<UcxDataPlane> data_plane;
   std::unique_ptr<TenantRegions> tenant_rma;  // tenants' own data planes (ucx_tenant_regions.h)
-  if (config.ucx) {
+  auto start_tenant_rma = [&](const std::string& devices) {
+    if (!tenants->get()->configured() || config.ucx_share_pool_key) return;
+    TenantRegionOptions tro;
+    tro.tls = config.ucx_tls;
+    tro.net_devices = devices;
+    tro.region_bytes = config.ucx_tenant_region_mb << 20;
+    tro.max_regions = tenants->get()->size();
+    tenant_rma = std::make_unique<TenantRegions>(&cache, tro);
+    service.SetTenantRma(tenant_rma.get());
+  };
+  if (config.ucx && !pool_data_plane && ucx_devices.ok()) {
+    // Tenants only: no process maps the pool for UCX. An admin (who would get the pool key)
+    // is told why and loads over gRPC or shared memory.
+    service.SetDataPlane(
+        [] {
+          return absl::StatusOr<pb::GetDataPlaneResponse>(absl::FailedPreconditionError(
+              "this daemon runs no whole-pool UCX data plane: with tenants configured, a peer "
+              "that reached one could read every tenant's pages without a certificate "
+              "(software-emulated RMA checks no key), so tenants load through data planes of "
+              "their own and an admin over gRPC or shared memory "
+              "(ucx.allow_unverified_rma: true starts one for admins, on a trusted network)"));
+        },
+        "");
+    start_tenant_rma(*ucx_devices);
+    ucx_tenants_only = true;
+  } else if (config.ucx) {
     UcxDataPlaneOptions dpo;
     dpo.tls = config.ucx_tls;
-    // Only the interfaces the control plane listens on, unless configured otherwise.
-    auto devices = DataPlaneNetDevices(config.ucx_net_devices, *listen);
+    const absl::StatusOr<std::string>& devices = ucx_devices;
     if (devices.ok()) dpo.net_devices = *devices;
     dpo.pool_base = pool->get()->arena().base();
     dpo.pool_bytes = pool->get()->arena().size();
@@ -363,15 +413,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
       data_plane = std::move(*dp);
       UcxDataPlane* d = data_plane.get();
       service.SetDataPlane([d] { return d->Info(); }, "");
-      if (tenants->get()->configured() && !config.ucx_share_pool_key) {
-        TenantRegionOptions tro;
-        tro.tls = dpo.tls;
-        tro.net_devices = dpo.net_devices;
-        tro.region_bytes = config.ucx_tenant_region_mb << 20;
-        tro.max_regions = tenants->get()->size();
-        tenant_rma = std::make_unique<TenantRegions>(&cache, tro);
-        service.SetTenantRma(tenant_rma.get());
-      }
+      start_tenant_rma(dpo.net_devices);
     } else {
       // The control plane and the shm/gRPC data paths still work; say why UCX does not.
       LogEvent(LogLevel::kWarn, "ucx_unavailable", {{"error", std::string(dp.status().message())}});
@@ -494,7 +536,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
             {"ucx", data_plane && data_plane->Info().ok()
                         ? absl::StrCat(absl::StrJoin(data_plane->Info()->transports(), ","),
                                        data_plane->isolated() ? " (own process)" : "")
-                        : std::string("off")},
+                        : std::string(ucx_tenants_only ? "tenants-only" : "off")},
             {"pid", absl::StrCat(getpid())}});
 
   if (config.tls_reload_s > 0) tls->WatchFiles(absl::Seconds(config.tls_reload_s));

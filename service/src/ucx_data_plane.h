@@ -3,6 +3,13 @@
 // active messages, so the target side must progress). Clients learn the worker address and the
 // pool's exported rkey through the GetDataPlane RPC and then read leased pages with RMA gets.
 //
+// Who can reach it. The worker serves software-emulated RMA (tcp; and get/put active messages
+// on any transport) at whatever address a peer names, checking no key (ucx_tenant_regions.h):
+// a peer that reaches it reads and writes the whole pool. So the daemon (daemon.cc) runs it
+// only without tenants (or with ucx.share_pool_key), and where another host could reach it
+// (DataPlaneReachableOffHost) only with ucx.allow_unverified_rma; with tenants, each tenant
+// loads through a data plane of its own instead (TenantRegions) and none maps the pool.
+//
 // Fault isolation. UCX 1.13 aborts the whole process on some peer failures it does not route to
 // an error callback: a client killed while the daemon is still sending the reply of its emulated
 // tcp GET ends in `ucp_request.inl: Fatal: unexpected error: Endpoint timeout` inside UCX's own
@@ -43,6 +50,14 @@ int RunUcxDataPlaneChild(int argc, char** argv);
 // an RDMA transport (rc, ud, dc) needs its HCA port named here explicitly (e.g. mlx5_0:1).
 absl::StatusOr<std::string> DataPlaneNetDevices(const std::string& configured,
                                                 const ListenAddress& listen);
+
+// Whether a data plane of UCX_TLS `tls` on UCX_NET_DEVICES `net_devices` (DataPlaneNetDevices'
+// answer) can be reached from another host: false only when every transport named is a
+// shared-memory one (shm, sm, posix, sysv, cma, knem, xpmem, self) or every device is a loopback
+// interface. Anything else ("all", a negation "^...", an HCA port, a device not found) counts
+// as reachable. Which peers ON this host can reach it is not decided here: a loopback tcp port
+// is open to every local process, whatever its uid.
+bool DataPlaneReachableOffHost(const std::string& tls, const std::string& net_devices);
 
 struct UcxDataPlaneOptions {
   std::string tls;

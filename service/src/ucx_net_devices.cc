@@ -11,6 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "ucx_data_plane.h"
 
 namespace oscarkv::service {
@@ -108,6 +111,35 @@ absl::StatusOr<std::string> DataPlaneNetDevices(const std::string& configured,
         "; set ucx.net_devices (--ucx-net-devices)"));
   }
   return absl::StrJoin(names, ",");
+}
+
+bool DataPlaneReachableOffHost(const std::string& tls, const std::string& net_devices) {
+  static const std::set<std::string> kSameHost = {"shm",  "sm",   "posix", "sysv",
+                                                   "cma",  "knem", "xpmem", "self"};
+  int named = 0;
+  bool same_host_only = true;
+  for (absl::string_view t : absl::StrSplit(tls, ',')) {
+    t = absl::StripAsciiWhitespace(t);
+    if (t.empty()) continue;
+    ++named;
+    if (t.front() == '^' || !kSameHost.contains(std::string(t))) same_host_only = false;
+  }
+  if (named > 0 && same_host_only) return false;  // "" = UCX's default: every transport
+  std::set<std::string> loopback;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return true;
+  for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_flags & IFF_LOOPBACK) loopback.insert(i->ifa_name);
+  }
+  ::freeifaddrs(ifs);
+  int devices = 0;
+  for (absl::string_view d : absl::StrSplit(net_devices, ',')) {
+    d = absl::StripAsciiWhitespace(d);
+    if (d.empty()) continue;
+    ++devices;
+    if (!loopback.contains(std::string(d))) return true;  // "all", mlx5_0:1, eth0, ...
+  }
+  return devices == 0;
 }
 
 }  // namespace oscarkv::service

@@ -81,6 +81,13 @@ struct DaemonConfig {
   // GetDataPlane's pool key reads the whole pool: false = only admin callers get it (without
   // tenants every caller is one); true = every tenant too (each can then read all pages).
   bool ucx_share_pool_key = false;
+  // The whole-pool data plane (ucx_data_plane.h) maps the entire pool, and UCX serves the RMA
+  // it emulates in software (tcp; and any peer's get/put active messages) at whatever address
+  // the request names, checking no key: whoever reaches its worker reads and writes the pool.
+  // So it runs only without tenants (or with share_pool_key), and off this host (a network
+  // transport on a non-loopback device) only with this set; with tenants it does not run at
+  // all unless this is set (then for admins). false: the daemon refuses such a config.
+  bool ucx_allow_unverified_rma = false;
   // A tenant without the pool key loads over UCX through a staging region of its own (a memfd
   // of this many MiB, served by a data-plane process of its own, started on its first
   // GetDataPlane): at most tenants x this much daemon memory (resident once used).
