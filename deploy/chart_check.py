@@ -209,6 +209,17 @@ def run_daemon(oscarkvd, values, label, tls_dir=None):
     return 0
 
 
+def node_ip():
+    """This host's first global IPv4 address ("" if none): a node IP that is not loopback."""
+    try:
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    m = re.search(r"\binet (\d+\.\d+\.\d+\.\d+)/", out)
+    return m.group(1) if m else ""
+
+
 def daemon_knows(oscarkvd, key):
     """True when the daemon's default config has `key` (features the chart gates on)."""
     out = subprocess.run([oscarkvd, "--print-default-config"], capture_output=True, text=True,
@@ -269,6 +280,14 @@ def main():
         cfg["pool"]["mb"] = 64
         cfg["pool"]["shm_name"] = f"oscarkv-chart-check-{os.getpid()}"
         failures += run_daemon(a.oscarkvd, {**test_node, "config": cfg}, "defaults")
+        # On a node IP that is not loopback, as in a cluster: the daemon refuses configs that
+        # expose what a loopback address would not (plaintext gRPC, the pool's UCX data plane).
+        ip = node_ip()
+        if ip:
+            failures += run_daemon(a.oscarkvd, {**test_node, "listenHost": ip, "config": cfg},
+                                   f"defaults on a node IP ({ip})")
+        else:
+            print("skip defaults on a node IP: this host has no global IPv4 address")
         tenants = {"tenantsEnabled": True, "tenants": ALL_ON["tenants"]}
         if not daemon_knows(a.oscarkvd, "tenants"):
             print("skip tenants: this oscarkvd has no `tenants` config key yet (the chart gates "

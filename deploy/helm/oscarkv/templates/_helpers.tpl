@@ -39,7 +39,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- define "oscarkv.config" -}}
 # oscarkvd configuration, rendered by the oscarkv Helm chart from .Values.config.
 # listen and metrics_listen come from the DaemonSet's flags (the node's IP).
-{{ toYaml .Values.config }}
+{{- $config := deepCopy .Values.config }}
+{{- if and $config.ucx $config.ucx.enabled }}
+{{- if .Values.ucxAllowUnverifiedRma }}
+{{- $_ := set $config.ucx "allow_unverified_rma" true }}
+{{- else if and (not .Values.tenantsEnabled) (eq (toString $config.ucx.net_devices) "") }}
+{{- $_ := set $config.ucx "net_devices" "lo" }}
+# ucx.net_devices: lo -- without tenants the whole-pool UCX data plane stays on this node's
+# loopback (oscarkvd refuses it where another host could reach it: any peer that reaches it
+# reads and writes the whole pool). tenantsEnabled gives each tenant a data plane of its own
+# on the node IP; ucxAllowUnverifiedRma opens the pool's on a trusted network.
+{{- end }}
+{{- end }}
+{{ toYaml $config }}
 {{- if .Values.tls.enabled }}
 tls:
   cert: /etc/oscarkv/tls/tls.crt
