@@ -180,14 +180,23 @@ TEST_F(TlsTest, CliOperatorCommandsOverMutualTls) {
 // The UCX pool key reads every tenant's pages: with tenants configured GetDataPlane gives it to
 // an admin, and a tenant a data plane of its own (staged; ucx_tenant_test) -- unless
 // ucx.share_pool_key: true.
+// With tenants the whole-pool data plane (UCX's emulated RMA checks no key) runs only on request:
+// share_pool_key hands its key to every tenant, allow_unverified_rma keeps it for admins; by
+// default no process maps the pool for UCX and admins, like tenants, get staged data planes of
+// their own.
 TEST_F(TlsTest, PoolKeyGoesOnlyToAdminsWhenTenantsAreConfigured) {
-  for (const bool share : {false, true}) {
-    const std::string cfg = pki_->path(share ? "tenants_shared.yaml" : "tenants.yaml");
+  enum class Mode { kDefault, kShare, kAdminsOnly };
+  for (const Mode mode : {Mode::kDefault, Mode::kShare, Mode::kAdminsOnly}) {
+    const bool share = mode == Mode::kShare;
+    const bool allow = mode == Mode::kAdminsOnly;
+    const std::string cfg = pki_->path("tenants_" + std::to_string(static_cast<int>(mode)) + ".yaml");
     std::ofstream(cfg) << "tls:\n  cert: " << pki_->path("server.pem") << "\n  key: "
                        << pki_->path("server.key") << "\n  client_ca: " << pki_->path("ca.pem")
                        << "\nucx:\n  share_pool_key: " << (share ? "true" : "false")
+                       << "\n  allow_unverified_rma: " << (allow ? "true" : "false")
                        << "\ntenants:\n  - name: tenant-client\n  - name: tenant-admin\n"
                           "    role: admin\n";
+    SCOPED_TRACE(cfg);
     auto d = StartDaemon({"--config", cfg});
     ASSERT_NE(d, nullptr);
     auto get = [&](const std::string& who, pb::GetDataPlaneResponse* resp) {
@@ -202,16 +211,20 @@ TEST_F(TlsTest, PoolKeyGoesOnlyToAdminsWhenTenantsAreConfigured) {
     };
     pb::GetDataPlaneResponse admin, tenant;
     grpc::Status s = get("admin", &admin);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    EXPECT_FALSE(admin.pool_rkey().empty());
-    s = get("client", &tenant);
-    if (share) {
-      EXPECT_TRUE(s.ok()) << s.error_message();
-      EXPECT_EQ(tenant.pool_rkey(), admin.pool_rkey());
+    if (mode == Mode::kDefault) {
+      ASSERT_TRUE(s.ok()) << s.error_message();
+      EXPECT_TRUE(admin.staged());
     } else {
       ASSERT_TRUE(s.ok()) << s.error_message();
-      EXPECT_TRUE(tenant.staged());
+      EXPECT_FALSE(admin.pool_rkey().empty());
       EXPECT_FALSE(admin.staged());
+    }
+    s = get("client", &tenant);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    if (share) {
+      EXPECT_EQ(tenant.pool_rkey(), admin.pool_rkey());
+    } else {
+      EXPECT_TRUE(tenant.staged());
       EXPECT_NE(tenant.pool_rkey(), admin.pool_rkey());
       EXPECT_NE(tenant.worker_address(), admin.worker_address());
     }

@@ -380,8 +380,8 @@ absl::Status RunDaemon(const DaemonConfig& config) {
     service.SetTenantRma(tenant_rma.get());
   };
   if (config.ucx && !pool_data_plane && ucx_devices.ok()) {
-    // Tenants only: no process maps the pool for UCX. An admin (who would get the pool key)
-    // is told why and loads over gRPC or shared memory.
+    // Tenants only: no process maps the pool for UCX. Admins stage through data planes of
+    // their own, like tenants; the message below answers only if that staging is missing.
     service.SetDataPlane(
         [] {
           return absl::StatusOr<pb::GetDataPlaneResponse>(absl::FailedPreconditionError(
@@ -393,6 +393,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
         },
         "");
     start_tenant_rma(*ucx_devices);
+    service.AdminsUseStaging(tenant_rma != nullptr);
     ucx_tenants_only = true;
   } else if (config.ucx) {
     UcxDataPlaneOptions dpo;

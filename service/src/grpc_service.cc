@@ -222,7 +222,8 @@ grpc::ServerUnaryReactor* KvCacheService::GetDataPlane(grpc::CallbackServerConte
     s = caller_or.status();
   } else if (!data_plane_) {
     s = absl::FailedPreconditionError(no_data_plane_);
-  } else if (const Caller& caller = *caller_or; !caller.admin && !share_pool_key_) {
+  } else if (const Caller& caller = *caller_or;
+             (!caller.admin || admins_use_staging_) && !share_pool_key_) {
     // The pool key reads every tenant's pages, so a tenant (who may read only its own) gets
     // the data plane of its own staging region instead (ucx_tenant_regions.h says why a key
     // over just its pages would isolate nothing on emulated RMA).
@@ -257,7 +258,7 @@ grpc::Status KvCacheService::StageForRma(grpc::ServerContext* ctx,
   const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);
   if (!caller.ok()) return t.Done(caller.status());
   if (!data_plane_) return t.Done(absl::FailedPreconditionError(no_data_plane_));
-  if (caller->admin || share_pool_key_) {
+  if ((caller->admin && !admins_use_staging_) || share_pool_key_) {
     return t.Done(absl::FailedPreconditionError(
         "this caller gets the pool key from GetDataPlane: RMA-read leased pages from the pool "
         "directly (StageForRma serves tenants without it)"));

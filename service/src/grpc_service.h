@@ -98,6 +98,9 @@ class KvCacheService final : public KvCacheAsyncBase {
   // A tenant's first GetDataPlane starts that process on its callback thread (about a second,
   // once per tenant; bounded by the configured tenants).
   void SetTenantRma(TenantRma* rma) { tenant_rma_ = rma; }
+  // No whole-pool data plane (tenants configured, ucx.allow_unverified_rma off): admins, too,
+  // get a staged data plane of their own from the per-tenant staging. Set before serving.
+  void AdminsUseStaging(bool v) { admins_use_staging_ = v; }
   grpc::ServerUnaryReactor* GetDataPlane(grpc::CallbackServerContext*,
                                          const pb::GetDataPlaneRequest*,
                                          pb::GetDataPlaneResponse*) override;
@@ -153,6 +156,7 @@ class KvCacheService final : public KvCacheAsyncBase {
   std::string no_data_plane_ = "the daemon runs without a UCX data plane";
   bool share_pool_key_ = false;
   TenantRma* tenant_rma_ = nullptr;
+  bool admins_use_staging_ = false;
   LookupMessagePool lookup_messages_;
   // Own cache lines: in_flight_ is written by every call on every handler thread.
   alignas(64) std::atomic<int64_t> in_flight_{0};
