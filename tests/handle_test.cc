@@ -174,5 +174,43 @@ TEST(HandleExpiry, ExpiresAfterTtlAndOpenedLeaseOutlivesClose) {
   EXPECT_EQ(hc->Open("").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Handle metadata is daemon heap, not pool: a client that publishes handles with 1 MiB of
+// metadata each is stopped at 256 MiB in all (before: 65,536 handles x 1 MiB = 64 GiB), and
+// closing one makes room again. Handles without metadata are not affected.
+TEST(HandleMetadata, HeldMetadataIsBoundedPerTenant) {
+  auto d = StartDaemon();
+  ASSERT_NE(d, nullptr);
+  auto hc = ConnectHandles(d->address(), DataPath::kGrpc);
+  ASSERT_NE(hc, nullptr);
+  const client::Codec codec = RegisterRefmodel(hc->client());
+  Handoff h = MakeHandoff(codec, "m", 11);
+  ASSERT_TRUE(hc->client().Store(codec, h.writes).ok());
+  const std::vector<BlockKey> keys = {h.writes[1].key};
+  const std::string meta(size_t{1} << 20, 'm');
+  int published = 0;
+  absl::Status refused;
+  for (int i = 0; i < 300; ++i) {
+    auto r = hc->PublishKeys(codec, "m-" + std::to_string(i), keys, meta, 60000);
+    if (!r.ok()) {
+      refused = r.status();
+      break;
+    }
+    ++published;
+  }
+  EXPECT_EQ(published, 256);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("metadata"), absl::string_view::npos) << refused;
+  // Without metadata a handle still publishes; one closed frees its MiB for the next.
+  EXPECT_TRUE(hc->PublishKeys(codec, "empty", keys, "", 60000).ok());
+  ASSERT_TRUE(hc->Close("m-0").ok());
+  EXPECT_TRUE(hc->PublishKeys(codec, "m-again", keys, meta, 60000).ok());
+  EXPECT_EQ(hc->PublishKeys(codec, "m-over", keys, meta, 60000).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  auto opened = hc->Open("m-again");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ(opened->metadata, meta);
+  ASSERT_TRUE(hc->client().Release(opened->lease_id).ok());
+}
+
 }  // namespace
 }  // namespace oscarkv::testing

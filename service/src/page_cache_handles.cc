@@ -33,6 +33,7 @@ void PageCache::RefundHandle(const Handle& h) {
   if (Tenant* t = tenants_->tenant(h.tenant)) {
     t->Refund(Quota::kHandles, 1);
     t->Refund(Quota::kPinnedPages, h.pages.size());
+    t->RefundHandleMetadata(h.metadata.size());
   }
 }
 
@@ -116,6 +117,11 @@ absl::StatusOr<uint64_t> PageCache::PublishHandle(const Caller& caller,
     tenant.Refund(Quota::kHandles, 1);
     return s;
   }
+  if (absl::Status s = tenant.ChargeHandleMetadata(args.metadata.size()); !s.ok()) {
+    tenant.Refund(Quota::kHandles, 1);
+    tenant.Refund(Quota::kPinnedPages, keys.size());
+    return s;
+  }
   Handle h;
   h.tenant = tenant.id();
   h.codec = (*codec)->index;
@@ -131,6 +137,7 @@ absl::StatusOr<uint64_t> PageCache::PublishHandle(const Caller& caller,
       for (const PinnedPage& q : h.pages) UnpinPage(q);
       tenant.Refund(Quota::kHandles, 1);
       tenant.Refund(Quota::kPinnedPages, keys.size());
+      tenant.RefundHandleMetadata(args.metadata.size());
       return absl::NotFoundError(absl::StrCat("keys[", i, "] (", keys[i].key.Hex(),
                                               ") is not committed; store it before publishing"));
     }

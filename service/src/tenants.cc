@@ -57,6 +57,27 @@ void Tenant::Refund(Quota q, uint64_t n) {
   }
 }
 
+absl::Status Tenant::ChargeHandleMetadata(uint64_t n) {
+  uint64_t cur = handle_metadata_.load(std::memory_order_relaxed);
+  do {
+    if (n > kHandleMetadataBytesPerTenant || cur > kHandleMetadataBytesPerTenant - n) {
+      CountRefusal(Quota::kHandles);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant '", name_, "': its open handles already hold ", cur >> 10, " KiB of metadata; ",
+          n >> 10, " KiB more would exceed the ", kHandleMetadataBytesPerTenant >> 20,
+          " MiB a tenant's handles may hold (close handles, or keep less metadata)"));
+    }
+  } while (!handle_metadata_.compare_exchange_weak(cur, cur + n, std::memory_order_relaxed));
+  return absl::OkStatus();
+}
+
+void Tenant::RefundHandleMetadata(uint64_t n) {
+  uint64_t cur = handle_metadata_.load(std::memory_order_relaxed);
+  while (!handle_metadata_.compare_exchange_weak(cur, cur - std::min(cur, n),
+                                                 std::memory_order_relaxed)) {
+  }
+}
+
 std::unique_ptr<TenantRegistry> TenantRegistry::SingleTenant(uint64_t max_codecs,
                                                              uint64_t max_handles) {
   std::unique_ptr<TenantRegistry> r(new TenantRegistry);

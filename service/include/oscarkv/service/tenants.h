@@ -38,6 +38,10 @@ inline constexpr int kNumQuotas = 5;
 const char* QuotaName(Quota q);
 
 inline constexpr uint64_t kUnlimited = ~uint64_t{0};
+// Transfer-handle metadata (opaque bytes of up to 1 MiB per handle) is daemon heap, not pool
+// memory: each tenant's live handles hold at most this much of it together, whatever its
+// handles quota (without tenants: the one default tenant's 65,536 handles).
+inline constexpr uint64_t kHandleMetadataBytesPerTenant = uint64_t{256} << 20;
 
 class Tenant {
  public:
@@ -67,6 +71,14 @@ class Tenant {
     return refusals_[static_cast<int>(q)].load(std::memory_order_relaxed);
   }
 
+  // Takes `n` bytes of handle metadata (kHandleMetadataBytesPerTenant in all), or answers
+  // RESOURCE_EXHAUSTED (nothing taken, counted as a handles-quota refusal).
+  absl::Status ChargeHandleMetadata(uint64_t n);
+  void RefundHandleMetadata(uint64_t n);
+  uint64_t handle_metadata_bytes() const {
+    return handle_metadata_.load(std::memory_order_relaxed);
+  }
+
   // Figures of this tenant's Stats answer.
   std::atomic<uint64_t> pages{0}, lookups{0}, hits{0}, misses{0};
 
@@ -77,6 +89,7 @@ class Tenant {
   const std::array<uint64_t, kNumQuotas> limits_;
   std::array<std::atomic<uint64_t>, kNumQuotas> used_{};
   std::array<std::atomic<uint64_t>, kNumQuotas> refusals_{};
+  std::atomic<uint64_t> handle_metadata_{0};
 };
 
 struct Namespace {
