@@ -139,6 +139,131 @@ TEST_F(TenantsTest, TenantBCannotFindLoadDeleteClearOrReleaseTenantAsPagesOverGr
   EXPECT_EQ(stats_b->pages, 3u);  // its own copies only
 }
 
+// The raw RPCs that take ids rather than keys: B presenting A's reservation id to WritePages,
+// Commit and Abort, and A's lease id to ReadPages (the client library never sends another
+// tenant's ids; an attacker's own stub does).
+TEST_F(TenantsTest, TenantBCannotUseTenantAsReservationOrLeaseIds) {
+  auto stub_as = [&](const std::string& cert) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = ReadTextFile(pki_->path("ca.pem"));
+    o.pem_private_key = ReadTextFile(pki_->path(cert + ".key"));
+    o.pem_cert_chain = ReadTextFile(pki_->path(cert + ".pem"));
+    return pb::KvCache::NewStub(grpc::CreateChannel(daemon_->address(), grpc::SslCredentials(o)));
+  };
+  auto ctx = [](grpc::ClientContext* c) {
+    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  };
+  auto a = As("tenant-a"), b = As("tenant-b");
+  ASSERT_TRUE(a && b);
+  const client::Codec codec = RegisterRefmodel(*a);
+  RegisterRefmodel(*b);
+  auto sa = stub_as("tenant-a"), sb = stub_as("tenant-b");
+  const std::string codec_id(reinterpret_cast<const char*>(codec.id.bytes.data()), 16);
+  TenantPages p = MakeTenantPages(codec, 150, 2);
+  const std::string key0(reinterpret_cast<const char*>(p.keys[0].bytes.data()), 16);
+
+  // A reserves key 0 and leaves it uncommitted.
+  pb::ReserveRequest reserve;
+  reserve.set_codec_id(codec_id);
+  reserve.add_items()->set_key(key0);
+  reserve.mutable_items(0)->set_kind(pb::PAGE_KIND_INT2);
+  pb::ReserveResponse reserved;
+  {
+    grpc::ClientContext c;
+    ctx(&c);
+    ASSERT_TRUE(sa->Reserve(&c, reserve, &reserved).ok());
+  }
+  ASSERT_EQ(reserved.results(0).status().code(), 0) << reserved.results(0).status().message();
+  const uint64_t rid = reserved.reservation_id();
+  ASSERT_NE(rid, 0u);
+
+  // B writes into A's reservation: NOT_FOUND, nothing written.
+  {
+    grpc::ClientContext c;
+    ctx(&c);
+    pb::WriteResponse wr;
+    auto w = sb->WritePages(&c, &wr);
+    pb::WriteChunk chunk;
+    chunk.set_reservation_id(rid);
+    chunk.set_key(key0);
+    chunk.set_offset(0);
+    chunk.set_data(std::string(reinterpret_cast<const char*>(p.bytes[0].data()), 4096));
+    w->Write(chunk);
+    w->WritesDone();
+    grpc::Status s = w->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  }
+  // B commits it: NOT_FOUND. B aborts it: OK, a no-op.
+  {
+    grpc::ClientContext c;
+    ctx(&c);
+    pb::CommitRequest commit;
+    commit.set_reservation_id(rid);
+    pb::CommitResponse cr;
+    grpc::Status s = sb->Commit(&c, commit, &cr);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  }
+  {
+    grpc::ClientContext c;
+    ctx(&c);
+    pb::AbortRequest abort;
+    abort.set_reservation_id(rid);
+    pb::AbortResponse ar;
+    EXPECT_TRUE(sb->Abort(&c, abort, &ar).ok());
+  }
+  // A's reservation is intact: the key is still in progress for A (ABORTED), A aborts it.
+  {
+    grpc::ClientContext c;
+    ctx(&c);
+    pb::ReserveResponse again;
+    ASSERT_TRUE(sa->Reserve(&c, reserve, &again).ok());
+    EXPECT_EQ(again.results(0).status().code(), static_cast<int>(grpc::StatusCode::ABORTED))
+        << again.results(0).status().message();
+  }
+  {
+    grpc::ClientContext c;
+    ctx(&c);
+    pb::AbortRequest abort;
+    abort.set_reservation_id(rid);
+    pb::AbortResponse ar;
+    EXPECT_TRUE(sa->Abort(&c, abort, &ar).ok());
+  }
+
+  // A stores and pins page 1; B streams ReadPages of A's lease (all pages, and by key).
+  ASSERT_TRUE(a->Store(codec, std::span<const client::PageWrite>(&p.writes[1], 1)).ok());
+  auto lease = a->Lookup(codec, std::span<const BlockKey>(&p.keys[1], 1), {.pin = true});
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_EQ(lease->lease_ids.size(), 1u);
+  for (bool by_key : {false, true}) {
+    grpc::ClientContext c;
+    ctx(&c);
+    pb::ReadRequest read;
+    read.set_lease_id(lease->lease_ids[0]);
+    if (by_key) read.add_keys(std::string(reinterpret_cast<const char*>(p.keys[1].bytes.data()), 16));
+    auto r = sb->ReadPages(&c, read);
+    pb::ReadChunk chunk;
+    size_t bytes = 0;
+    while (r->Read(&chunk)) bytes += chunk.data().size();
+    grpc::Status s = r->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+    EXPECT_EQ(bytes, 0u) << "tenant-b read tenant-a's page bytes";
+  }
+  // A reads its own lease.
+  {
+    grpc::ClientContext c;
+    ctx(&c);
+    pb::ReadRequest read;
+    read.set_lease_id(lease->lease_ids[0]);
+    auto r = sa->ReadPages(&c, read);
+    pb::ReadChunk chunk;
+    size_t bytes = 0;
+    while (r->Read(&chunk)) bytes += chunk.data().size();
+    EXPECT_TRUE(r->Finish().ok());
+    EXPECT_EQ(bytes, p.bytes[1].size());
+  }
+  EXPECT_TRUE(a->Release(*lease).ok());
+}
+
 TEST_F(TenantsTest, HandlesOpenAndCloseOnlyForTheirTenant) {
   auto ha = client::HandleClient::Connect(Options("tenant-a"));
   auto hb = client::HandleClient::Connect(Options("tenant-b"));
