@@ -252,6 +252,40 @@ TEST_F(TlsTest, PlaintextOnANonLoopbackAddressIsRefused) {
   EXPECT_NE(log.find("--allow-plaintext"), std::string::npos) << log;
 }
 
+// TLS without a client CA asks no client for a certificate: off loopback every client on the
+// network would be the admin tenant, so the daemon refuses to start unless told clients are
+// trusted. With the opt-in it serves a client that presents no certificate (the risk named).
+TEST_F(TlsTest, TlsWithoutClientCaOffLoopbackIsRefusedUnlessAllowed) {
+  const std::vector<std::string> tls = {"--listen", "0.0.0.0:0", "--ucx", "off", "--tls-cert",
+                                        pki_->path("server.pem"), "--tls-key",
+                                        pki_->path("server.key")};
+  const std::string log = FailedStart(tls);
+  EXPECT_NE(log.find("oscarkvd: refusing TLS without client certificates on 0.0.0.0:0"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("--tls-client-ca"), std::string::npos) << log;
+  EXPECT_NE(log.find("--tls-allow-unauthenticated-clients"), std::string::npos) << log;
+  EXPECT_NE(log.find("tls.allow_unauthenticated_clients: true"), std::string::npos) << log;
+
+  std::vector<std::string> allowed = tls;
+  allowed.push_back("--tls-allow-unauthenticated-clients");
+  auto d = StartDaemon(allowed);
+  ASSERT_NE(d, nullptr);
+  const std::string port = d->address().substr(d->address().rfind(':') + 1);
+  grpc::Status s = Handshake("127.0.0.1:" + port, *pki_, "");
+  EXPECT_TRUE(s.ok()) << s.error_message();
+
+  // With a client CA the same address starts without the opt-in, and still refuses no-cert.
+  std::vector<std::string> mtls = tls;
+  mtls.insert(mtls.end(), {"--tls-client-ca", pki_->path("ca.pem")});
+  auto m = StartDaemon(mtls);
+  ASSERT_NE(m, nullptr);
+  const std::string mport = m->address().substr(m->address().rfind(':') + 1);
+  EXPECT_EQ(Handshake("127.0.0.1:" + mport, *pki_, "").error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(Handshake("127.0.0.1:" + mport, *pki_, "client").ok());
+}
+
 TEST_F(TlsTest, BadTlsFilesAreStartupErrors) {
   std::string log = FailedStart({"--tls-cert", pki_->path("server.pem")});
   EXPECT_NE(log.find("cert and key go together"), std::string::npos) << log;

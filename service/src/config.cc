@@ -39,6 +39,7 @@ const std::string& DefaultConfigYaml() {
 #   --tls-cert               tls.cert              --tls-key               tls.key
 #   --tls-client-ca          tls.client_ca         --allow-plaintext       tls.allow_plaintext
 #   --tls-reload-s           tls.reload_s
+#   --tls-allow-unauthenticated-clients  tls.allow_unauthenticated_clients
 # Keys without a flag: pool.huge_pages, pool.cuda_register, pool.staging_max_mb,
 # limits.max_message_mb,
 # limits.max_codecs, server.index_shards, tier.sync_writes.
@@ -90,6 +91,8 @@ tls:
   key: ""                       # its private key (PEM file)
   client_ca: ""                 # CA bundle (PEM) client certificates must chain to: mTLS
   allow_plaintext: false        # without TLS, serve a non-loopback listen address anyway
+  allow_unauthenticated_clients: false  # TLS without client_ca on a non-loopback address
+                                # anyway (every client is then the admin: README Security)
   reload_s: 10                  # re-read the files this often (and on SIGHUP); 0 = SIGHUP only
 # Tenants (service/README.md "Tenants"). None = one tenant, "default", with the admin role and
 # no quotas beyond limits.*: single-user behaviour. With tenants, gRPC needs mTLS (tls.client_ca)
@@ -159,6 +162,9 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "tls.key") return ReadString(v, key, &c->tls_key);
   if (key == "tls.client_ca") return ReadString(v, key, &c->tls_client_ca);
   if (key == "tls.allow_plaintext") return ReadBool(v, key, &c->allow_plaintext);
+  if (key == "tls.allow_unauthenticated_clients") {
+    return ReadBool(v, key, &c->tls_allow_unauthenticated_clients);
+  }
   if (key == "tls.reload_s") return ReadUint(v, key, &c->tls_reload_s, 0, 86400);
   if (key == "metrics_listen") return ReadString(v, key, &c->metrics_listen);
   if (key == "node_id") return ReadString(v, key, &c->node_id);
@@ -496,6 +502,9 @@ Args MakeArgs() {
       .Option("tls-reload-s", "", "re-read the TLS files every N s and on SIGHUP (new "
                                   "connections get them; a bad file keeps the old); 0 = SIGHUP "
                                   "only (default 10)")
+      .Flag("tls-allow-unauthenticated-clients",
+            "serve TLS without --tls-client-ca on a non-loopback --listen address (by default "
+            "refused: no client is authenticated, so every client is the admin)")
       .Flag("allow-plaintext", "serve plaintext gRPC on a non-loopback --listen address (by "
                                "default refused without TLS)")
       .Flag("print-default-config", "print the embedded default YAML config and exit")
@@ -568,6 +577,7 @@ absl::StatusOr<CommandLineAction> ParseCommandLine(int argc, char** argv, Daemon
   str("tls-key", &c.tls_key);
   str("tls-client-ca", &c.tls_client_ca);
   if (args.flag("allow-plaintext")) c.allow_plaintext = true;
+  if (args.flag("tls-allow-unauthenticated-clients")) c.tls_allow_unauthenticated_clients = true;
   if (args.flag("ucx-allow-unverified-rma")) c.ucx_allow_unverified_rma = true;
   if (args.given("ucx")) {
     const std::string u = args.str("ucx");

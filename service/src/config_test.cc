@@ -213,3 +213,40 @@ TEST(Config, LocalSocketSettings) {
 
 }  // namespace
 }  // namespace oscarkv::service
+
+namespace oscarkv::service {
+namespace {
+
+// TLS without a client CA authenticates no client (every caller is the admin): refused off
+// loopback unless tls.allow_unauthenticated_clients; loopback, unix sockets and mTLS start.
+TEST(Config, TlsWithoutClientCaOffLoopbackNeedsTheOptIn) {
+  DaemonConfig c;
+  c.listen = "0.0.0.0:50051";
+  c.tls_cert = "/x/server.pem";
+  c.tls_key = "/x/server.key";
+  absl::Status s = c.Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("tls.allow_unauthenticated_clients"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("--tls-client-ca"), std::string::npos) << s;
+  c.listen = "10.1.2.3:50051";
+  EXPECT_EQ(c.Validate().code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* local : {"127.0.0.1:50051", "[::1]:50051", "localhost:1", "unix:/tmp/s"}) {
+    c.listen = local;
+    EXPECT_TRUE(c.Validate().ok()) << local << ": " << c.Validate();
+  }
+  c.listen = "0.0.0.0:50051";
+  c.tls_client_ca = "/x/ca.pem";
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+  c.tls_client_ca.clear();
+  ASSERT_TRUE(ApplyConfigYaml("tls:\n  allow_unauthenticated_clients: true\n", "t", &c).ok());
+  EXPECT_TRUE(c.Validate().ok()) << c.Validate();
+  DaemonConfig f;
+  auto r = Parse({"--listen", "0.0.0.0:1", "--tls-cert", "/a", "--tls-key", "/b"}, &f);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  r = Parse({"--listen", "0.0.0.0:1", "--tls-cert", "/a", "--tls-key", "/b",
+             "--tls-allow-unauthenticated-clients"}, &f);
+  EXPECT_TRUE(r.ok()) << r.status();
+}
+
+}  // namespace
+}  // namespace oscarkv::service

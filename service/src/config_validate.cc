@@ -150,9 +150,22 @@ absl::Status DaemonConfig::Validate() const {
     return absl::InvalidArgumentError("tls: client_ca needs the server's cert and key too");
   }
   if (absl::Status s = ValidateTenants(*this); !s.ok()) return s;
+  auto a = ParseListenAddress(listen, false, true);
+  const bool off_host = a->unix_path.empty() && !IsLoopbackHost(a->host);
+  // TLS without a client CA asks no client for a certificate, so no caller is anyone in
+  // particular: every one is the admin tenant "default" (tenants: need client_ca, see above).
+  if (off_host && !tls_cert.empty() && tls_client_ca.empty() &&
+      !tls_allow_unauthenticated_clients) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing TLS without client certificates on ", listen, ": with no tls.client_ca "
+        "(--tls-client-ca) the daemon authenticates no client, so anyone on that network is the "
+        "admin and can read, change and delete every client's pages. Configure "
+        "--tls-client-ca (mTLS; with tenants: a certificate names its tenant), listen on "
+        "loopback, or pass --tls-allow-unauthenticated-clients "
+        "(tls.allow_unauthenticated_clients: true) for a network of trusted clients"));
+  }
   if (tls_cert.empty() && !allow_plaintext) {
-    auto a = ParseListenAddress(listen, false, true);
-    if (a->unix_path.empty() && !IsLoopbackHost(a->host)) {
+    if (off_host) {
       return absl::FailedPreconditionError(absl::StrCat(
           "refusing plaintext gRPC on ", listen, ": anyone on that network could read, "
           "change and delete every client's pages. Configure TLS (--tls-cert/--tls-key, and "

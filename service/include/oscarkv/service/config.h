@@ -105,6 +105,10 @@ struct DaemonConfig {
   std::string tls_key;
   std::string tls_client_ca;
   bool allow_plaintext = false;
+  // TLS without tls_client_ca authenticates no client: every caller is the admin tenant. On a
+  // listen address that is not loopback (or a unix socket) that is refused unless this says a
+  // network of trusted clients is intended.
+  bool tls_allow_unauthenticated_clients = false;
   // The files are re-read on SIGHUP and every tls_reload_s seconds (0 = on SIGHUP only); new
   // connections get what changed, a bad new file is logged and the old ones keep serving.
   uint32_t tls_reload_s = 10;
