@@ -4,15 +4,8 @@
 // pages deduplicated among the chunks copied ahead, pages of several staging chunks and a
 // corrupt page in the middle of a batch all end as they must (stored byte-exact, deduplicated,
 // DATA_LOSS for that page alone); a shared-namespace client still reserves over gRPC.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <string>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 #include "test_util.h"
 
 namespace oscarkv::testing {
@@ -21,44 +14,7 @@ namespace {
 using client::PageWrite;
 
 std::unique_ptr<LocalDaemon> StartWithMetrics() {
-  LocalDaemonOptions o;
-  o.binary = OSCARKVD_PATH;
-  o.flags = {"--metrics-listen", "127.0.0.1:0", "--pool-mb", "96", "--shm-name",
-             UniqueShmName("oscarkv-local-reserve", 0)};
-  auto d = LocalDaemon::Start(o);
-  EXPECT_TRUE(d.ok()) << d.status();
-  return d.ok() ? *std::move(d) : nullptr;
-}
-
-// GET /metrics over a plain TCP connection (HTTP/1.0: the body ends at close).
-std::string Metrics(const std::string& host_port) {
-  const size_t colon = host_port.rfind(':');
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
-  ::inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &a.sin_addr);
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  std::string out;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
-    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
-      char buf[16384];
-      ssize_t n;
-      while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
-    }
-  }
-  ::close(fd);
-  return out;
-}
-
-// The value of the metric line that starts with `prefix` (0 when absent).
-uint64_t Counter(const std::string& metrics, const std::string& prefix) {
-  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
-    if (!absl::StartsWith(line, prefix)) continue;
-    uint64_t v = 0;
-    if (absl::SimpleAtoi(line.substr(prefix.size()), &v)) return v;
-  }
-  return 0;
+  return StartDaemon({"--metrics-listen", "127.0.0.1:0", "--pool-mb", "96"});
 }
 
 TEST(StoreLocalReserveTest, IsolatedStoresReserveOnTheStagingConnection) {
@@ -67,12 +23,11 @@ TEST(StoreLocalReserveTest, IsolatedStoresReserveOnTheStagingConnection) {
   auto c = Connect(daemon->address());
   ASSERT_NE(c, nullptr);
   const client::Codec codec = RegisterRefmodel(*c);
-  const auto keys = client::Client::BlockKeys(codec, Tokens(31, 20 * codec.profile.page_tokens));
+  const PageBatch batch = MakeBatch(codec, 31, 20, 100);
+  const auto& keys = batch.keys;
+  const auto& pages = batch.pages;
+  const auto& writes = batch.writes;
   ASSERT_EQ(keys.size(), 20u);
-  std::vector<std::vector<uint8_t>> pages;
-  std::vector<PageWrite> writes;
-  for (size_t i = 0; i < keys.size(); ++i) pages.push_back(MakePage(codec.profile, PageKind::kInt2, 100 + i));
-  for (size_t i = 0; i < keys.size(); ++i) writes.push_back({keys[i], PageKind::kInt2, pages[i]});
 
   // Pages 0 and 5 first: in the batch below they are among the chunks copied ahead of the
   // Reserve answer, and are then deduplicated instead of staged.
@@ -92,14 +47,25 @@ TEST(StoreLocalReserveTest, IsolatedStoresReserveOnTheStagingConnection) {
   ASSERT_EQ(loaded->matched, keys.size());
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_TRUE(loaded->pages[i] == pages[i]) << i;
 
-  const std::string m = Metrics(daemon->metrics_address());
+  const std::string m = MetricsText(daemon->metrics_address());
   ASSERT_NE(m.find("oscarkv_rpcs_total"), std::string::npos) << m.substr(0, 300);
-  const uint64_t local = Counter(m, "oscarkv_local_calls_total{method=\"Reserve\"} ");
-  const uint64_t all = Counter(m, "oscarkv_rpcs_total{method=\"Reserve\",code=\"OK\"} ");
+  const uint64_t local = MetricValue(m, "oscarkv_local_calls_total{method=\"Reserve\"} ");
+  const uint64_t all = MetricValue(m, "oscarkv_rpcs_total{method=\"Reserve\",code=\"OK\"} ");
   EXPECT_EQ(local, 2u);
   EXPECT_EQ(all, local) << "a Reserve went over gRPC";
-  EXPECT_EQ(Counter(m, "oscarkv_rpcs_total{method=\"Commit\",code=\"OK\"} "), 0u)
+  EXPECT_EQ(MetricValue(m, "oscarkv_rpcs_total{method=\"Commit\",code=\"OK\"} "), 0u)
       << "staged pages are committed with their last chunk";
+  // Every local method is timed and counted as gRPC calls are: one AttachStaging, one
+  // StageWrite per staged page (2 + 18; the two deduplicated pages were not staged).
+  for (const char* method : {"AttachStaging", "StageWrite"}) {
+    const std::string q = std::string("{method=\"") + method + "\"";
+    const uint64_t want = std::string(method) == "StageWrite" ? 20 : 1;
+    EXPECT_EQ(MetricValue(m, "oscarkv_local_calls_total" + q + "} "), want) << method;
+    EXPECT_EQ(MetricValue(m, "oscarkv_rpcs_total" + q + ",code=\"OK\"} "), want) << method;
+    EXPECT_EQ(MetricValue(m, "oscarkv_rpc_duration_seconds_count" + q + "} "), want) << method;
+  }
+  EXPECT_NE(m.find("oscarkv_local_calls_total{method=\"StageRead\"} 0\n"), std::string::npos)
+      << "every local method is listed, called or not";
 
   // A shared-namespace client's Reserve acts for the namespace, which the socket does not know:
   // it reserves over gRPC. (Without tenants there is no namespace to join: the connect fails
@@ -111,7 +77,7 @@ TEST(StoreLocalReserveTest, IsolatedStoresReserveOnTheStagingConnection) {
   if (sc.ok()) {
     const PageWrite w{keys[0], PageKind::kInt2, pages[0]};
     (void)(*sc)->Store(codec, std::span<const PageWrite>(&w, 1));
-    EXPECT_EQ(Counter(Metrics(daemon->metrics_address()),
+    EXPECT_EQ(MetricValue(MetricsText(daemon->metrics_address()),
                       "oscarkv_local_calls_total{method=\"Reserve\"} "),
               local);
   }
@@ -162,9 +128,9 @@ TEST(StoreLocalReserveTest, MultiChunkPagesAndACorruptPageInTheBatch) {
   auto again = c->Store(*codec, std::span<const PageWrite>(&writes[4], 1));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->stored, 1u) << again->item_status[0];
-  const std::string m = Metrics(daemon->metrics_address());
-  EXPECT_EQ(Counter(m, "oscarkv_rpcs_total{method=\"Reserve\",code=\"OK\"} "),
-            Counter(m, "oscarkv_local_calls_total{method=\"Reserve\"} "));
+  const std::string m = MetricsText(daemon->metrics_address());
+  EXPECT_EQ(MetricValue(m, "oscarkv_rpcs_total{method=\"Reserve\",code=\"OK\"} "),
+            MetricValue(m, "oscarkv_local_calls_total{method=\"Reserve\"} "));
 }
 
 }  // namespace

@@ -2,12 +2,20 @@
 // real encoded pages with deterministic content.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "oscarkv/client/client.h"
 #include "oscarkv/testing/local_daemon.h"
@@ -83,6 +91,58 @@ inline client::Codec RegisterRefmodel(client::Client& c) {
   auto codec = c.RegisterCodec(*BuiltinProfile("refmodel"));
   EXPECT_TRUE(codec.ok()) << codec.status();
   return codec.ok() ? *codec : client::Codec{};
+}
+
+// `n` pages of `codec` (INT2) under the block keys of `n` blocks of tokens `token_seed`, page i
+// made from seed `page_seed + i`; `writes` points into `pages` (do not copy the batch).
+struct PageBatch {
+  std::vector<BlockKey> keys;
+  std::vector<std::vector<uint8_t>> pages;
+  std::vector<client::PageWrite> writes;
+};
+inline PageBatch MakeBatch(const client::Codec& codec, uint64_t token_seed, size_t n,
+                           uint64_t page_seed) {
+  PageBatch b;
+  b.keys = client::Client::BlockKeys(codec, Tokens(token_seed, n * codec.profile.page_tokens));
+  EXPECT_EQ(b.keys.size(), n);
+  for (size_t i = 0; i < n; ++i) {
+    b.pages.push_back(MakePage(codec.profile, PageKind::kInt2, page_seed + i));
+  }
+  for (size_t i = 0; i < b.keys.size() && i < n; ++i) {
+    b.writes.push_back({b.keys[i], PageKind::kInt2, b.pages[i]});
+  }
+  return b;
+}
+
+// GET /metrics of a daemon started with --metrics-listen (HTTP/1.0: the body ends at close).
+inline std::string MetricsText(const std::string& host_port) {
+  const size_t colon = host_port.rfind(':');
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(host_port.substr(colon + 1))));
+  ::inet_pton(AF_INET, host_port.substr(0, colon).c_str(), &a.sin_addr);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n";
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+      char buf[16384];
+      ssize_t n;
+      while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  return out;
+}
+
+// The value of the metric line of `metrics` that starts with `prefix` (0 when absent).
+inline uint64_t MetricValue(const std::string& metrics, const std::string& prefix) {
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (!absl::StartsWith(line, prefix)) continue;
+    uint64_t v = 0;
+    if (absl::SimpleAtoi(line.substr(prefix.size()), &v)) return v;
+  }
+  return 0;
 }
 
 }  // namespace oscarkv::testing

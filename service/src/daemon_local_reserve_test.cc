@@ -3,13 +3,10 @@
 // progress, one reservation table: a slot reserved over the socket is committed and aborted over
 // gRPC), the frame's own limit, and bad input (before the handshake, unparsable) closing only
 // that connection.
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
-
 #include <string>
 
 #include "daemon_test_util.h"
+#include "local_frame_test_util.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "oscarkv/v1/local_control.h"
@@ -19,75 +16,15 @@
 namespace oscarkv::service {
 namespace {
 
+using testing::Answer;
 using testing::GrpcHandshake;
 using testing::Key;
+using testing::LocalConn;
 using testing::Start;
 using testing::StopAndWait;
 using testing::TinyProfile;
 
 namespace lc = ::oscarkv::v1::local;
-
-struct Answer {
-  bool closed = false;  // EOF instead of a frame
-  lc::ResponseHeader h;
-  std::string message, body;
-};
-
-class LocalConn {
- public:
-  explicit LocalConn(const std::string& path) {
-    fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      ::close(fd_);
-      fd_ = -1;
-      return;
-    }
-    timeval tv{5, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  }
-  ~LocalConn() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  bool ok() const { return fd_ >= 0; }
-
-  Answer Call(lc::Method m, uint64_t id, const std::string& body) {
-    lc::RequestHeader h;
-    h.method = static_cast<uint16_t>(m);
-    h.id = id;
-    std::string f(reinterpret_cast<const char*>(&h), sizeof(h));
-    f += body;
-    EXPECT_EQ(::send(fd_, f.data(), f.size(), MSG_NOSIGNAL), static_cast<ssize_t>(f.size()));
-    return Recv();
-  }
-  Answer Recv() {
-    Answer a;
-    std::string buf(lc::kMaxFrameBytes + 1, '\0');
-    const ssize_t n = ::recv(fd_, buf.data(), buf.size(), 0);
-    if (n <= 0) {
-      a.closed = true;
-      return a;
-    }
-    EXPECT_GE(n, static_cast<ssize_t>(sizeof(a.h)));
-    std::memcpy(&a.h, buf.data(), sizeof(a.h));
-    EXPECT_EQ(a.h.magic, lc::kMagic);
-    a.message = buf.substr(sizeof(a.h), a.h.message_bytes);
-    a.body = buf.substr(sizeof(a.h) + a.h.message_bytes, n - sizeof(a.h) - a.h.message_bytes);
-    return a;
-  }
-  bool Handshake() {
-    v1::HandshakeRequest req;
-    req.set_wire_version(1);
-    req.set_client_name("reserve-frames");
-    Answer a = Call(lc::Method::kHandshake, 1, req.SerializeAsString());
-    return !a.closed && a.h.code == 0;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 v1::ReserveRequest Reserve(const std::string& codec, std::initializer_list<std::string> keys) {
   v1::ReserveRequest r;
@@ -134,16 +71,17 @@ TEST(DaemonLocalReserve, AnswersAsGrpcAndSharesTheReservationTable) {
   // An unparsable body: INVALID_ARGUMENT, then closed.
   {
     LocalConn c(d.local_socket());
-    ASSERT_TRUE(c.Handshake());
+    ASSERT_TRUE(c.Handshake("reserve-frames"));
     Answer a = c.Call(lc::Method::kReserve, 3, "\xff\xff\xff");
     ASSERT_FALSE(a.closed);
     EXPECT_NE(a.message.find("unparsable ReserveRequest"), std::string::npos) << a.message;
     EXPECT_EQ(a.h.code, static_cast<uint32_t>(grpc::StatusCode::INVALID_ARGUMENT));
+    EXPECT_EQ(a.h.id, 0u) << "a malformed frame's answer has id 0";
     EXPECT_TRUE(c.Recv().closed);
   }
 
   LocalConn c(d.local_socket());
-  ASSERT_TRUE(c.Handshake());
+  ASSERT_TRUE(c.Handshake("reserve-frames"));
   // Per-item errors and slots: the same codes as gRPC's answer to the same request shape.
   v1::ReserveRequest mixed = Reserve(codec, {Key(1), "short", Key(2)});
   mixed.mutable_items(2)->set_kind(static_cast<v1::PageKind>(9));

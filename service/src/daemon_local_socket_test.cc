@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "daemon_test_util.h"
+#include "local_frame_test_util.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -33,80 +34,21 @@
 namespace oscarkv::service {
 namespace {
 
+using testing::Answer;
+using testing::Call;
+using testing::DialLocal;
+using testing::Frame;
 using testing::GrpcHandshake;
+using testing::Handshaken;
 using testing::Key;
 using testing::MakePage;
+using testing::Recv;
 using testing::RunToExit;
 using testing::Start;
 using testing::StopAndWait;
 using testing::TinyProfile;
 
 namespace lc = ::oscarkv::v1::local;
-
-int DialLocal(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  return fd;
-}
-
-std::string Frame(lc::Method m, uint64_t id, const google::protobuf::MessageLite& msg) {
-  lc::RequestHeader h;
-  h.method = static_cast<uint16_t>(m);
-  h.id = id;
-  std::string f(reinterpret_cast<const char*>(&h), sizeof(h));
-  f += msg.SerializeAsString();
-  return f;
-}
-
-struct Answer {
-  bool closed = false;  // EOF instead of a frame
-  lc::ResponseHeader h;
-  std::string message, body;
-};
-
-Answer Recv(int fd) {
-  Answer a;
-  std::string buf(lc::kMaxFrameBytes + 1, '\0');
-  const ssize_t n = recv(fd, buf.data(), buf.size(), 0);
-  if (n <= 0) {
-    a.closed = true;
-    return a;
-  }
-  EXPECT_GE(n, static_cast<ssize_t>(sizeof(a.h)));
-  std::memcpy(&a.h, buf.data(), sizeof(a.h));
-  EXPECT_EQ(a.h.magic, lc::kMagic);
-  a.message = buf.substr(sizeof(a.h), a.h.message_bytes);
-  a.body = buf.substr(sizeof(a.h) + a.h.message_bytes, n - sizeof(a.h) - a.h.message_bytes);
-  return a;
-}
-
-Answer Call(int fd, const std::string& frame) {
-  EXPECT_EQ(send(fd, frame.data(), frame.size(), MSG_NOSIGNAL), static_cast<ssize_t>(frame.size()));
-  return Recv(fd);
-}
-
-// A handshaken connection.
-int Handshaken(const std::string& path) {
-  const int fd = DialLocal(path);
-  if (fd < 0) return -1;
-  v1::HandshakeRequest req;
-  req.set_wire_version(1);
-  req.set_client_name("smoke-local");
-  Answer a = Call(fd, Frame(lc::Method::kHandshake, 1, req));
-  if (a.closed || a.h.code != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
 
 // Lookup and Release over the local socket answer exactly what gRPC answers; the handshake
 // checks the wire version; calls before a handshake, malformed frames and a few thousand random
@@ -286,6 +228,9 @@ TEST(DaemonSmoke, LocalSocketMatchesGrpcAndSurvivesGarbageFrames) {
     Answer a = Call(c, b.frame);
     ASSERT_FALSE(a.closed) << b.why;
     EXPECT_EQ(a.h.code, static_cast<uint32_t>(grpc::StatusCode::INVALID_ARGUMENT)) << b.why;
+    // local_control.h: id 0 and method 0 (no request the client could match), then the close.
+    EXPECT_EQ(a.h.id, 0u) << b.why;
+    EXPECT_EQ(a.h.method, 0u) << b.why;
     EXPECT_NE(a.message.find(b.why), std::string::npos) << a.message;
     EXPECT_TRUE(Recv(c).closed) << b.why;
     close(c);

@@ -389,30 +389,35 @@ bool LocalControlServer::Reply(Worker* w, Conn* c, uint16_t method, uint64_t id,
 bool LocalControlServer::AttachStaging(Worker* w, Conn* c, uint64_t id, const char* body,
                                        int body_bytes, int passed_fd) {
   const uint16_t method = static_cast<uint16_t>(local::Method::kAttachStaging);
+  RpcTimer timer(calls_->metrics(), Rpc::kAttachStaging);
+  // Every answer is timed and counted, as a gRPC call is.
+  auto answer = [&](const absl::Status& s, const google::protobuf::MessageLite* msg, int fd = -1) {
+    (void)timer.Done(s);
+    return Reply(w, c, method, id, s, msg, fd);
+  };
   w->attach_req.Clear();
   w->attach_resp.Clear();
   if (!w->attach_req.ParseFromArray(body, body_bytes)) {
     if (passed_fd >= 0) ::close(passed_fd);
-    Reply(w, c, method, id, absl::InvalidArgumentError("unparsable AttachStagingRequest"),
-          nullptr);
+    // Malformed (local_control.h): id 0, counted, and the connection closes.
+    calls_->metrics()->LocalMalformed();
+    Reply(w, c, 0, 0, absl::InvalidArgumentError("unparsable AttachStagingRequest"), nullptr);
     return false;
   }
   if (isolated_pool_ == nullptr) {
     if (passed_fd >= 0) ::close(passed_fd);
-    return Reply(w, c, method, id,
-                 absl::FailedPreconditionError(
+    return answer(absl::FailedPreconditionError(
                      "this daemon's pool is not isolated (pool.shm_mode: trusted): map "
                      "HandshakeResponse.shm_path instead"),
                  nullptr);
   }
   if (passed_fd < 0) {
-    return Reply(w, c, method, id,
-                 absl::InvalidArgumentError("AttachStaging carries no staging descriptor"),
+    return answer(absl::InvalidArgumentError("AttachStaging carries no staging descriptor"),
                  nullptr);
   }
   auto region = StagingRegion::Map(passed_fd, w->attach_req.staging_bytes(), staging_max_bytes_,
                                    *isolated_pool_);
-  if (!region.ok()) return Reply(w, c, method, id, region.status(), nullptr);
+  if (!region.ok()) return answer(region.status(), nullptr);
   w->attach_resp.set_staging_max_bytes(staging_max_bytes_);
   w->attach_resp.set_reserve_frames(true);
   if (!c->caller.admin) {
@@ -420,13 +425,13 @@ bool LocalControlServer::AttachStaging(Worker* w, Conn* c, uint64_t id, const ch
     // others'. A tenant stores through its staging and loads through a load staging region
     // (AttachLoadStaging, StageRead) that holds only what it may read.
     c->staging = std::move(*region);
-    return Reply(w, c, method, id, absl::OkStatus(), &w->attach_resp);
+    return answer(absl::OkStatus(), &w->attach_resp);
   }
   auto pool_fd = isolated_pool_->OpenReadOnly();
-  if (!pool_fd.ok()) return Reply(w, c, method, id, pool_fd.status(), nullptr);
+  if (!pool_fd.ok()) return answer(pool_fd.status(), nullptr);
   c->staging = std::move(*region);
   w->attach_resp.set_pool_bytes(isolated_pool_->size());
-  const bool sent = Reply(w, c, method, id, absl::OkStatus(), &w->attach_resp, *pool_fd);
+  const bool sent = answer(absl::OkStatus(), &w->attach_resp, *pool_fd);
   ::close(*pool_fd);
   return sent;
 }
@@ -434,16 +439,21 @@ bool LocalControlServer::AttachStaging(Worker* w, Conn* c, uint64_t id, const ch
 bool LocalControlServer::AttachLoadStaging(Worker* w, Conn* c, uint64_t id, const char* body,
                                            int body_bytes) {
   const uint16_t method = static_cast<uint16_t>(local::Method::kAttachLoadStaging);
+  RpcTimer timer(calls_->metrics(), Rpc::kAttachLoadStaging);
+  auto answer = [&](const absl::Status& s, const google::protobuf::MessageLite* msg, int fd = -1) {
+    (void)timer.Done(s);
+    return Reply(w, c, method, id, s, msg, fd);
+  };
   w->attach_load_req.Clear();
   w->attach_load_resp.Clear();
   if (!w->attach_load_req.ParseFromArray(body, body_bytes)) {
-    Reply(w, c, method, id, absl::InvalidArgumentError("unparsable AttachLoadStagingRequest"),
-          nullptr);
+    // Malformed (local_control.h): id 0, counted, and the connection closes.
+    calls_->metrics()->LocalMalformed();
+    Reply(w, c, 0, 0, absl::InvalidArgumentError("unparsable AttachLoadStagingRequest"), nullptr);
     return false;
   }
   if (isolated_pool_ == nullptr) {
-    return Reply(w, c, method, id,
-                 absl::FailedPreconditionError(
+    return answer(absl::FailedPreconditionError(
                      "this daemon's pool is not isolated (pool.shm_mode: trusted): no load "
                      "staging; use the gRPC data path"),
                  nullptr);
@@ -451,12 +461,12 @@ bool LocalControlServer::AttachLoadStaging(Worker* w, Conn* c, uint64_t id, cons
   c->load_staging.reset();  // a second region replaces the first (and frees its slot first)
   auto region = LoadStagingRegion::Create(w->attach_load_req.bytes(), staging_max_bytes_,
                                           &load_limiter_, c->caller.tenant_id);
-  if (!region.ok()) return Reply(w, c, method, id, region.status(), nullptr);
+  if (!region.ok()) return answer(region.status(), nullptr);
   auto fd = (*region)->OpenReadOnly();
-  if (!fd.ok()) return Reply(w, c, method, id, fd.status(), nullptr);
+  if (!fd.ok()) return answer(fd.status(), nullptr);
   c->load_staging = std::move(*region);
   w->attach_load_resp.set_bytes(c->load_staging->bytes().size());
-  const bool sent = Reply(w, c, method, id, absl::OkStatus(), &w->attach_load_resp, *fd);
+  const bool sent = answer(absl::OkStatus(), &w->attach_load_resp, *fd);
   ::close(*fd);
   return sent;
 }
@@ -511,23 +521,26 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
             nullptr);
       return false;
     }
-    auto malformed = [&](uint64_t id, std::string why) {
+    // local_control.h: a malformed frame gets one INVALID_ARGUMENT answer with method and id
+    // 0 -- whatever id its header claims, it is no request the client can match -- and the
+    // connection closes, so answers still owed are never mistaken for later ones.
+    auto malformed = [&](std::string why) {
       m->LocalMalformed();
       LogEvent(LogLevel::kWarn, "local_socket_bad_frame", {{"peer", c->peer}, {"error", why}});
-      Reply(w, c, 0, id, absl::InvalidArgumentError(why), nullptr);
+      Reply(w, c, 0, 0, absl::InvalidArgumentError(why), nullptr);
       return false;  // close: the stream of frames can no longer be trusted
     };
     if ((mh.msg_flags & MSG_TRUNC) || static_cast<size_t>(n) > local::kMaxFrameBytes) {
-      return malformed(0, absl::StrCat("frame over ", local::kMaxFrameBytes, " bytes"));
+      return malformed(absl::StrCat("frame over ", local::kMaxFrameBytes, " bytes"));
     }
     if (static_cast<size_t>(n) < sizeof(local::RequestHeader)) {
-      return malformed(0, absl::StrCat("frame of ", n, " bytes is shorter than its header"));
+      return malformed(absl::StrCat("frame of ", n, " bytes is shorter than its header"));
     }
     local::RequestHeader h;
     std::memcpy(&h, w->in.data(), sizeof(h));
-    if (h.magic != local::kMagic) return malformed(0, "bad frame magic (not an oscarkv client?)");
+    if (h.magic != local::kMagic) return malformed("bad frame magic (not an oscarkv client?)");
     if (h.version != local::kFrameVersion) {
-      return malformed(h.id, absl::StrCat("frame version ", h.version, ", this daemon speaks ",
+      return malformed(absl::StrCat("frame version ", h.version, ", this daemon speaks ",
                                           local::kFrameVersion));
     }
     const char* body = w->in.data() + sizeof(h);
@@ -537,7 +550,7 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
         w->handshake_req.Clear();
         w->handshake_resp.Clear();
         if (!w->handshake_req.ParseFromArray(body, body_bytes)) {
-          return malformed(h.id, "unparsable HandshakeRequest");
+          return malformed("unparsable HandshakeRequest");
         }
         m->RecordLocalCall(Rpc::kHandshake);
         absl::Status s = calls_->Handshake(c->caller, w->handshake_req, &w->handshake_resp, c->peer,
@@ -556,7 +569,7 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
         w->lookup_req.Clear();
         w->lookup_resp.Clear();
         if (!w->lookup_req.ParseFromArray(body, body_bytes)) {
-          return malformed(h.id, "unparsable LookupRequest");
+          return malformed("unparsable LookupRequest");
         }
         m->RecordLocalCall(Rpc::kLookup);
         absl::Status s = calls_->Lookup(c->caller, w->lookup_req, &w->lookup_resp);
@@ -579,7 +592,7 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
         w->release_req.Clear();
         w->release_resp.Clear();
         if (!w->release_req.ParseFromArray(body, body_bytes)) {
-          return malformed(h.id, "unparsable ReleaseRequest");
+          return malformed("unparsable ReleaseRequest");
         }
         m->RecordLocalCall(Rpc::kRelease);
         absl::Status s = calls_->Release(c->caller, w->release_req, &w->release_resp);
@@ -592,7 +605,7 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
                 absl::FailedPreconditionError("Handshake first on a local connection"), nullptr);
           return false;
         }
-        m->RecordLocalCall(Rpc::kWritePages);
+        m->RecordLocalCall(Rpc::kAttachStaging);
         const int fd = passed_fd;
         passed_fd = -1;  // AttachStaging owns it now
         if (!AttachStaging(w, c, h.id, body, body_bytes, fd)) return false;
@@ -606,13 +619,15 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
         }
         w->stage_req.Clear();
         if (!w->stage_req.ParseFromArray(body, body_bytes)) {
-          return malformed(h.id, "unparsable StageWriteRequest");
+          return malformed("unparsable StageWriteRequest");
         }
-        m->RecordLocalCall(Rpc::kWritePages);
+        m->RecordLocalCall(Rpc::kStageWrite);
         w->stage_resp.Clear();
+        RpcTimer timer(m, Rpc::kStageWrite);
         absl::Status s = StageChunk(*calls_->cache(), c->caller, w->stage_req,
                                     c->staging ? c->staging->bytes() : std::span<const uint8_t>(),
                                     &w->stage_resp);
+        s = timer.Done(std::move(s));
         if (!Reply(w, c, h.method, h.id, s, &w->stage_resp)) return false;
         break;
       }
@@ -622,7 +637,7 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
                 absl::FailedPreconditionError("Handshake first on a local connection"), nullptr);
           return false;
         }
-        m->RecordLocalCall(Rpc::kReadPages);
+        m->RecordLocalCall(Rpc::kAttachLoadStaging);
         if (!AttachLoadStaging(w, c, h.id, body, body_bytes)) return false;
         break;
       }
@@ -634,12 +649,14 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
         }
         w->stage_read_req.Clear();
         if (!w->stage_read_req.ParseFromArray(body, body_bytes)) {
-          return malformed(h.id, "unparsable StageReadRequest");
+          return malformed("unparsable StageReadRequest");
         }
-        m->RecordLocalCall(Rpc::kReadPages);
+        m->RecordLocalCall(Rpc::kStageRead);
+        RpcTimer timer(m, Rpc::kStageRead);
         absl::Status s = StageReadChunk(
             *calls_->cache(), c->caller, w->stage_read_req,
             c->load_staging ? c->load_staging->bytes() : std::span<uint8_t>());
+        s = timer.Done(std::move(s));
         if (!Reply(w, c, h.method, h.id, s, &w->stage_read_resp)) return false;
         break;
       }
@@ -652,7 +669,7 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
         w->reserve_req.Clear();
         w->reserve_resp.Clear();
         if (!w->reserve_req.ParseFromArray(body, body_bytes)) {
-          return malformed(h.id, "unparsable ReserveRequest");
+          return malformed("unparsable ReserveRequest");
         }
         m->RecordLocalCall(Rpc::kReserve);
         if (!Reply(w, c, h.method, h.id, Reserve(c->caller, w->reserve_req, &w->reserve_resp),
@@ -662,7 +679,7 @@ bool LocalControlServer::ServeReadable(Worker* w, Conn* c) {
         break;
       }
       default:
-        return malformed(h.id, absl::StrCat("unknown method ", h.method));
+        return malformed(absl::StrCat("unknown method ", h.method));
     }
   }
   return true;

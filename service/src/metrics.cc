@@ -1,5 +1,6 @@
 #include "oscarkv/service/metrics.h"
 
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -14,7 +15,9 @@ const char* RpcName(Rpc rpc) {
                                  "Commit",    "Abort",         "WritePages", "ReadPages",
                                  "Release",   "RenewLease",    "Delete",     "Clear",
                                  "Stats",     "PublishHandle", "OpenHandle", "CloseHandle", "GetDataPlane",
-                                 "StageForRma", "UnregisterCodec"};
+                                 "StageForRma", "UnregisterCodec", "AttachStaging",
+                                 "StageWrite", "AttachLoadStaging", "StageRead"};
+  static_assert(std::size(kNames) == static_cast<size_t>(Rpc::kCount));
   const int i = static_cast<int>(rpc);
   return i >= 0 && i < static_cast<int>(Rpc::kCount) ? kNames[i] : "unknown";
 }
@@ -296,7 +299,7 @@ std::string Metrics::Render(const PageCache& cache) const {
                   "# HELP oscarkv_local_calls_total Calls carried by the same-host control "
                   "socket (also in oscarkv_rpcs_total).\n"
                   "# TYPE oscarkv_local_calls_total counter\n");
-  for (Rpc r : {Rpc::kHandshake, Rpc::kLookup, Rpc::kRelease, Rpc::kReserve}) {
+  for (Rpc r : kLocalMethods) {
     absl::StrAppend(&out, "oscarkv_local_calls_total{method=\"", RpcName(r), "\"} ",
                     local_calls(r), "\n");
   }

@@ -32,8 +32,18 @@ enum class Rpc {
   kGetDataPlane,
   kStageForRma,
   kUnregisterCodec,
+  // Methods only the same-host control socket carries (proto/oscarkv/v1/local_control.h).
+  kAttachStaging,
+  kStageWrite,
+  kAttachLoadStaging,
+  kStageRead,
   kCount
 };
+// Every method the same-host control socket carries, in /metrics order.
+inline constexpr Rpc kLocalMethods[] = {Rpc::kHandshake,     Rpc::kLookup,     Rpc::kRelease,
+                                        Rpc::kReserve,       Rpc::kAttachStaging,
+                                        Rpc::kStageWrite,    Rpc::kAttachLoadStaging,
+                                        Rpc::kStageRead};
 const char* RpcName(Rpc rpc);
 
 class Histogram {
@@ -56,8 +66,8 @@ class Metrics {
  public:
   void Record(Rpc rpc, int grpc_code, int64_t nanos);
   const Histogram& latency(Rpc rpc) const { return latency_[static_cast<int>(rpc)]; }
-  // The same-host control socket: calls it carried (also counted by Record, whichever front end
-  // carried them), open connections, and frames refused as malformed.
+  // The same-host control socket: calls it carried (each also timed and counted by Record, as
+  // every gRPC call is), open connections, and frames refused as malformed.
   void RecordLocalCall(Rpc rpc) {
     local_calls_[static_cast<int>(rpc)].fetch_add(1, std::memory_order_relaxed);
   }
