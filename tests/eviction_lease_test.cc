@@ -80,6 +80,44 @@ TEST(EvictionTest, SmallPoolEvictsOldPagesKeepsNewAndPinned) {
   EXPECT_TRUE(c->Release(*lease).ok());
 }
 
+// A daemon without tenants: leases were unbounded (each one daemon heap, held up to
+// leases.max_ms). Its one tenant may now hold 2^20 pins (kSingleTenantPinnedPages), which bounds
+// its leases too: 256 leases pinning one page 4,096 times each fill it, the next pinning lookup is
+// RESOURCE_EXHAUSTED naming the quota, a probe still works, and a released lease makes room.
+TEST(LeaseTest, PinsOfADaemonWithoutTenantsAreBounded) {
+  auto daemon = StartDaemon();
+  ASSERT_NE(daemon, nullptr);
+  auto c = Connect(daemon->address());
+  ASSERT_NE(c, nullptr);
+  const client::Codec codec = RegisterRefmodel(*c);
+  Batch batch = MakeBatch(codec, 12, 1);
+  ASSERT_EQ(c->Store(codec, batch.writes())->stored, 1u);
+  const std::vector<BlockKey> same(4096, batch.keys[0]);  // a page pinned n times counts n
+  std::vector<client::LookupResult> held;
+  for (int i = 0; i < 256; ++i) {
+    auto l = c->Lookup(codec, same, {.pin = true, .lease_ms = 60000});
+    ASSERT_TRUE(l.ok()) << i << ": " << l.status();
+    ASSERT_EQ(l->matched, 4096u);
+    held.push_back(*std::move(l));
+  }
+  auto over = c->Lookup(codec, std::span<const BlockKey>(same.data(), 1), {.pin = true});
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_NE(over.status().message().find("pinned_pages quota (1048576"), absl::string_view::npos)
+      << over.status();
+  auto probe = c->Lookup(codec, batch.keys);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  EXPECT_EQ(probe->matched, 1u);
+  ASSERT_TRUE(c->Release(held.back()).ok());
+  held.pop_back();
+  auto again = c->Lookup(codec, batch.keys, {.pin = true});
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(c->Release(*again).ok());
+  for (auto& l : held) ASSERT_TRUE(c->Release(l).ok());
+  auto stats = c->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->leases, 0u);
+}
+
 // A renewed lease outlives its first deadline; an unknown lease cannot be renewed.
 TEST(LeaseTest, RenewExtendsALease) {
   auto daemon = StartDaemon({"--reaper-interval-ms", "50"});

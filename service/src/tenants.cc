@@ -83,6 +83,11 @@ std::unique_ptr<TenantRegistry> TenantRegistry::SingleTenant(uint64_t max_codecs
   std::unique_ptr<TenantRegistry> r(new TenantRegistry);
   std::array<uint64_t, kNumQuotas> limits;
   limits.fill(kUnlimited);
+  // Pins (of leases and handles) cost daemon heap (~100 bytes each, and every lease holds at
+  // least one): 2^20 of them bound a daemon without tenants to ~100 MiB of it, where any
+  // admitted client could otherwise grow it without limit. Far above what engines hold (a pin
+  // lasts one request; 64 GiB of Qwen3-8B INT2 pages are 52k pages).
+  limits[static_cast<int>(Quota::kPinnedPages)] = kSingleTenantPinnedPages;
   limits[static_cast<int>(Quota::kCodecs)] = max_codecs;
   limits[static_cast<int>(Quota::kHandles)] = max_handles;
   r->tenants_.push_back(std::make_unique<Tenant>(0, kDefaultTenant, /*admin=*/true, limits));

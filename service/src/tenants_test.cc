@@ -186,7 +186,8 @@ TEST(Tenants, WithoutTenantsOneDefaultAdminTenantServesEveryone) {
   EXPECT_TRUE((*t)->admin());
   EXPECT_EQ((*t)->name(), TenantRegistry::kDefaultTenant);
   EXPECT_EQ((*t)->limit(Quota::kCodecs), c.max_codecs);
-  EXPECT_EQ((*t)->limit(Quota::kLeases), kUnlimited);
+  EXPECT_EQ((*t)->limit(Quota::kLeases), kUnlimited);  // bounded by its pins
+  EXPECT_EQ((*t)->limit(Quota::kPinnedPages), kSingleTenantPinnedPages);
   EXPECT_TRUE(r.FromPeer(0, 0, 1234).ok());
   EXPECT_TRUE(r.FromPeer(1234, 5, 1234).ok());
   EXPECT_EQ(r.FromPeer(99, 99, 1234).status().code(), absl::StatusCode::kPermissionDenied);

@@ -42,6 +42,8 @@ inline constexpr uint64_t kUnlimited = ~uint64_t{0};
 // memory: each tenant's live handles hold at most this much of it together, whatever its
 // handles quota (without tenants: the one default tenant's 65,536 handles).
 inline constexpr uint64_t kHandleMetadataBytesPerTenant = uint64_t{256} << 20;
+// Pins the default tenant of a daemon without `tenants:` may hold (leases and handles together).
+inline constexpr uint64_t kSingleTenantPinnedPages = uint64_t{1} << 20;
 
 class Tenant {
  public:
@@ -107,7 +109,8 @@ class TenantRegistry {
   static absl::StatusOr<std::unique_ptr<TenantRegistry>> Create(const DaemonConfig& config,
                                                                 uint64_t pool_bytes);
   // The single default tenant (no `tenants:` configured): admin, unlimited quotas except
-  // `max_codecs` codecs and `max_handles` handles (the daemon-wide limits of old).
+  // `max_codecs` codecs, `max_handles` handles (the daemon-wide limits of old) and
+  // kSingleTenantPinnedPages pins (which also bound its leases).
   static std::unique_ptr<TenantRegistry> SingleTenant(uint64_t max_codecs, uint64_t max_handles);
 
   bool configured() const { return configured_; }
