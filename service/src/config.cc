@@ -98,8 +98,9 @@ tls:
 # no quotas beyond limits.*: single-user behaviour. With tenants, gRPC needs mTLS (tls.client_ca)
 # and a caller is the tenant its client certificate's subject CN or a URI SAN names (others are
 # refused); each tenant sees only its own pages, leases, handles and codecs. Quotas left out:
-# pool_mb = the pool split evenly among the tenants, pinned_pages 4096, leases 1024,
-# handles 256, codecs 8 (over quota: RESOURCE_EXHAUSTED naming it).
+# pool_mb = an even share of the pool (or what the explicit pool_mb quotas leave, split evenly,
+# when less; quotas adding up to more than the pool are refused at start), pinned_pages 4096,
+# leases 1024, handles 256, codecs 8 (over quota: RESOURCE_EXHAUSTED naming it).
 tenants: []
 #  - name: tenant-a              # certificate subject CN (or URI SAN, e.g. spiffe://x/tenant-a)
 #    quota: {pool_mb: 1024, pinned_pages: 4096, leases: 1024, handles: 256, codecs: 8}

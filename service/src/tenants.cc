@@ -106,7 +106,29 @@ absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Create(
   }
   std::unique_ptr<TenantRegistry> r(new TenantRegistry);
   r->configured_ = true;
-  const uint64_t share_mb = std::max<uint64_t>(1, (pool_bytes >> 20) / config.tenants.size());
+  // pool_mb quotas must fit the pool together: a tenant's quota promises it room, which an
+  // oversubscribed pool could not give while other tenants stay within theirs. A tenant without
+  // one gets an even share of the pool, or less: what the explicit quotas leave, split evenly.
+  const uint64_t pool_mb = pool_bytes >> 20;
+  uint64_t explicit_mb = 0, unset = 0;
+  for (const TenantConfig& t : config.tenants) {
+    if (t.pool_mb.has_value()) {
+      explicit_mb += *t.pool_mb;
+    } else {
+      ++unset;
+    }
+  }
+  if (explicit_mb > pool_mb || (unset > 0 && (pool_mb - explicit_mb) / unset == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenants: the pool_mb quotas add up to ", explicit_mb, " MiB",
+        unset > 0 ? absl::StrCat(" and leave less than 1 MiB each for the ", unset,
+                                 " tenant(s) without one")
+                  : std::string(),
+        ", but the pool holds ", pool_mb, " MiB (pool.mb / --pool-mb): a tenant could be "
+        "refused room its quota promises. Lower the quotas or enlarge the pool"));
+  }
+  const uint64_t share_mb =
+      unset > 0 ? std::min(pool_mb / config.tenants.size(), (pool_mb - explicit_mb) / unset) : 0;
   for (const TenantConfig& t : config.tenants) {
     const uint32_t id = static_cast<uint32_t>(r->tenants_.size());
     if (!r->by_name_.emplace(t.name, id).second) {

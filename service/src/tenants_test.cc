@@ -195,3 +195,48 @@ TEST(Tenants, WithoutTenantsOneDefaultAdminTenantServesEveryone) {
 
 }  // namespace
 }  // namespace oscarkv::service
+
+namespace oscarkv::service {
+namespace {
+
+// pool_mb quotas promise room in the pool: together they must fit it, else the daemon refuses
+// the config at start, naming the sum and the pool. Tenants without one get an even share of
+// the pool, or what the explicit quotas leave when that is less.
+TEST(Tenants, PoolQuotasMustFitThePool) {
+  const std::string tls = "tls: {cert: /s.pem, key: /s.key, client_ca: /ca.pem}\n";
+  auto create = [&](const std::string& tenants, uint64_t pool_mb) {
+    DaemonConfig c;
+    absl::Status s = ApplyConfigYaml(tls + "tenants:\n" + tenants, "t.yaml", &c);
+    EXPECT_TRUE(s.ok()) << s;
+    return TenantRegistry::Create(c, pool_mb << 20);
+  };
+  auto over = create("  - {name: a, quota: {pool_mb: 40}}\n  - {name: b, quota: {pool_mb: 40}}\n",
+                     64);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kInvalidArgument) << over.status();
+  EXPECT_NE(over.status().message().find("pool_mb quotas add up to 80 MiB"), std::string::npos)
+      << over.status();
+  EXPECT_NE(over.status().message().find("the pool holds 64 MiB"), std::string::npos)
+      << over.status();
+  // Nothing left for the tenant without a quota.
+  auto none_left = create("  - {name: a, quota: {pool_mb: 64}}\n  - {name: b}\n", 64);
+  EXPECT_EQ(none_left.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none_left.status().message().find("1 tenant(s) without one"), std::string::npos)
+      << none_left.status();
+  // Exactly the pool: fine.
+  auto exact = create("  - {name: a, quota: {pool_mb: 32}}\n  - {name: b, quota: {pool_mb: 32}}\n",
+                      64);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  // b and c share what a leaves (24 MiB) rather than a third of the pool (21 MiB each would
+  // still fit; 40 + 21 + 21 would not): each gets min(64 / 3, 24 / 2) = 12 MiB.
+  auto mixed = create("  - {name: a, quota: {pool_mb: 40}}\n  - {name: b}\n  - {name: c}\n", 64);
+  ASSERT_TRUE(mixed.ok()) << mixed.status();
+  EXPECT_EQ((*mixed)->Find("b")->limit(Quota::kPoolBytes), uint64_t{12} << 20);
+  EXPECT_EQ((*mixed)->Find("c")->limit(Quota::kPoolBytes), uint64_t{12} << 20);
+  // Without explicit quotas: the even share, as before.
+  auto even = create("  - {name: a}\n  - {name: b}\n", 64);
+  ASSERT_TRUE(even.ok());
+  EXPECT_EQ((*even)->Find("a")->limit(Quota::kPoolBytes), uint64_t{32} << 20);
+}
+
+}  // namespace
+}  // namespace oscarkv::service
