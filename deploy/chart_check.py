@@ -288,7 +288,11 @@ def main():
                                    f"defaults on a node IP ({ip})")
         else:
             print("skip defaults on a node IP: this host has no global IPv4 address")
-        tenants = {"tenantsEnabled": True, "tenants": ALL_ON["tenants"]}
+        # The example tenants' quotas, with a pool_mb that fits the check's 64 MiB pool (the
+        # daemon refuses pool_mb quotas that add up to more than the pool).
+        small = copy.deepcopy(ALL_ON["tenants"])
+        small[0]["quota"]["pool_mb"] = 16
+        tenants = {"tenantsEnabled": True, "tenants": small}
         if not daemon_knows(a.oscarkvd, "tenants"):
             print("skip tenants: this oscarkvd has no `tenants` config key yet (the chart gates "
                   "it behind tenantsEnabled; the daemon would refuse the key at start)")

@@ -121,7 +121,7 @@ absl::StatusOr<std::unique_ptr<TenantRegistry>> TenantRegistry::Create(
   if (explicit_mb > pool_mb || (unset > 0 && (pool_mb - explicit_mb) / unset == 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tenants: the pool_mb quotas add up to ", explicit_mb, " MiB",
-        unset > 0 ? absl::StrCat(" and leave less than 1 MiB each for the ", unset,
+        unset > 0 && explicit_mb <= pool_mb ? absl::StrCat(" and leave less than 1 MiB each for the ", unset,
                                  " tenant(s) without one")
                   : std::string(),
         ", but the pool holds ", pool_mb, " MiB (pool.mb / --pool-mb): a tenant could be "
