@@ -36,7 +36,8 @@ K8S_VERSIONS = ["1.27.0", kubernetes_validate.latest_version()]
 HEADER = ("# Generated from deploy/helm/oscarkv with its default values by\n"
           "#   <build>/deploy-venv/bin/python deploy/chart_check.py --render\n"
           "# Do not edit: change the chart and re-render (CI fails when the two differ).\n"
-          "# kubectl apply -f deploy/k8s/  (namespace default; release name oscarkv)\n")
+          "# kubectl apply -f deploy/k8s/  (namespace default; release name oscarkv). mTLS by default:\n"
+          "# create secret oscarkv-tls (tls.crt, tls.key, ca.crt) first (deploy/README.md).\n")
 
 # Value sets the check renders besides the defaults: every optional part on, and every part off.
 ALL_ON = {
@@ -220,13 +221,6 @@ def node_ip():
     return m.group(1) if m else ""
 
 
-def daemon_knows(oscarkvd, key):
-    """True when the daemon's default config has `key` (features the chart gates on)."""
-    out = subprocess.run([oscarkvd, "--print-default-config"], capture_output=True, text=True,
-                         timeout=30)
-    return re.search(rf"^{key}:", out.stdout, re.M) is not None
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--render", action="store_true", help="rewrite deploy/k8s/oscarkv.yaml")
@@ -260,6 +254,8 @@ def main():
         print(f"FAIL the chart never renders {sorted(want - all_kinds)}")
         failures += 1
 
+    failures += secure_defaults()
+
     committed = MANIFESTS.read_text() if MANIFESTS.exists() else ""
     if committed != manifest_text(render({})):
         print(f"FAIL {MANIFESTS.relative_to(ROOT)} is not the chart's default render: run "
@@ -274,49 +270,95 @@ def main():
         failures += 1
 
     if a.oscarkvd:
-        test_node = {"listenHost": "127.0.0.1", "ports": {"grpc": 0, "metrics": 0}}
-        base = copy.deepcopy(helm_defaults())
-        cfg = base["config"]
-        cfg["pool"]["mb"] = 64
-        cfg["pool"]["shm_name"] = f"oscarkv-chart-check-{os.getpid()}"
-        failures += run_daemon(a.oscarkvd, {**test_node, "config": cfg}, "defaults")
+        failures += check_daemon(a.oscarkvd)
+    print(f"{'FAILED' if failures else 'PASSED'}: {failures} failure(s)")
+    return 1 if failures else 0
+
+
+# Values the chart must refuse to render (each exposes every client's pages to the network
+# unauthenticated), with a phrase of the refusal; and the opt-ins that render them.
+REFUSED = [
+    ({"tls": {"enabled": False}}, "oscarkvd would serve plaintext gRPC on the node network"),
+    ({"tls": {"enabled": False}, "listenHost": "0.0.0.0"}, "plaintext gRPC"),
+    ({"tls": {"clientCA": False}}, "TLS without a client CA authenticates no client"),
+]
+ALLOWED = [
+    ({"tls": {"enabled": False}, "allowPlaintext": True}, "--allow-plaintext"),
+    ({"tls": {"enabled": False}, "listenHost": "127.0.0.1"}, None),
+    ({"tls": {"clientCA": False, "allowUnauthenticatedClients": True}},
+     "allow_unauthenticated_clients: true"),
+]
+
+
+def secure_defaults():
+    """The chart renders nothing that serves the node network unauthenticated unless asked."""
+    failures = 0
+    for values, phrase in REFUSED:
+        try:
+            render(values)
+            print(f"FAIL {values}: rendered (should be refused: {phrase})")
+            failures += 1
+        except Exception as e:  # helm_python.errors.HelmRenderError
+            if phrase not in str(e):
+                print(f"FAIL {values}: refused, but not saying '{phrase}': {e}")
+                failures += 1
+            else:
+                print(f"ok   {values}: refused ({phrase})")
+    for values, phrase in ALLOWED:
+        text = manifest_text(render(values))
+        if phrase is not None and phrase not in text:
+            print(f"FAIL {values}: the render lacks '{phrase}'")
+            failures += 1
+        elif "--allow-plaintext" in text and not values.get("allowPlaintext"):
+            print(f"FAIL {values}: --allow-plaintext without allowPlaintext")
+            failures += 1
+        else:
+            print(f"ok   {values}: rendered")
+    defaults = manifest_text(render({}))
+    if "--allow-plaintext" in defaults or "client_ca: /etc/oscarkv/tls/ca.crt" not in defaults:
+        print("FAIL the default render is not mTLS")
+        failures += 1
+    return failures
+
+
+def check_daemon(oscarkvd):
+    """The real daemon with what the chart renders: the defaults (mTLS) on loopback and on a
+    node IP, tenants, and plaintext on loopback."""
+    failures = 0
+    test_node = {"listenHost": "127.0.0.1", "ports": {"grpc": 0, "metrics": 0}}
+    base = copy.deepcopy(helm_defaults())
+    cfg = base["config"]
+    cfg["pool"]["mb"] = 64
+    cfg["pool"]["shm_name"] = f"oscarkv-chart-check-{os.getpid()}"
+    with tempfile.TemporaryDirectory() as tls_dir:
+        # A self-signed server certificate that is its own client CA: enough to start.
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+             "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
+             "/CN=127.0.0.1", "-keyout", f"{tls_dir}/tls.key", "-out",
+             f"{tls_dir}/tls.crt"], check=True, capture_output=True, timeout=60)
+        pathlib.Path(f"{tls_dir}/ca.crt").write_bytes(
+            pathlib.Path(f"{tls_dir}/tls.crt").read_bytes())
+        failures += run_daemon(oscarkvd, {**test_node, "config": cfg}, "defaults (mTLS)",
+                               tls_dir)
         # On a node IP that is not loopback, as in a cluster: the daemon refuses configs that
-        # expose what a loopback address would not (plaintext gRPC, the pool's UCX data plane).
+        # expose what a loopback address would not (plaintext gRPC, TLS without a client CA,
+        # the pool's UCX data plane).
         ip = node_ip()
         if ip:
-            failures += run_daemon(a.oscarkvd, {**test_node, "listenHost": ip, "config": cfg},
-                                   f"defaults on a node IP ({ip})")
+            failures += run_daemon(oscarkvd, {**test_node, "listenHost": ip, "config": cfg},
+                                   f"defaults on a node IP ({ip})", tls_dir)
         else:
             print("skip defaults on a node IP: this host has no global IPv4 address")
         # The example tenants' quotas, with a pool_mb that fits the check's 64 MiB pool (the
         # daemon refuses pool_mb quotas that add up to more than the pool).
         small = copy.deepcopy(ALL_ON["tenants"])
         small[0]["quota"]["pool_mb"] = 16
-        tenants = {"tenantsEnabled": True, "tenants": small}
-        if not daemon_knows(a.oscarkvd, "tenants"):
-            print("skip tenants: this oscarkvd has no `tenants` config key yet (the chart gates "
-                  "it behind tenantsEnabled; the daemon would refuse the key at start)")
-        if daemon_knows(a.oscarkvd, "tls"):
-            with tempfile.TemporaryDirectory() as tls_dir:
-                # A self-signed server certificate that is its own client CA: enough to start.
-                subprocess.run(
-                    ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                     "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
-                     "/CN=127.0.0.1", "-keyout", f"{tls_dir}/tls.key", "-out",
-                     f"{tls_dir}/tls.crt"], check=True, capture_output=True, timeout=60)
-                pathlib.Path(f"{tls_dir}/ca.crt").write_bytes(
-                    pathlib.Path(f"{tls_dir}/tls.crt").read_bytes())
-                failures += run_daemon(a.oscarkvd, {**test_node, "config": cfg,
-                                                    "tls": ALL_ON["tls"]}, "tls", tls_dir)
-                # Tenants need mTLS (the daemon refuses them without a client CA).
-                if daemon_knows(a.oscarkvd, "tenants"):
-                    failures += run_daemon(a.oscarkvd, {**test_node, "config": cfg,
-                                                        "tls": ALL_ON["tls"], **tenants},
-                                           "tenants", tls_dir)
-        else:
-            print("skip tls: this oscarkvd has no `tls` config key yet")
-    print(f"{'FAILED' if failures else 'PASSED'}: {failures} failure(s)")
-    return 1 if failures else 0
+        failures += run_daemon(oscarkvd, {**test_node, "config": cfg, "tenantsEnabled": True,
+                                          "tenants": small}, "tenants", tls_dir)
+    failures += run_daemon(oscarkvd, {**test_node, "config": cfg, "tls": {"enabled": False}},
+                           "plaintext on loopback")
+    return failures
 
 
 def helm_defaults():

@@ -30,5 +30,11 @@ for pattern in .git build 'build*' .venv '**/.venv' '**/CMakeCache.txt' '**/CMak
   grep -qxF -- "$pattern" .dockerignore || { echo "FAIL .dockerignore lacks $pattern"; fail=1; }
 done
 grep -q '^USER 65532' deploy/Dockerfile || { echo "FAIL the image does not run as uid 65532"; fail=1; }
+# The default command must not serve the network unauthenticated (issue 24: it was plaintext on
+# 0.0.0.0): no --allow-plaintext / --tls-allow-unauthenticated-clients, no wildcard listen.
+cmd=$(grep '^CMD' deploy/Dockerfile || true)
+if [[ -z "$cmd" ]] || grep -qE 'allow-plaintext|allow-unauthenticated|0\.0\.0\.0|"::"' <<<"$cmd"; then
+  echo "FAIL the image's default CMD serves the network without mTLS: $cmd"; fail=1
+fi
 ((fail)) && { echo "FAILED"; exit 1; }
 echo "PASSED: image inputs"

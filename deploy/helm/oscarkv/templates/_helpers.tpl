@@ -35,6 +35,23 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- if eq .Values.listenHost "hostIP" -}}$(HOST_IP){{- else -}}{{ .Values.listenHost }}{{- end -}}
 {{- end -}}
 
+{{/* "true" when the daemon listens on loopback only (no other host reaches it). */}}
+{{- define "oscarkv.loopbackListen" -}}
+{{- if has (toString .Values.listenHost) (list "127.0.0.1" "localhost" "::1") -}}true{{- end -}}
+{{- end -}}
+
+{{/* Refuses values that would expose every client's pages to the network unauthenticated. */}}
+{{- define "oscarkv.checkSecurity" -}}
+{{- if not (include "oscarkv.loopbackListen" .) -}}
+{{- if and (not .Values.tls.enabled) (not .Values.allowPlaintext) -}}
+{{- fail "tls.enabled is false: oscarkvd would serve plaintext gRPC on the node network, where anyone who reaches the port reads, changes and deletes every client's pages. Enable TLS (tls.enabled: true with a secret holding tls.crt, tls.key and ca.crt), listen on the node's loopback (listenHost: 127.0.0.1), or set allowPlaintext: true for a trusted network" -}}
+{{- end -}}
+{{- if and .Values.tls.enabled (not .Values.tls.clientCA) (not .Values.tls.allowUnauthenticatedClients) -}}
+{{- fail "tls.clientCA is false: TLS without a client CA authenticates no client, so every client on the node network is the admin. Keep tls.clientCA: true (mTLS), listen on the node's loopback (listenHost: 127.0.0.1), or set tls.allowUnauthenticatedClients: true for a network of trusted clients" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The daemon configuration file (oscarkvd.yaml). */}}
 {{- define "oscarkv.config" -}}
 # oscarkvd configuration, rendered by the oscarkv Helm chart from .Values.config.
@@ -58,6 +75,8 @@ tls:
   key: /etc/oscarkv/tls/tls.key
 {{- if .Values.tls.clientCA }}
   client_ca: /etc/oscarkv/tls/ca.crt
+{{- else if .Values.tls.allowUnauthenticatedClients }}
+  allow_unauthenticated_clients: true
 {{- end }}
 {{- end }}
 {{- if .Values.tenantsEnabled }}
