@@ -136,6 +136,29 @@ def test_quantize_write_and_decode_equal_references(codec_name, group):
         assert ((got - full).norm() / full.norm()).item() < 5e-2
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=gpu)])
+@pytest.mark.parametrize("unrotate", [True, False])
+def test_decode_of_a_rotated_query_equals_decode_of_the_query(device, unrotate):
+    """decode(q @ R_K per KV head, rotated_query=True) == decode(q): the rotation convention
+    the kernels expect (row vector times R, the softmax scale applied after), on the CPU
+    reference and the GPU launch (rot_k = NULL). A rotated query decoded as unrotated differs."""
+    codec = KVCodec.builtin("hadamard", 2, 2)
+    lengths = [700, 129]
+    cache = _random_cache(device, codec, lengths, seed=4)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(len(lengths), 8, D, generator=g).to(device)
+    for layer in range(2):
+        r = cache.query_rotation(layer)  # [kv_heads, d, d]
+        qr = torch.einsum("bhgi,hic->bhgc", q.view(len(lengths), 2, 4, D).double(),
+                          r.double()).reshape_as(q).float().contiguous()
+        want = cache.decode(layer, q, unrotate=unrotate)
+        got = cache.decode(layer, qr, unrotate=unrotate, rotated_query=True)
+        err = ((got - want).norm() / want.norm()).item()
+        assert err < 1e-5, (layer, err)
+        wrong = cache.decode(layer, qr, unrotate=unrotate)  # rotated twice
+        assert ((wrong - want).norm() / want.norm()).item() > 1e-2
+
+
 @gpu
 def test_unrotated_write_is_bit_exact():
     codec = KVCodec.builtin("naive", 2, 2)

@@ -435,10 +435,18 @@ class PagedKVCache:
                                      dtype=torch.float32, device=self.device)
         return self._qbuf[:rows]
 
-    def decode(self, layer: int, q: torch.Tensor, unrotate: bool = True) -> torch.Tensor:
+    def query_rotation(self, layer: int) -> torch.Tensor:
+        """R_K of `layer`, f32 [kv_heads, d, d]: decode(rotated_query=True) takes q @ R_K[h]
+        for every query head of KV head h (a kernel that makes q can apply it on the way)."""
+        return self.rotations[layer, 0]
+
+    def decode(self, layer: int, q: torch.Tensor, unrotate: bool = True,
+               rotated_query: bool = False) -> torch.Tensor:
         """Attention of one new token per sequence (after write): q [active, Hq, d] ->
         out f32 [active, Hq, d] in the model's value space; unrotate=False: in the rotated
-        value basis (o R_V), for an o_proj with R_V folded in (fold.py), one product less."""
+        value basis (o R_V), for an o_proj with R_V folded in (fold.py), one product less;
+        rotated_query=True: q is already q @ query_rotation(layer) per KV head (the launch
+        skips the query rotation)."""
         c = self.codec
         if self.device.type == "cuda":
             qb = self.query_buffer(q.shape[0])
@@ -451,7 +459,7 @@ class PagedKVCache:
         out, _ = ops.paged_decode(qp, self.pool, self._ptrs(layer), self.page_kinds,
                                   self.page_token_counts, self.seq_page_indptr[:self.active + 1],
                                   self.seq_page_ids, rot, gl, dec, self.geo_layers,
-                                  c.group_size, c.page_tokens, 0.0, unrotate)
+                                  c.group_size, c.page_tokens, 0.0, unrotate, rotated_query)
         return out[:q.shape[0]]
 
     def extend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

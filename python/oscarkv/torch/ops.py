@@ -169,18 +169,22 @@ def paged_decode(q: torch.Tensor, pool: torch.Tensor, page_ptrs: torch.Tensor,
                  seq_page_indptr: torch.Tensor, seq_page_ids: torch.Tensor,
                  rotations: torch.Tensor, layer: int, decoder: int, num_layers: int,
                  group_size: int, page_tokens: int, softmax_scale: float,
-                 unrotate_output: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+                 unrotate_output: bool = True,
+                 rotated_query: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """One decode step of `layer`: q f32 [rows, Hq, d] (unrotated, one token per sequence) over
     the sequences' pages; returns (out f32 [rows, Hq, d] in the model's value space -- or, with
     unrotate_output False, in the rotated value basis: o R_V, for an o_proj the rotation is
-    folded into (fold.py) --, lse f32 [rows, Hq]). On CUDA `decoder` is a PagedDecoder.handle planned for this table (rows = its
-    capacity; rows past the batch get 0 / -inf); on CPU it is ignored."""
+    folded into (fold.py) --, lse f32 [rows, Hq]). rotated_query: q is already in the rotated
+    key basis, q @ R_K of its KV head (rotations[layer, 0, h], row vector times matrix; the
+    softmax scale is still applied here), so the launch skips the query rotation. On CUDA
+    `decoder` is a PagedDecoder.handle planned for this table (rows = its capacity; rows past
+    the batch get 0 / -inf); on CPU it is ignored."""
     _check_q(q, rotations, layer)
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     if q.device.type == "cuda":
         table = _table(page_ptrs, page_kinds, page_token_counts, seq_page_indptr, seq_page_ids)
-        io = _capi.AttnIO(q.data_ptr(), rotations[layer, 0].data_ptr(),
+        io = _capi.AttnIO(q.data_ptr(), None if rotated_query else rotations[layer, 0].data_ptr(),
                           rotations[layer, 1].data_ptr(), 1 if unrotate_output else 0,
                           softmax_scale, out.data_ptr(), lse.data_ptr())
         _capi.check(_capi.load().oscarkv_cuda_decoder_run(decoder, layer, ctypes.byref(table),
@@ -190,6 +194,9 @@ def paged_decode(q: torch.Tensor, pool: torch.Tensor, page_ptrs: torch.Tensor,
     prof, bufs, arr, sz, npages = _host_pages(pool, page_ptrs, page_kinds, page_token_counts,
                                               seq_page_indptr, seq_page_ids, num_layers, h, d, group_size,
                                               page_tokens)
+    if rotated_query:  # the reference's R_K of this layer is the identity then
+        rotations = rotations.clone()
+        rotations[layer, 0] = torch.eye(d, dtype=torch.float32)
     rot = _capi.RefRotations(rotations.data_ptr(), None, None)
     n = seq_page_indptr.numel() - 1
     out.zero_()
@@ -203,7 +210,8 @@ def paged_decode(q: torch.Tensor, pool: torch.Tensor, page_ptrs: torch.Tensor,
 
 @paged_decode.register_fake
 def _(q, pool, page_ptrs, page_kinds, page_token_counts, seq_page_indptr, seq_page_ids, rotations,
-      layer, decoder, num_layers, group_size, page_tokens, softmax_scale, unrotate_output=True):
+      layer, decoder, num_layers, group_size, page_tokens, softmax_scale, unrotate_output=True,
+      rotated_query=False):
     return torch.empty_like(q), q.new_empty(q.shape[:2])
 
 
