@@ -81,6 +81,44 @@ def test_qk_norm_rope_equals_torch(dense_v):
 
 
 @needs_dev
+@pytest.mark.parametrize("dense_v", [False, True])
+def test_qk_norm_rope_with_q_rot_writes_the_rotated_query(dense_v):
+    """q_rot: each q head comes out as (its normed, RoPE'd row) @ R of its KV head -- compared
+    in float64 against the kernel's own unrotated rows, so an R^T or a head mix-up fails; the
+    k / v outputs are those of the call without q_rot."""
+    hq, h, d, T, eps = 8, 2, 128, 3, 1e-6
+    g = torch.Generator(device=DEV).manual_seed(2)
+    qkv = torch.randn(T, (hq + 2 * h) * d, device=DEV, generator=g).to(torch.bfloat16)
+    qkn = (torch.rand(hq + h, d, device=DEV, generator=g) + 0.5).to(torch.bfloat16)
+    pos = torch.tensor([0, 9, 70000], device=DEV)
+    inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, device=DEV).float() / d))
+    rot = torch.linalg.qr(torch.randn(h, d, d, dtype=torch.float64,
+                                      generator=torch.Generator().manual_seed(3)))[0]
+    rot32 = rot.float().to(DEV).contiguous()
+    outs = []
+    for q_rot in (None, rot32):
+        x = qkv.clone()
+        q = torch.zeros(T, hq, d, device=DEV)
+        kd = vd = None
+        if dense_v:
+            kd = torch.zeros(T, h, d, device=DEV, dtype=torch.bfloat16)
+            vd = torch.zeros_like(kd)
+        K.qk_norm_rope(x, qkn, pos, inv, q, kd, vd, hq, h, d, eps, q_rot=q_rot)
+        outs.append((q, x, kd, vd))
+    (q0, x0, k0, v0), (q1, x1, k1, v1) = outs
+    kvh = torch.arange(hq) // (hq // h)
+    want = torch.einsum("thi,hic->thc", q0.double().cpu(), rot[kvh])
+    torch.testing.assert_close(q1.double().cpu(), want, rtol=0, atol=2e-5)
+    assert (q1 - q0).abs().max() > 0.1  # the rotation did something
+    torch.testing.assert_close(x1, x0, rtol=0, atol=0)
+    if dense_v:
+        torch.testing.assert_close(k1, k0, rtol=0, atol=0)
+        torch.testing.assert_close(v1, v0, rtol=0, atol=0)
+    with pytest.raises(ValueError):
+        K.qk_norm_rope(qkv, qkn, pos, inv, q1, None, None, hq, h, d, eps, q_rot=rot32[:1])
+
+
+@needs_dev
 def test_silu_mul_equals_torch():
     g = torch.Generator(device=DEV).manual_seed(2)
     gu = torch.randn(3, 2 * 3000, device=DEV, generator=g).to(torch.bfloat16) * 4

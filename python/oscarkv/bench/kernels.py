@@ -54,11 +54,12 @@ if triton is not None:
 
     @triton.jit
     def _qk_norm_rope_kernel(qkv_ptr, stride_qkv, qkn_ptr, pos_ptr, inv_ptr,
-                             q_ptr, sq_t, sq_h, k_ptr, sk_t, sk_h, v_ptr, sv_t, sv_h, eps,
+                             q_ptr, sq_t, sq_h, k_ptr, sk_t, sk_h, v_ptr, sv_t, sv_h, rot_ptr, eps,
                              HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
-                             WRITE_V: tl.constexpr):
+                             WRITE_V: tl.constexpr, ROT: tl.constexpr, BC: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         j = tl.program_id(1)
+        cb = tl.program_id(2)  # ROT: the block of BC output columns of the q head's y @ R
         offs = tl.arange(0, D)
         src = qkv_ptr + t * stride_qkv + j * D
         if j < HQ + H:
@@ -72,14 +73,25 @@ if triton is not None:
             sgn = tl.where(offs < D // 2, -1.0, 1.0)
             y = xn * tl.cos(f) + xnr * tl.sin(f) * sgn
             if j < HQ:
-                tl.store(q_ptr + t * sq_t + j * sq_h + offs, y.to(q_ptr.dtype.element_ty))
+                if ROT:
+                    # z[c] = sum_i y[i] R[i, c], R = R_K of the head's KV head (row-major d x d)
+                    cols = cb * BC + tl.arange(0, BC)
+                    rm = tl.load(rot_ptr + (j // (HQ // H)) * D * D + offs[:, None] * D
+                                 + cols[None, :])
+                    z = tl.sum(y[:, None] * rm, axis=0)
+                    tl.store(q_ptr + t * sq_t + j * sq_h + cols, z.to(q_ptr.dtype.element_ty))
+                else:
+                    tl.store(q_ptr + t * sq_t + j * sq_h + offs, y.to(q_ptr.dtype.element_ty))
             else:
-                tl.store(k_ptr + t * sk_t + (j - HQ) * sk_h + offs, y.to(k_ptr.dtype.element_ty))
+                if cb == 0:
+                    tl.store(k_ptr + t * sk_t + (j - HQ) * sk_h + offs,
+                             y.to(k_ptr.dtype.element_ty))
         else:
             if WRITE_V:
-                vrow = tl.load(src + offs)  # (a name of its own: scf.if results must match)
-                tl.store(v_ptr + t * sv_t + (j - HQ - H) * sv_h + offs,
-                         vrow.to(v_ptr.dtype.element_ty))
+                if cb == 0:
+                    vrow = tl.load(src + offs)  # (a name of its own: scf.if results must match)
+                    tl.store(v_ptr + t * sv_t + (j - HQ - H) * sv_h + offs,
+                             vrow.to(v_ptr.dtype.element_ty))
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, N: tl.constexpr,
@@ -252,11 +264,14 @@ def _view3(name: str, t: torch.Tensor, T: int, heads: int, d: int) -> None:
 
 def qk_norm_rope(qkv: torch.Tensor, qkn: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor,
                  q_out: torch.Tensor, k_out: Optional[torch.Tensor], v_out: Optional[torch.Tensor],
-                 q_heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
+                 q_heads: int, kv_heads: int, head_dim: int, eps: float,
+                 q_rot: Optional[torch.Tensor] = None) -> None:
     """qkv [T, (q_heads + 2 kv_heads) * head_dim] (q, k, v heads in that order); qkn
     [q_heads + kv_heads, head_dim]; pos [T] int; inv_freq f32 [head_dim / 2]. Writes the normed,
     rotated q heads to q_out [T, q_heads, d], k heads to k_out [T, kv_heads, d] (None: in place
-    in qkv) and, if v_out is given, copies the v heads there."""
+    in qkv) and, if v_out is given, copies the v heads there. q_rot f32 [kv_heads, d, d]: q head
+    j is written as y @ q_rot[j // (q_heads / kv_heads)] (f32 math; the INT2 decoder's rotated
+    query, PagedKVCache.query_rotation), so the decode launch needs no rotation of its own."""
     _check_rows("qkv", qkv)
     T = qkv.shape[0]
     hq, h, d = q_heads, kv_heads, head_dim
@@ -264,6 +279,9 @@ def qk_norm_rope(qkv: torch.Tensor, qkn: torch.Tensor, pos: torch.Tensor, inv_fr
         raise ValueError("qkv / qkn do not match %d q heads, %d kv heads of %d" % (hq, h, d))
     if pos.shape != (T,) or inv_freq.dtype != torch.float32 or inv_freq.numel() != d // 2:
         raise ValueError("pos must be [T]; inv_freq f32 [head_dim / 2]")
+    if q_rot is not None and (q_rot.shape != (h, d, d) or q_rot.dtype != torch.float32
+                              or not q_rot.is_contiguous() or hq % h or d % 32):
+        raise ValueError("q_rot must be contiguous f32 [%d, %d, %d]" % (h, d, d))
     if k_out is None:
         k_out = qkv.view(T, hq + 2 * h, d)[:, hq:hq + h]
     _view3("q_out", q_out, T, hq, d)
@@ -271,12 +289,15 @@ def qk_norm_rope(qkv: torch.Tensor, qkn: torch.Tensor, pos: torch.Tensor, inv_fr
     if v_out is not None:
         _view3("v_out", v_out, T, h, d)
     vo = v_out if v_out is not None else k_out
+    bc = 32  # ROT: 4 programs per q head at d = 128, each reading a 128 x 32 slab of R
     if T:
-        _qk_norm_rope_kernel[(T, hq + h + (h if v_out is not None else 0))](
+        _qk_norm_rope_kernel[(T, hq + h + (h if v_out is not None else 0),
+                              1 if q_rot is None else d // bc)](
             qkv, qkv.stride(0), qkn, pos, inv_freq.contiguous(),
             q_out, q_out.stride(0), q_out.stride(1), k_out, k_out.stride(0), k_out.stride(1),
-            vo, vo.stride(0), vo.stride(1), eps, HQ=hq, H=h, D=d, WRITE_V=v_out is not None,
-            num_warps=1)
+            vo, vo.stride(0), vo.stride(1), q_rot if q_rot is not None else inv_freq, eps,
+            HQ=hq, H=h, D=d, WRITE_V=v_out is not None, ROT=q_rot is not None, BC=bc,
+            num_warps=1 if q_rot is None else 4)
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:

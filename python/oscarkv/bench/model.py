@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from ..torch import BF16, INT2, KVCodec, PagedKVCache
 from ..torch.fold import fold_value_rotation
 from . import kernels as K
-from .probes import capture, gemv_probe, median_time, profile_replays
+from .probes import capture, decode_probe, gemv_probe, median_time, profile_replays
 
 QWEN3_8B = dict(layers=36, hidden=4096, q_heads=32, kv_heads=8, head_dim=128, inter=12288,
                 vocab=151936, rope_theta=1e6, eps=1e-6)
@@ -106,7 +106,8 @@ class Model:
             qkv = K.rms_norm(x, l["ln1"], eps) @ l["qkv"].t()
             q = attn.q_buffer(T)
             kd, vd = attn.kv_dst(i, T)
-            K.qk_norm_rope(qkv, l["qkn"], pos, self.inv_freq, q, kd, vd, hq, h, d, eps)
+            K.qk_norm_rope(qkv, l["qkn"], pos, self.inv_freq, q, kd, vd, hq, h, d, eps,
+                           q_rot=attn.q_rotation(i))
             heads = qkv.view(T, hq + 2 * h, d)
             k = kd if kd is not None else heads[:, hq:hq + h]
             v = vd if vd is not None else heads[:, hq + h:]
@@ -130,7 +131,8 @@ class Model:
                 qkv = K.rms_norm(x, l["ln1"], eps) @ l["qkv"].t()
             q = attn.q_buffer(1)
             kd, vd = attn.kv_dst(i, 1)
-            K.qk_norm_rope(qkv, l["qkn"], pos, self.inv_freq, q, kd, vd, hq, h, d, eps)
+            K.qk_norm_rope(qkv, l["qkn"], pos, self.inv_freq, q, kd, vd, hq, h, d, eps,
+                           q_rot=attn.q_rotation(i))
             heads = qkv.view(1, hq + 2 * h, d)
             k = kd if kd is not None else heads[:, hq:hq + h]
             v = vd if vd is not None else heads[:, hq + h:]
@@ -171,7 +173,12 @@ class Model:
             heads = qkv.view(T, hq + 2 * h, d)
             kd, vd = attn.kv_dst(i, T)
             q = attn.q_buffer(T)
-            q.copy_(qk[:, :hq])
+            rot = attn.q_rotation(i)
+            if rot is None:
+                q.copy_(qk[:, :hq])
+            else:  # the rotated query (q @ R_K of each head's KV head), as the fused kernel
+                q.copy_(torch.einsum("tkgi,kic->tkgc", qk[:, :hq].float().view(T, h, hq // h, d),
+                                     rot).reshape(T, hq, d))
             if kd is None:  # k back into qkv: k and v share strides (the INT2 write's input)
                 kd = heads[:, hq:hq + h]
             kd.copy_(qk[:, hq:])
@@ -282,6 +289,11 @@ class Attn:
         """(k_dst, v_dst) [T, kv_heads, d] views to write this layer's rows to, or None."""
         return None, None
 
+    def q_rotation(self, layer: int) -> Optional[torch.Tensor]:
+        """f32 [kv_heads, d, d] the q/k-norm + RoPE kernel applies to each q head (q @ R of its
+        KV head) for an attention that takes rotated queries, or None."""
+        return None
+
     def o_weight(self, layer: int, l: Dict) -> torch.Tensor:
         """The output projection's weight of `layer` for this side's attention output (the
         model's; a side whose attention returns rotated outputs gives it with R_V folded in)."""
@@ -295,6 +307,11 @@ class Attn:
 # outputs, no unrotation in its launch) -- what oscarkv.transformers does; --also unfold adds
 # rows of the unrotating launch.
 FOLD = dict(on=True)
+# Whether the paged sides' q/k-norm + RoPE kernel writes the query already rotated by R_K
+# (PagedKVCache.query_rotation; the decode launch then skips its query rotation); --also rotk
+# adds rows of the decoder rotating the query itself.
+ROTQ = dict(on=True)
+DECODE_PROBE = dict(on=False)  # --decode-probe
 
 
 def folded_o(model: Model, codec: KVCodec) -> List[torch.Tensor]:
@@ -313,6 +330,7 @@ class PagedSide(Attn):
         super().__init__(model.cfg)
         self.model, self.batch = model, batch
         self.fold = FOLD["on"] if fold is None else fold
+        self.rotq = ROTQ["on"]
         self.o = folded_o(model, codec) if self.fold else None
         self.cache = paged_cache(model, codec, batch, ctx)
         self.cache.begin_step([1] * batch)
@@ -323,12 +341,15 @@ class PagedSide(Attn):
     def q_buffer(self, T):
         return self.cache.query_buffer(T)
 
+    def q_rotation(self, layer):
+        return self.cache.query_rotation(layer) if self.rotq else None
+
     def o_weight(self, layer, l):
         return self.o[layer] if self.fold else l["o"]
 
     def attend(self, layer, q, k, v):
         self.cache.write(layer, k, v)
-        return self.cache.decode(layer, q, unrotate=not self.fold)
+        return self.cache.decode(layer, q, unrotate=not self.fold, rotated_query=self.rotq)
 
     def step(self):
         return self.model.logits(self.model.forward(self.ids, self.pos, self))
@@ -406,11 +427,15 @@ def run_side(model: Model, name: str, batch: int, ctx: int) -> Dict:
     kernels = model.form
     layout = LAYOUT["paged"] if isinstance(side, PagedSide) else "dense"
     fold = bool(getattr(side, "fold", False))
-    t = time_side(side, label="%s-%s-%s%s-b%d-%d" % (name, kernels, layout,
-                                                     "" if fold or layout == "dense" else "-unfold",
-                                                     batch, ctx) if batch == 1 else "")
+    rotq = bool(getattr(side, "rotq", False))
+    t = time_side(side, label="%s-%s-%s%s%s-b%d-%d" % (
+        name, kernels, layout, "" if fold or layout == "dense" else "-unfold",
+        "-rotk" if layout != "dense" and not rotq else "", batch, ctx) if batch == 1 else "")
     r = dict(side=name, batch=batch, ctx=ctx, step_s=t, kv_bytes=side.kv_bytes,
-             tokens_per_s=batch / t, model_kernels=kernels, page_layout=layout, v_fold=fold)
+             tokens_per_s=batch / t, model_kernels=kernels, page_layout=layout, v_fold=fold,
+             q_rotated=rotq)
+    if isinstance(side, PagedSide) and batch == 1 and DECODE_PROBE["on"]:
+        r["decode_probe"] = decode_probe(side)
     if isinstance(side, PagedSide):
         t0 = time.perf_counter()
         for _ in range(5):
@@ -568,8 +593,9 @@ def main(argv=None) -> int:
     ap.add_argument("--page-layout", choices=LAYOUTS, default=LAYOUTS[0],
                     help="how the paged sides' pool holds pages (PagedKVCache layer_major)")
     ap.add_argument("--also", default="",
-                    help="comma list of further model forms / page layouts, or 'unfold' (the "
-                    "paged sides unrotating their output instead of a folded o_proj), to time "
+                    help="comma list of further model forms / page layouts, 'unfold' (the "
+                    "paged sides unrotating their output instead of a folded o_proj) or 'rotk' "
+                    "(the decode launch rotating the query instead of the q/k kernel), to time "
                     "every batch-1 side with (extra rows: model_kernels / page_layout / v_fold "
                     "say which; the keys use --model-kernels, --page-layout and the fold)")
     ap.add_argument("--no-gemv-probe", action="store_true",
@@ -578,6 +604,9 @@ def main(argv=None) -> int:
                     "projection; every projection then runs as a GEMV")
     ap.add_argument("--profile", default="", help="folder for torch.profiler kernel tables of "
                     "every batch-1 graph replay (per-layer split by kernel category)")
+    ap.add_argument("--decode-probe", action="store_true",
+                    help="paged sides at batch 1: also time the decode launches alone (a graph "
+                    "of every layer's decode, nothing else; and each after an L2 flush)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("oscarkv bench model: needs a CUDA GPU")
@@ -588,6 +617,7 @@ def main(argv=None) -> int:
     model = Model(cfg, form=None if a.model_kernels == "auto" else a.model_kernels)
     main_form = model.form
     PROFILE["dir"] = a.profile
+    DECODE_PROBE["on"] = a.decode_probe
     LAYOUT["paged"] = a.page_layout
     bw = copy_bandwidth()
     wbytes = model.weight_bytes_per_step()
@@ -601,9 +631,11 @@ def main(argv=None) -> int:
         r["bound_s"] = (wbytes + r["kv_bytes"]) / bw
         r["vs_bound"] = r["step_s"] / r["bound_s"]
         out["runs"].append(r)
-        print("  %-10s %-5s %-11s %-6s B=%-4d ctx=%-6d step %8.3f ms  bound %8.3f ms (x%.2f)  %9.1f tok/s%s"
+        print("  %-10s %-5s %-11s %-6s%s B=%-4d ctx=%-6d step %8.3f ms  bound %8.3f ms (x%.2f)  %9.1f tok/s%s"
               % (r["side"], r["model_kernels"][:5], r["page_layout"],
-                 "fold" if r.get("v_fold") else "-", r["batch"], r["ctx"], r["step_s"] * 1e3,
+                 "fold" if r.get("v_fold") else "-",
+                 "" if r["page_layout"] == "dense" else (" rotq" if r.get("q_rotated") else " rotk"),
+                 r["batch"], r["ctx"], r["step_s"] * 1e3,
                  r["bound_s"] * 1e3, r["vs_bound"], r["tokens_per_s"],
                  "  host plan %.2f ms" % (r["host_plan_s"] * 1e3) if "host_plan_s" in r else ""))
         return r
@@ -632,13 +664,15 @@ def main(argv=None) -> int:
                 traceback.print_exc()
                 torch.cuda.empty_cache()
             for extra in [f for f in a.also.split(",") if f and f not in (main_form, a.page_layout)]:
-                if (extra in LAYOUTS or extra == "unfold") and s == "bf16-sdpa":
+                if (extra in LAYOUTS or extra in ("unfold", "rotk")) and s == "bf16-sdpa":
                     continue  # a dense cache has no page layout and no rotation
                 # the same side in another model form, page layout or unfolded (an extra row)
                 if extra in LAYOUTS:
                     LAYOUT["paged"] = extra
                 elif extra == "unfold":
                     FOLD["on"] = False
+                elif extra == "rotk":
+                    ROTQ["on"] = False
                 else:
                     model.form = extra
                 try:
@@ -646,7 +680,7 @@ def main(argv=None) -> int:
                 except Exception:
                     traceback.print_exc()
                     torch.cuda.empty_cache()
-                model.form, LAYOUT["paged"], FOLD["on"] = main_form, a.page_layout, True
+                model.form, LAYOUT["paged"], FOLD["on"], ROTQ["on"] = main_form, a.page_layout, True, True
         if "int2" not in res or len(res) < 2:
             continue
         # The BF16 baseline: the fastest BF16 row of this context in any form / layout timed

@@ -202,3 +202,37 @@ def pick_mlp(pick: Dict) -> Dict:
     if si[1] is not None:
         forms.append((cub[0] + si[0], {"gate_up": (cub[0], None), "down_si": si}))
     return min(forms, key=lambda f: f[0])[1]
+
+
+def decode_probe(side, n: int = 20) -> Dict:
+    """A paged side's decode launches alone at its planned batch (the step's query buffer, the
+    side's fold): per layer, the median of a CUDA graph of every layer's decode and nothing
+    else, with the query rotated by the q/k kernel (rotq: the launch skips its rotation) and
+    rotated by the launch (rotk); then each decode after a read of 128 MB (> 2x the L2, as the
+    model's weights pass through it between two decodes), the reads' own graph subtracted."""
+    cache, layers = side.cache, side.model.cfg["layers"]
+    q = cache.query_buffer(side.batch)
+    flush = torch.ones(32 << 20, dtype=torch.float32, device=q.device)
+    res: Dict = {}
+
+    def graph(rotq: bool, cold: bool, decode: bool = True):
+        def run():
+            for i in range(layers):
+                if cold:
+                    flush.sum()
+                if decode:
+                    cache.decode(i, q, unrotate=not side.fold, rotated_query=rotq)
+        g, _ = capture(run)
+        for _ in range(3):
+            g.replay()
+        return median_time(g.replay, n)
+
+    reads = graph(False, True, decode=False)
+    res["l2_read_128mb_us"] = reads / layers * 1e6
+    for rotq in (True, False):
+        tag = "rotq" if rotq else "rotk"
+        res["decode_us_per_layer_" + tag] = graph(rotq, False) / layers * 1e6
+        res["decode_cold_us_per_layer_" + tag] = (graph(rotq, True) - reads) / layers * 1e6
+    print("    decode probe (B=%d): %s" % (side.batch, ", ".join(
+        "%s %.1f" % (k, v) for k, v in res.items())))
+    return res
