@@ -302,3 +302,41 @@ def test_folded_step_equals_unrotating_step(side):
     a, b = got[True], got[False]
     assert bool((torch.nn.functional.cosine_similarity(a, b, dim=-1) > 0.9999).all())
     torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * float(b.abs().max()))
+
+
+@gpu
+@pytest.mark.parametrize("side", ["int2", "bf16-pages"])
+@pytest.mark.parametrize("layout", ["page-major", "layer-major"])
+def test_fused_write_stores_what_the_write_launch_stores(side, layout):
+    """FUSED_WRITE: the q/k kernel stores each layer's new K/V row (rotated, bf16) into its BF16
+    page slot in place of the cache's write launch (gemv form, batch 1). The pool after the
+    step holds the launch's values where the launch wrote (within bf16 rounding: the launch
+    rotates the bf16-rounded k) and is unchanged elsewhere; the logits agree."""
+    pytest.importorskip("oscarkv.torch")
+    from oscarkv.bench import model as M
+    m = M.Model(SMALL, form="gemv")
+    pools, logits = {}, {}
+    try:
+        M.LAYOUT["paged"] = layout
+        for fw in (False, True):
+            M.FUSED_WRITE["on"] = fw
+            s = M.PagedSide(m, M.int2_codec(SMALL, side == "bf16-pages", 1128), 1, 1000)
+            s.ids = torch.tensor([5], device="cuda")
+            before = s.cache.pool.clone()
+            logits[fw] = s.step().float()
+            assert s.fused_write == fw and not s._written
+            pools[fw] = (before, s.cache.pool.clone())
+    finally:
+        M.FUSED_WRITE["on"] = False
+        M.LAYOUT["paged"] = M.LAYOUTS[0]
+    (b0, a0), (b1, a1) = pools[False], pools[True]
+    assert torch.equal(b0, b1)
+    changed = (a0 != b0).view(-1, 2).any(1)  # bf16 elements the write launch changed
+    assert int(changed.sum()) >= SMALL["layers"] * 2 * SMALL["kv_heads"] * 100
+    assert torch.equal(a1.view(-1, 2)[~changed], b1.view(-1, 2)[~changed])
+    w0 = a0.view(torch.bfloat16)[changed].float()
+    w1 = a1.view(torch.bfloat16)[changed].float()
+    torch.testing.assert_close(w1, w0, rtol=3e-2, atol=3e-2 * float(w0.abs().max()))
+    assert ((w1 - w0).norm() / w0.norm()).item() < 1e-2
+    torch.testing.assert_close(logits[True], logits[False], rtol=2e-2,
+                               atol=2e-2 * float(logits[False].abs().max()))

@@ -55,8 +55,10 @@ if triton is not None:
     @triton.jit
     def _qk_norm_rope_kernel(qkv_ptr, stride_qkv, qkn_ptr, pos_ptr, inv_ptr,
                              q_ptr, sq_t, sq_h, k_ptr, sk_t, sk_h, v_ptr, sv_t, sv_h, rot_ptr, eps,
+                             pp_ptr, dpage_ptr, dslot_ptr, kvrot_ptr, gl,
                              HQ: tl.constexpr, H: tl.constexpr, D: tl.constexpr,
-                             WRITE_V: tl.constexpr, ROT: tl.constexpr, BC: tl.constexpr):
+                             WRITE_V: tl.constexpr, ROT: tl.constexpr, BC: tl.constexpr,
+                             PAGE: tl.constexpr, PT: tl.constexpr):
         t = tl.program_id(0).to(tl.int64)
         j = tl.program_id(1)
         cb = tl.program_id(2)  # ROT: the block of BC output columns of the q head's y @ R
@@ -83,15 +85,33 @@ if triton is not None:
                 else:
                     tl.store(q_ptr + t * sq_t + j * sq_h + offs, y.to(q_ptr.dtype.element_ty))
             else:
-                if cb == 0:
-                    tl.store(k_ptr + t * sk_t + (j - HQ) * sk_h + offs,
-                             y.to(k_ptr.dtype.element_ty))
+                if PAGE:  # k @ R_K as bf16 into its BF16 page slot (PagedKVCache's layout)
+                    cols = cb * BC + tl.arange(0, BC)
+                    rm = tl.load(kvrot_ptr + (j - HQ) * D * D + offs[:, None] * D + cols[None, :])
+                    z = tl.sum(y[:, None] * rm, axis=0)
+                    page = tl.load(pp_ptr + tl.load(dpage_ptr + t)).to(tl.pointer_type(tl.bfloat16))
+                    el = 32 + ((gl * 2 * H + (j - HQ)) * PT + tl.load(dslot_ptr + t)) * D
+                    tl.store(page + el + cols, z.to(tl.bfloat16))
+                else:
+                    if cb == 0:
+                        tl.store(k_ptr + t * sk_t + (j - HQ) * sk_h + offs,
+                                 y.to(k_ptr.dtype.element_ty))
         else:
-            if WRITE_V:
-                if cb == 0:
-                    vrow = tl.load(src + offs)  # (a name of its own: scf.if results must match)
-                    tl.store(v_ptr + t * sv_t + (j - HQ - H) * sv_h + offs,
-                             vrow.to(v_ptr.dtype.element_ty))
+            if PAGE:  # v @ R_V likewise
+                cols = cb * BC + tl.arange(0, BC)
+                hv = j - HQ - H
+                vrow = tl.load(src + offs).to(tl.float32)
+                rm = tl.load(kvrot_ptr + (H + hv) * D * D + offs[:, None] * D + cols[None, :])
+                z = tl.sum(vrow[:, None] * rm, axis=0)
+                page = tl.load(pp_ptr + tl.load(dpage_ptr + t)).to(tl.pointer_type(tl.bfloat16))
+                el = 32 + (((gl * 2 + 1) * H + hv) * PT + tl.load(dslot_ptr + t)) * D
+                tl.store(page + el + cols, z.to(tl.bfloat16))
+            else:
+                if WRITE_V:
+                    if cb == 0:
+                        vrow = tl.load(src + offs)  # (own name: scf.if results must match)
+                        tl.store(v_ptr + t * sv_t + (j - HQ - H) * sv_h + offs,
+                                 vrow.to(v_ptr.dtype.element_ty))
 
     @triton.jit
     def _silu_mul_kernel(gu_ptr, out_ptr, stride_gu, stride_out, N: tl.constexpr,
@@ -265,13 +285,16 @@ def _view3(name: str, t: torch.Tensor, T: int, heads: int, d: int) -> None:
 def qk_norm_rope(qkv: torch.Tensor, qkn: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor,
                  q_out: torch.Tensor, k_out: Optional[torch.Tensor], v_out: Optional[torch.Tensor],
                  q_heads: int, kv_heads: int, head_dim: int, eps: float,
-                 q_rot: Optional[torch.Tensor] = None) -> None:
+                 q_rot: Optional[torch.Tensor] = None, page_write=None) -> None:
     """qkv [T, (q_heads + 2 kv_heads) * head_dim] (q, k, v heads in that order); qkn
     [q_heads + kv_heads, head_dim]; pos [T] int; inv_freq f32 [head_dim / 2]. Writes the normed,
     rotated q heads to q_out [T, q_heads, d], k heads to k_out [T, kv_heads, d] (None: in place
     in qkv) and, if v_out is given, copies the v heads there. q_rot f32 [kv_heads, d, d]: q head
     j is written as y @ q_rot[j // (q_heads / kv_heads)] (f32 math; the INT2 decoder's rotated
-    query, PagedKVCache.query_rotation), so the decode launch needs no rotation of its own."""
+    query, PagedKVCache.query_rotation), so the decode launch needs no rotation of its own.
+    page_write (PagedKVCache.bf16_write_target of the layer; needs q_rot): k and v are stored
+    instead as bf16 k @ R_K / v @ R_V straight into their BF16 page slots, the cache's write()
+    of the step left out; qkv's k heads stay as they are."""
     _check_rows("qkv", qkv)
     T = qkv.shape[0]
     hq, h, d = q_heads, kv_heads, head_dim
@@ -290,14 +313,26 @@ def qk_norm_rope(qkv: torch.Tensor, qkn: torch.Tensor, pos: torch.Tensor, inv_fr
         _view3("v_out", v_out, T, h, d)
     vo = v_out if v_out is not None else k_out
     bc = 32  # ROT: 4 programs per q head at d = 128, each reading a 128 x 32 slab of R
+    pw = page_write
+    if pw is not None:  # PagedKVCache.bf16_write_target: k, v rotated into their page slots
+        ptrs, dpage, dslot, kvrot, gl, page_tokens = pw
+        if (q_rot is None or v_out is not None or kvrot.shape != (2, h, d, d)
+                or kvrot.dtype != torch.float32 or not kvrot.is_contiguous()
+                or dpage.shape != (T,) or dslot.shape != (T,) or ptrs.dtype != torch.int64):
+            raise ValueError("page_write needs q_rot, no v_out, f32 [2, %d, %d, %d] rotations "
+                             "and [T] destinations" % (h, d, d))
+    else:
+        ptrs = dpage = dslot = kvrot = inv_freq
+        gl, page_tokens = 0, 64
     if T:
-        _qk_norm_rope_kernel[(T, hq + h + (h if v_out is not None else 0),
+        _qk_norm_rope_kernel[(T, hq + h + (h if v_out is not None or pw is not None else 0),
                               1 if q_rot is None else d // bc)](
             qkv, qkv.stride(0), qkn, pos, inv_freq.contiguous(),
             q_out, q_out.stride(0), q_out.stride(1), k_out, k_out.stride(0), k_out.stride(1),
             vo, vo.stride(0), vo.stride(1), q_rot if q_rot is not None else inv_freq, eps,
+            ptrs, dpage, dslot, kvrot, gl,
             HQ=hq, H=h, D=d, WRITE_V=v_out is not None, ROT=q_rot is not None, BC=bc,
-            num_warps=1 if q_rot is None else 4)
+            PAGE=pw is not None, PT=page_tokens, num_warps=1 if q_rot is None else 4)
 
 
 def silu_mul(gu: torch.Tensor) -> torch.Tensor:

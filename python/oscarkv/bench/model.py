@@ -107,7 +107,7 @@ class Model:
             q = attn.q_buffer(T)
             kd, vd = attn.kv_dst(i, T)
             K.qk_norm_rope(qkv, l["qkn"], pos, self.inv_freq, q, kd, vd, hq, h, d, eps,
-                           q_rot=attn.q_rotation(i))
+                           q_rot=attn.q_rotation(i), page_write=attn.page_write(i))
             heads = qkv.view(T, hq + 2 * h, d)
             k = kd if kd is not None else heads[:, hq:hq + h]
             v = vd if vd is not None else heads[:, hq + h:]
@@ -132,7 +132,7 @@ class Model:
             q = attn.q_buffer(1)
             kd, vd = attn.kv_dst(i, 1)
             K.qk_norm_rope(qkv, l["qkn"], pos, self.inv_freq, q, kd, vd, hq, h, d, eps,
-                           q_rot=attn.q_rotation(i))
+                           q_rot=attn.q_rotation(i), page_write=attn.page_write(i))
             heads = qkv.view(1, hq + 2 * h, d)
             k = kd if kd is not None else heads[:, hq:hq + h]
             v = vd if vd is not None else heads[:, hq + h:]
@@ -294,6 +294,10 @@ class Attn:
         KV head) for an attention that takes rotated queries, or None."""
         return None
 
+    def page_write(self, layer: int):
+        """PagedKVCache.bf16_write_target for the q/k kernel to store K/V itself, or None."""
+        return None
+
     def o_weight(self, layer: int, l: Dict) -> torch.Tensor:
         """The output projection's weight of `layer` for this side's attention output (the
         model's; a side whose attention returns rotated outputs gives it with R_V folded in)."""
@@ -312,6 +316,9 @@ FOLD = dict(on=True)
 # adds rows of the decoder rotating the query itself.
 ROTQ = dict(on=True)
 DECODE_PROBE = dict(on=False)  # --decode-probe
+# Whether the paged sides' q/k kernel also stores the step's K/V rows (rotated, bf16) into
+# their BF16 page slots in place of the cache's write launch (--also fusedwrite adds rows).
+FUSED_WRITE = dict(on=False)
 
 
 def folded_o(model: Model, codec: KVCodec) -> List[torch.Tensor]:
@@ -331,6 +338,8 @@ class PagedSide(Attn):
         self.model, self.batch = model, batch
         self.fold = FOLD["on"] if fold is None else fold
         self.rotq = ROTQ["on"]
+        self.fused_write = FUSED_WRITE["on"] and self.rotq
+        self._written = set()  # layers whose K/V the q/k kernel stored this forward
         self.o = folded_o(model, codec) if self.fold else None
         self.cache = paged_cache(model, codec, batch, ctx)
         self.cache.begin_step([1] * batch)
@@ -347,8 +356,17 @@ class PagedSide(Attn):
     def o_weight(self, layer, l):
         return self.o[layer] if self.fold else l["o"]
 
+    def page_write(self, layer):
+        t = self.cache.bf16_write_target(layer) if self.fused_write else None
+        if t is not None:
+            self._written.add(layer)
+        return t
+
     def attend(self, layer, q, k, v):
-        self.cache.write(layer, k, v)
+        if layer in self._written:
+            self._written.discard(layer)
+        else:
+            self.cache.write(layer, k, v)
         return self.cache.decode(layer, q, unrotate=not self.fold, rotated_query=self.rotq)
 
     def step(self):
@@ -428,12 +446,14 @@ def run_side(model: Model, name: str, batch: int, ctx: int) -> Dict:
     layout = LAYOUT["paged"] if isinstance(side, PagedSide) else "dense"
     fold = bool(getattr(side, "fold", False))
     rotq = bool(getattr(side, "rotq", False))
-    t = time_side(side, label="%s-%s-%s%s%s-b%d-%d" % (
+    fw = bool(getattr(side, "fused_write", False))
+    t = time_side(side, label="%s-%s-%s%s%s%s-b%d-%d" % (
         name, kernels, layout, "" if fold or layout == "dense" else "-unfold",
-        "-rotk" if layout != "dense" and not rotq else "", batch, ctx) if batch == 1 else "")
+        "-rotk" if layout != "dense" and not rotq else "", "-fusedwrite" if fw else "", batch,
+        ctx) if batch == 1 else "")
     r = dict(side=name, batch=batch, ctx=ctx, step_s=t, kv_bytes=side.kv_bytes,
              tokens_per_s=batch / t, model_kernels=kernels, page_layout=layout, v_fold=fold,
-             q_rotated=rotq)
+             q_rotated=rotq, fused_write=fw)
     if isinstance(side, PagedSide) and batch == 1 and DECODE_PROBE["on"]:
         r["decode_probe"] = decode_probe(side)
     if isinstance(side, PagedSide):
@@ -594,8 +614,9 @@ def main(argv=None) -> int:
                     help="how the paged sides' pool holds pages (PagedKVCache layer_major)")
     ap.add_argument("--also", default="",
                     help="comma list of further model forms / page layouts, 'unfold' (the "
-                    "paged sides unrotating their output instead of a folded o_proj) or 'rotk' "
-                    "(the decode launch rotating the query instead of the q/k kernel), to time "
+                    "paged sides unrotating their output instead of a folded o_proj), 'rotk' "
+                    "(the decode launch rotating the query instead of the q/k kernel) or "
+                    "'fusedwrite' (the q/k kernel storing K/V in place of the write launch), to time "
                     "every batch-1 side with (extra rows: model_kernels / page_layout / v_fold "
                     "say which; the keys use --model-kernels, --page-layout and the fold)")
     ap.add_argument("--no-gemv-probe", action="store_true",
@@ -634,7 +655,8 @@ def main(argv=None) -> int:
         print("  %-10s %-5s %-11s %-6s%s B=%-4d ctx=%-6d step %8.3f ms  bound %8.3f ms (x%.2f)  %9.1f tok/s%s"
               % (r["side"], r["model_kernels"][:5], r["page_layout"],
                  "fold" if r.get("v_fold") else "-",
-                 "" if r["page_layout"] == "dense" else (" rotq" if r.get("q_rotated") else " rotk"),
+                 "" if r["page_layout"] == "dense" else (" rotq" if r.get("q_rotated") else " rotk")
+                 + (" fw" if r.get("fused_write") else ""),
                  r["batch"], r["ctx"], r["step_s"] * 1e3,
                  r["bound_s"] * 1e3, r["vs_bound"], r["tokens_per_s"],
                  "  host plan %.2f ms" % (r["host_plan_s"] * 1e3) if "host_plan_s" in r else ""))
@@ -664,7 +686,7 @@ def main(argv=None) -> int:
                 traceback.print_exc()
                 torch.cuda.empty_cache()
             for extra in [f for f in a.also.split(",") if f and f not in (main_form, a.page_layout)]:
-                if (extra in LAYOUTS or extra in ("unfold", "rotk")) and s == "bf16-sdpa":
+                if (extra in LAYOUTS or extra in ("unfold", "rotk", "fusedwrite")) and s == "bf16-sdpa":
                     continue  # a dense cache has no page layout and no rotation
                 # the same side in another model form, page layout or unfolded (an extra row)
                 if extra in LAYOUTS:
@@ -673,6 +695,8 @@ def main(argv=None) -> int:
                     FOLD["on"] = False
                 elif extra == "rotk":
                     ROTQ["on"] = False
+                elif extra == "fusedwrite":
+                    FUSED_WRITE["on"] = True
                 else:
                     model.form = extra
                 try:
@@ -681,6 +705,7 @@ def main(argv=None) -> int:
                     traceback.print_exc()
                     torch.cuda.empty_cache()
                 model.form, LAYOUT["paged"], FOLD["on"], ROTQ["on"] = main_form, a.page_layout, True, True
+                FUSED_WRITE["on"] = False
         if "int2" not in res or len(res) < 2:
             continue
         # The BF16 baseline: the fastest BF16 row of this context in any form / layout timed

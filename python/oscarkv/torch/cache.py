@@ -348,6 +348,7 @@ class PagedKVCache:
         self._upload(self.dst_page, dst_page, pin)
         self._upload(self.dst_slot, dst_slot, pin)
         self._step_new, self._step_total = list(new_tokens), total
+        self._step_all_bf16 = all(self._kind(x) == BF16 for x in dst_page)
         self._step_max_new = max(new_tokens) if new_tokens else 0
         if pin and not extend and (self._plan_stale or self._decoder is None):
             self._plan_decode()
@@ -434,6 +435,20 @@ class PagedKVCache:
             self._qbuf = torch.zeros(self._decoder.max_seqs, self.num_q_heads, c.head_dim,
                                      dtype=torch.float32, device=self.device)
         return self._qbuf[:rows]
+
+    def bf16_write_target(self, layer: int):
+        """For a kernel that stores this step's K/V rows itself instead of write(layer, ...):
+        (page_ptrs, dst_page, dst_slot, rotations f32 [2, kv_heads, d, d] (R_K, R_V), layer
+        index inside a pool page, page tokens) when every new token of the step lands
+        in a BF16 page (a decode step's recent page), else None (then write() must run). Row t
+        of K (V) goes, as bf16 (row @ R), to element ((l * 2 + kv) * H + h) * T + dst_slot[t]
+        (times d) past the 64-byte header of page page_ptrs[dst_page[t]] (FORMAT.md)."""
+        if self.device.type != "cuda" or not getattr(self, "_step_all_bf16", False):
+            return None
+        gl, rot = self._geo(layer)
+        n = self._step_total
+        return (self._ptrs(layer), self.dst_page[:n], self.dst_slot[:n], rot[gl], gl,
+                self.codec.page_tokens)
 
     def query_rotation(self, layer: int) -> torch.Tensor:
         """R_K of `layer`, f32 [kv_heads, d, d]: decode(rotated_query=True) takes q @ R_K[h]
