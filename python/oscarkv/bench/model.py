@@ -337,7 +337,10 @@ class PagedSide(Attn):
         super().__init__(model.cfg)
         self.model, self.batch = model, batch
         self.fold = FOLD["on"] if fold is None else fold
-        self.rotq = ROTQ["on"]
+        # At batch 1 only: the q/k kernel reads a 128 x 32 slab of R_K per (token, q head,
+        # block), 2 MB per token from L2 -- 340 MB a layer at B=166, where the decoder's
+        # rotation kernel (one CTA per sequence and KV head) reads 64 KB per CTA.
+        self.rotq = ROTQ["on"] and batch == 1
         self.fused_write = FUSED_WRITE["on"] and self.rotq
         self._written = set()  # layers whose K/V the q/k kernel stored this forward
         self.o = folded_o(model, codec) if self.fold else None
