@@ -12,7 +12,11 @@ RMSNorm, q/k norm + RoPE writing q/k/v where the side reads them, SiLU*up); --mo
 eager runs the plain torch form instead. The paged sides fold each layer's value rotation into
 their own copy of W_o (oscarkv.torch.fold, as oscarkv.transformers does on a model), so the
 paged decode returns its output in the rotated basis with no unrotation (rows: v_fold;
---also unfold adds rows of the unrotating launch on the model's W_o).
+--also unfold adds rows of the unrotating launch on the model's W_o). At batch 1 their q/k norm
++ RoPE kernel also writes the query rotated by R_K (rows: q_rotated; --also rotk adds rows of the
+decode launch rotating it); --also fusedwrite adds rows where that kernel stores the step's K/V
+into their BF16 page slots in place of the write launch. --decode-probe times the paged sides'
+decode launches alone, back to back and after an L2-wide read (the model's L2 state).
 
 Bounds: (weight bytes read per step + KV bytes read per step) / the copy bandwidth measured in
 the same run (a device-to-device copy, read + write bytes over time).
