@@ -1,9 +1,10 @@
 // Device helpers of the wgmma extend-attention kernels (extend_attention_wgmma.cu, and
-// extend_dense_wgmma.cu for plain prefill): the channel order of their fp16 tiles, the wgmma forms
-// they issue (f16 / bf16 operands, A from registers or shared memory), shared-memory descriptors
-// of the value tiles, mbarrier / named-barrier / TMA wrappers, the work items and the query
-// rotation's R_K operand. The K-major descriptor, the 128-byte swizzle and the fences are the
-// quantize stream kernel's (quantize_stream_device.cuh). Internal to kernels/cuda.
+// extend_dense_wgmma.cu for plain prefill): their CTA shape, the channel order of their fp16
+// tiles, the wgmma forms they issue (f16 / bf16 operands, A from registers or shared memory),
+// shared-memory descriptors of the value tiles, mbarrier / named-barrier / TMA wrappers, the work
+// items and the query rotation's R_K operand (their common consumer code: extend_consumer.cuh).
+// The K-major descriptor, the 128-byte swizzle and the fences are the quantize stream kernel's
+// (quantize_stream_device.cuh). Internal to kernels/cuda.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,6 +17,17 @@
 
 namespace oscarkv::cuda::detail {
 namespace {
+
+// CTA shape of both kernels: two producer and two consumer warpgroups; registers per thread
+// after setmaxnreg (the producers give theirs to the consumers: the CTA's 65536 = 256 x 96 +
+// 256 x 160); the fp16 / bf16 operand tiles (64 keys x 128 channels: two 64-channel halves of
+// 8 KiB, K and V per ring stage) and a 128 x 128 fp16 rotation as a B operand.
+constexpr int kXProducers = 256;
+constexpr int kXThreads = kXProducers + 256;
+constexpr int kXProducerRegs = 96, kXConsumerRegs = 160;
+constexpr int kXTile = 16384;
+constexpr int kXStage = 2 * kXTile;
+constexpr int kXRot = 32768;
 
 // Channel order of the tiles: position p = 16b + 2i + e of a row holds channel 16b + i + 8e.
 // An INT2 code word (16 channels, 2 bits each) then yields the fp16 pair of positions 2i, 2i+1
@@ -36,6 +48,14 @@ __host__ __device__ constexpr int ExtendPosition(int c) { return (c & ~15) | ((c
   "+f"(s0[10]), "+f"(s0[11]), "+f"(s1[10]), "+f"(s1[11]), \
   "+f"(s0[12]), "+f"(s0[13]), "+f"(s1[12]), "+f"(s1[13]), \
   "+f"(s0[14]), "+f"(s0[15]), "+f"(s1[14]), "+f"(s1[15])
+
+// The 16 A-fragment registers of the value product's four k-steps (a[4][4]), read by the
+// tensor cores until the product completes.
+#define OSCARKV_WG_A16(a) \
+  "+r"(a[0][0]), "+r"(a[0][1]), "+r"(a[0][2]), "+r"(a[0][3]), \
+  "+r"(a[1][0]), "+r"(a[1][1]), "+r"(a[1][2]), "+r"(a[1][3]), \
+  "+r"(a[2][0]), "+r"(a[2][1]), "+r"(a[2][2]), "+r"(a[2][3]), \
+  "+r"(a[3][0]), "+r"(a[3][1]), "+r"(a[3][2]), "+r"(a[3][3])
 
 // s (+)= A(64 x 16, this warp's 16 rows as mma.sync-style fp16 A fragments) · B(16 x 64 at desc).
 template <int kAccumulate>
@@ -125,10 +145,7 @@ __device__ __forceinline__ void WgmmaWait1Scores(float (&s0)[16], float (&s1)[16
 __device__ __forceinline__ void WgmmaWaitValues(float (&y0)[32], float (&y1)[32], uint32_t (&a)[4][4]) {
 #if OSCARKV_HAVE_WGMMA
   asm volatile("wgmma.wait_group.sync.aligned 0;\n"
-               : OSCARKV_WG_ACC(y0, y1), "+r"(a[0][0]), "+r"(a[0][1]), "+r"(a[0][2]), "+r"(a[0][3]),
-                 "+r"(a[1][0]), "+r"(a[1][1]), "+r"(a[1][2]), "+r"(a[1][3]),
-                 "+r"(a[2][0]), "+r"(a[2][1]), "+r"(a[2][2]), "+r"(a[2][3]),
-                 "+r"(a[3][0]), "+r"(a[3][1]), "+r"(a[3][2]), "+r"(a[3][3])
+               : OSCARKV_WG_ACC(y0, y1), OSCARKV_WG_A16(a)
                :
                : "memory");
 #endif
@@ -136,10 +153,7 @@ __device__ __forceinline__ void WgmmaWaitValues(float (&y0)[32], float (&y1)[32]
 __device__ __forceinline__ void WgmmaFence64(float (&y0)[32], float (&y1)[32], uint32_t (&a)[4][4]) {
 #if OSCARKV_HAVE_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n"
-               : OSCARKV_WG_ACC(y0, y1), "+r"(a[0][0]), "+r"(a[0][1]), "+r"(a[0][2]), "+r"(a[0][3]),
-                 "+r"(a[1][0]), "+r"(a[1][1]), "+r"(a[1][2]), "+r"(a[1][3]),
-                 "+r"(a[2][0]), "+r"(a[2][1]), "+r"(a[2][2]), "+r"(a[2][3]),
-                 "+r"(a[3][0]), "+r"(a[3][1]), "+r"(a[3][2]), "+r"(a[3][3])
+               : OSCARKV_WG_ACC(y0, y1), OSCARKV_WG_A16(a)
                :
                : "memory");
 #endif
@@ -164,6 +178,19 @@ __device__ __forceinline__ void MbarWaitParity(uint32_t bar, uint32_t parity) {
       " @!P1 bra XWAIT;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
+}
+// Thread 0, before MbarInitFence: the full (the producers arrive) and empty (the consumers
+// arrive) barriers of a ring of `stages` stages, 8 bytes apart.
+__device__ __forceinline__ void XInitRing(uint32_t full_bar, uint32_t empty_bar, int stages) {
+  for (int s = 0; s < stages; ++s) {
+    MbarInit(full_bar + 8 * s, kXProducers);
+    MbarInit(empty_bar + 8 * s, 256);
+  }
+}
+__device__ __forceinline__ void MbarInitFence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// The dynamic shared memory's base rounded up to 1 KiB (the 128-byte swizzle's alignment).
+__device__ __forceinline__ uint8_t* XAlignedSmem(uint8_t* raw) {
+  return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
 }
 __device__ __forceinline__ void NamedBarrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
