@@ -46,6 +46,61 @@ struct ExtendCase {
   const std::vector<float>* real_q = nullptr;
 };
 
+#define SKIP_WITHOUT_GPU() \
+  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped"
+
+ExtendCase Case(std::vector<uint32_t> prefix, std::vector<int32_t> new_tokens, uint32_t seed) {
+  ExtendCase c;
+  c.prefix = std::move(prefix);
+  c.new_tokens = std::move(new_tokens);
+  c.seed = seed;
+  return c;
+}
+
+// A launch's page table on the device: the pages, their pointers, kinds and token counts, the
+// sequences' page lists (an empty table as one null entry, so that no upload is empty).
+struct DeviceTable {
+  std::vector<DeviceBuffer> pages;
+  absl::StatusOr<DeviceBuffer> ptrs, kinds, counts, indptr, ids;
+
+  DeviceTable(const std::vector<std::vector<uint8_t>>& host_pages, std::vector<uint8_t> kind_list,
+              std::vector<uint16_t> count_list, const std::vector<int32_t>& seq_page_indptr,
+              std::vector<int32_t> seq_page_ids) {
+    std::vector<const uint8_t*> p;
+    for (const auto& pg : host_pages) {
+      auto buf = DeviceBuffer::FromHost(pg);
+      if (!buf.ok()) {
+        ptrs = buf.status();
+        return;
+      }
+      p.push_back(buf->as<uint8_t>());
+      pages.push_back(*std::move(buf));
+    }
+    if (p.empty()) p.push_back(nullptr);
+    if (kind_list.empty()) kind_list.push_back(0), count_list.push_back(0);
+    if (seq_page_ids.empty()) seq_page_ids.push_back(0);
+    ptrs = DeviceBuffer::FromHost(p);
+    kinds = DeviceBuffer::FromHost(kind_list);
+    counts = DeviceBuffer::FromHost(count_list);
+    indptr = DeviceBuffer::FromHost(seq_page_indptr);
+    ids = DeviceBuffer::FromHost(seq_page_ids);
+  }
+  absl::Status status() const {
+    for (const auto* b : {&ptrs, &kinds, &counts, &indptr, &ids}) {
+      if (!b->ok()) return b->status();
+    }
+    return absl::OkStatus();
+  }
+  void Fill(PagedKVTable& t, int32_t num_seqs) const {
+    t.page_ptrs = ptrs->as<const uint8_t*>();
+    t.page_kinds = kinds->as<uint8_t>();
+    t.page_token_counts = counts->as<uint16_t>();
+    t.seq_page_indptr = indptr->as<int32_t>();
+    t.seq_page_ids = ids->as<int32_t>();
+    t.num_seqs = num_seqs;
+  }
+};
+
 void RunExtend(const ExtendCase& c) {
   SCOPED_TRACE("gqa " + std::to_string(c.gqa) + " G" + std::to_string(c.group) + " T" +
                std::to_string(c.page_tokens) + (c.unrotate ? " unrotate" : "") +
@@ -129,23 +184,8 @@ void RunExtend(const ExtendCase& c) {
   auto ref = ReferenceExtendAttention(prof, rot, kv, layer, q_indptr, q, k_new, v_new, Hq, c.unrotate);
   ASSERT_TRUE(ref.ok()) << ref.status();
 
-  std::vector<DeviceBuffer> dpages;
-  std::vector<const uint8_t*> ptrs;
-  for (const auto& pg : pages) {
-    auto buf = DeviceBuffer::FromHost(pg);
-    ASSERT_TRUE(buf.ok());
-    ptrs.push_back(buf->as<uint8_t>());
-    dpages.push_back(*std::move(buf));
-  }
-  if (ptrs.empty()) ptrs.push_back(nullptr);
-  if (kinds.empty()) kinds.push_back(0), counts.push_back(0);
-  std::vector<int32_t> ids = kv.seq_page_ids;
-  if (ids.empty()) ids.push_back(0);
-  auto d_ptrs = DeviceBuffer::FromHost(ptrs);
-  auto d_kinds = DeviceBuffer::FromHost(kinds);
-  auto d_counts = DeviceBuffer::FromHost(counts);
-  auto d_indptr = DeviceBuffer::FromHost(kv.seq_page_indptr);
-  auto d_ids = DeviceBuffer::FromHost(ids);
+  const DeviceTable table(pages, kinds, counts, kv.seq_page_indptr, kv.seq_page_ids);
+  ASSERT_TRUE(table.status().ok()) << table.status();
   auto d_qindptr = DeviceBuffer::FromHost(q_indptr);
   std::vector<float> q_dev = q;  // pre-rotated: q·R_K of the head's KV head
   if (c.prerotated_q) {
@@ -165,18 +205,12 @@ void RunExtend(const ExtendCase& c) {
   auto d_rv = DeviceBuffer::FromHost(rv);
   auto d_out = DeviceBuffer::Create(std::max<size_t>(1, total * Hq * d) * 4);
   auto d_lse = DeviceBuffer::Create(std::max<size_t>(1, total * Hq) * 4);
-  for (auto* b : {&d_ptrs, &d_kinds, &d_counts, &d_indptr, &d_ids, &d_qindptr, &d_q, &d_k, &d_v,
-                  &d_rk, &d_rv, &d_out, &d_lse}) {
+  for (auto* b : {&d_qindptr, &d_q, &d_k, &d_v, &d_rk, &d_rv, &d_out, &d_lse}) {
     ASSERT_TRUE(b->ok()) << b->status();
   }
   ExtendParams p;
   p.shape = DecodeShape{L, H, Hq, d, c.group, c.page_tokens, layer};
-  p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
-  p.table.page_kinds = d_kinds->as<uint8_t>();
-  p.table.page_token_counts = d_counts->as<uint16_t>();
-  p.table.seq_page_indptr = d_indptr->as<int32_t>();
-  p.table.seq_page_ids = d_ids->as<int32_t>();
-  p.table.num_seqs = static_cast<int32_t>(c.prefix.size());
+  table.Fill(p.table, static_cast<int32_t>(c.prefix.size()));
   p.q_indptr = d_qindptr->as<int32_t>();
   p.max_new_tokens = max_new;
   p.q = d_q->as<float>();
@@ -231,47 +265,30 @@ void RunExtend(const ExtendCase& c) {
 }
 
 TEST(ExtendAttentionGpu, MixedPrefixesGqa4) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
-  ExtendCase c;
-  c.prefix = {700, 0, 100, 333};
-  c.new_tokens = {37, 70, 1, 16};
-  RunExtend(c);
+  SKIP_WITHOUT_GPU();
+  RunExtend(Case({700, 0, 100, 333}, {37, 70, 1, 16}, 1));
 }
 
 TEST(ExtendAttentionGpu, GqaGroupsPagesAndUnrotation) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  SKIP_WITHOUT_GPU();
   for (uint32_t gqa : {1u, 8u}) {
-    ExtendCase c;
-    c.prefix = {400, 65};
-    c.new_tokens = {17, 130};
+    ExtendCase c = Case({400, 65}, {17, 130}, 10 + gqa);
     c.gqa = gqa;
-    c.seed = 10 + gqa;
     RunExtend(c);
   }
-  ExtendCase c;
-  c.prefix = {500, 129};
-  c.new_tokens = {33, 5};
+  ExtendCase c = Case({500, 129}, {33, 5}, 21);
   c.group = 64;
   c.page_tokens = 128;
   c.unrotate = true;
-  c.seed = 21;
   RunExtend(c);
 }
 
 // Plain prefill (no pages) and odd lengths: chunks across the 128-row CTAs (32 tokens at GQA
 // 4) and the 64-key tiles, a one-token chunk, a prefix ending mid-slice.
 TEST(ExtendAttentionGpu, PlainPrefillAndOddLengths) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
-  ExtendCase c;
-  c.prefix = {0, 0};
-  c.new_tokens = {203, 65};
-  c.seed = 31;
-  RunExtend(c);
-  ExtendCase d;
-  d.prefix = {1000, 77, 0};
-  d.new_tokens = {129, 1, 300};
-  d.seed = 32;
-  RunExtend(d);
+  SKIP_WITHOUT_GPU();
+  RunExtend(Case({0, 0}, {203, 65}, 31));
+  RunExtend(Case({1000, 77, 0}, {129, 1, 300}, 32));
 }
 
 // Plain prefill over more work items (128-row token blocks x sequences x KV heads) than the
@@ -279,16 +296,13 @@ TEST(ExtendAttentionGpu, PlainPrefillAndOddLengths) {
 // (across KV heads, both rotation buffers, one tile ring), beside a sequence with prefix pages
 // (skipped by that kernel); GQA 1, 4 and 8, with unrotation and with pre-rotated queries.
 TEST(ExtendAttentionGpu, PlainPrefillPersistentCtas) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  SKIP_WITHOUT_GPU();
   for (uint32_t gqa : {1u, 4u, 8u}) {
-    ExtendCase c;
+    ExtendCase c = Case({0, 150, 0}, {900, 40, 517}, 50 + gqa);
     c.kv_heads = 8;
-    c.prefix = {0, 150, 0};
-    c.new_tokens = {900, 40, 517};
     c.gqa = gqa;
     c.unrotate = gqa == 4;
     c.prerotated_q = gqa == 8;
-    c.seed = 50 + gqa;
     RunExtend(c);
   }
 }
@@ -296,19 +310,13 @@ TEST(ExtendAttentionGpu, PlainPrefillPersistentCtas) {
 // GQA 3 (rows 126..127 of each CTA unused) and 2, queries given already rotated (rot_k
 // nullptr), with and without unrotation.
 TEST(ExtendAttentionGpu, Gqa3PaddingRowsAndPrerotatedQueries) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
-  ExtendCase c;
-  c.prefix = {450, 0};
-  c.new_tokens = {97, 50};
+  SKIP_WITHOUT_GPU();
+  ExtendCase c = Case({450, 0}, {97, 50}, 41);
   c.gqa = 3;
-  c.seed = 41;
   RunExtend(c);
-  ExtendCase d;
-  d.prefix = {300, 130};
-  d.new_tokens = {70, 45};
+  ExtendCase d = Case({300, 130}, {70, 45}, 42);
   d.gqa = 2;
   d.prerotated_q = true;
-  d.seed = 42;
   RunExtend(d);
   d.unrotate = true;
   d.seed = 43;
@@ -317,10 +325,8 @@ TEST(ExtendAttentionGpu, Gqa3PaddingRowsAndPrerotatedQueries) {
 
 // The mma.sync kernel (used where the wgmma one cannot run) on the same function.
 TEST(ExtendAttentionGpu, MmaSyncKernel) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
-  ExtendCase c;
-  c.prefix = {700, 0, 100};
-  c.new_tokens = {37, 70, 1};
+  SKIP_WITHOUT_GPU();
+  ExtendCase c = Case({700, 0, 100}, {37, 70, 1}, 1);
   c.mma_kernel = true;
   RunExtend(c);
 }
@@ -330,7 +336,7 @@ TEST(ExtendAttentionGpu, MmaSyncKernel) {
 // following rows as new tokens, queries the dump's plus noise; groups 128 and 64; and the same
 // rows as a plain prefill (no pages).
 TEST(ExtendAttentionGpu, RealKvOfTheReferenceModel) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  SKIP_WITHOUT_GPU();
   std::string path = "bench/testdata/refmodel_kv.bin";
   if (const char* src = std::getenv("OSCARKV_SOURCE_DIR")) path = std::string(src) + "/" + path;
   std::ifstream in(path, std::ios::binary);
@@ -351,10 +357,8 @@ TEST(ExtendAttentionGpu, RealKvOfTheReferenceModel) {
   in.read(reinterpret_cast<char*>(q.data()), q.size() * 4);
   ASSERT_TRUE(in.good());
   ASSERT_GE(n, 600u);
-  for (uint32_t group : {128u, 64u}) {
-    ExtendCase c;
-    c.prefix = {450};
-    c.new_tokens = {150};
+  auto real_case = [&](uint32_t prefix, int32_t new_tokens, uint32_t group, uint32_t seed) {
+    ExtendCase c = Case({prefix}, {new_tokens}, seed);
     c.kv_heads = H;
     c.gqa = Hq / H;
     c.group = group;
@@ -362,27 +366,17 @@ TEST(ExtendAttentionGpu, RealKvOfTheReferenceModel) {
     c.real_k = &k;
     c.real_v = &v;
     c.real_q = &q;
-    c.seed = 50 + group;
     RunExtend(c);
-  }
-  ExtendCase c;
-  c.prefix = {0};
-  c.new_tokens = {static_cast<int32_t>(std::min(n, 600u))};
-  c.kv_heads = H;
-  c.gqa = Hq / H;
-  c.unrotate = true;
-  c.real_k = &k;
-  c.real_v = &v;
-  c.real_q = &q;
-  c.seed = 60;
-  RunExtend(c);
+  };
+  for (uint32_t group : {128u, 64u}) real_case(450, 150, group, 50 + group);
+  real_case(0, static_cast<int32_t>(std::min(n, 600u)), 128, 60);
 }
 
 // A launch captured in a CUDA graph with a plan sized for a maximum, replayed after the device
 // lengths (q_indptr) and page table (seq_page_ids) changed: the replay's outputs equal an eager
 // launch's on the same data.
 TEST(ExtendAttentionGpu, GraphReplayWithOtherLengthsAndPages) {
-  if (!HaveCudaDevice()) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+  SKIP_WITHOUT_GPU();
   CodecProfile prof;
   prof.model_id = "test";
   prof.model_revision = "1";
@@ -409,26 +403,15 @@ TEST(ExtendAttentionGpu, GraphReplayWithOtherLengthsAndPages) {
     }
   }
   const int32_t per = static_cast<int32_t>(pages.size() / 2), max_new = 96, max_total = 2 * max_new;
-  std::vector<DeviceBuffer> dpages;
-  std::vector<const uint8_t*> ptrs;
-  for (const auto& pg : pages) {
-    auto buf = DeviceBuffer::FromHost(pg);
-    ASSERT_TRUE(buf.ok());
-    ptrs.push_back(buf->as<uint8_t>());
-    dpages.push_back(*std::move(buf));
-  }
   std::vector<int32_t> ids(2 * per), swapped(2 * per);
   for (int32_t i = 0; i < 2 * per; ++i) ids[i] = i, swapped[i] = (i + per) % (2 * per);
+  const DeviceTable table(pages, kinds, counts, {0, per, 2 * per}, ids);
+  ASSERT_TRUE(table.status().ok()) << table.status();
   std::vector<float> q(size_t{max_total} * Hq * d);
   for (auto& x : q) x = nd(rng);
   std::vector<uint16_t> kn(size_t{max_total} * H * d), vn(kn.size());
   for (auto& x : kn) x = FloatToBf16(nd(rng));
   for (auto& x : vn) x = FloatToBf16(nd(rng));
-  auto d_ptrs = DeviceBuffer::FromHost(ptrs);
-  auto d_kinds = DeviceBuffer::FromHost(kinds);
-  auto d_counts = DeviceBuffer::FromHost(counts);
-  auto d_indptr = DeviceBuffer::FromHost(std::vector<int32_t>{0, per, 2 * per});
-  auto d_ids = DeviceBuffer::FromHost(ids);
   auto d_qindptr = DeviceBuffer::FromHost(std::vector<int32_t>{0, 50, 90});
   auto d_q = DeviceBuffer::FromHost(q);
   auto d_k = DeviceBuffer::FromHost(kn);
@@ -437,18 +420,12 @@ TEST(ExtendAttentionGpu, GraphReplayWithOtherLengthsAndPages) {
   auto d_rk = DeviceBuffer::FromHost(rk);
   auto d_out = DeviceBuffer::Create(size_t{max_total} * Hq * d * 4);
   auto d_lse = DeviceBuffer::Create(size_t{max_total} * Hq * 4);
-  for (auto* b : {&d_ptrs, &d_kinds, &d_counts, &d_indptr, &d_ids, &d_qindptr, &d_q, &d_k, &d_v, &d_rk,
-                  &d_out, &d_lse}) {
+  for (auto* b : {&d_qindptr, &d_q, &d_k, &d_v, &d_rk, &d_out, &d_lse}) {
     ASSERT_TRUE(b->ok()) << b->status();
   }
   ExtendParams p;
   p.shape = DecodeShape{1, H, Hq, d, 128, 64, 0};
-  p.table.page_ptrs = d_ptrs->as<const uint8_t*>();
-  p.table.page_kinds = d_kinds->as<uint8_t>();
-  p.table.page_token_counts = d_counts->as<uint16_t>();
-  p.table.seq_page_indptr = d_indptr->as<int32_t>();
-  p.table.seq_page_ids = d_ids->as<int32_t>();
-  p.table.num_seqs = 2;
+  table.Fill(p.table, 2);
   p.q_indptr = d_qindptr->as<int32_t>();
   p.max_new_tokens = max_new;
   p.q = d_q->as<float>();

@@ -65,6 +65,21 @@ struct WriteCase {
   const std::vector<uint16_t>* real_v = nullptr;
 };
 
+// Writes of one layer (of a one-layer page).
+void OneLayer(WriteCase& c) {
+  c.layers = 1;
+  c.first_layer = 0;
+  c.layer_count = 1;
+}
+// Rotated writes with R as fp16 only (R to ~2^-12: a bf16 rounding boundary, an INT2 step or a
+// range candidate's tie is crossed more often than with hi + lo).
+void HiOnlyTolerances(WriteCase& c) {
+  c.loose = true;
+  c.code_frac = 0.01;
+  c.bf16_frac = 0.15;
+  c.far_group_frac = 0.05;
+}
+
 struct Pages {
   std::vector<std::vector<uint8_t>> host;  // reference output
   std::vector<uint8_t> kinds;
@@ -498,19 +513,12 @@ TEST(QuantizeWriteGpu, ManyTilesPerCtaBitExact) {
       c.group = g;
       c.rotate = rotate;
       c.precise = false;
-      c.layers = 1;
-      c.first_layer = 0;
-      c.layer_count = 1;
+      OneLayer(c);
       c.tokens = 20011;
       c.range_modes = rotate ? std::vector<uint8_t>{3} : std::vector<uint8_t>{0, 3, 1, 3};
       c.clip_values = {1.0f, 1.0f, 0.96f, 1.0f};
       c.seed = 500 + g + rotate;
-      if (rotate) {
-        c.loose = true;
-        c.code_frac = 0.01;
-        c.bf16_frac = 0.15;
-        c.far_group_frac = 0.05;
-      }
+      if (rotate) HiOnlyTolerances(c);
       RunWrite(c);
     }
   }
@@ -544,11 +552,7 @@ TEST(QuantizeWriteGpu, RotatedDefaultCodecWithinOneStep) {
       c.clip_values = clip ? std::vector<float>{0.96f, 0.92f} : std::vector<float>{1.0f};
       c.seed = 11 + g + precise + 2 * clip;
       c.loose = true;
-      if (!precise) {  // R to ~2^-12: a bf16 rounding boundary is crossed more often
-        c.code_frac = 0.01;
-        c.bf16_frac = 0.15;
-        c.far_group_frac = 0.05;
-      }
+      if (!precise) HiOnlyTolerances(c);
       SCOPED_TRACE(std::string(precise ? "R hi+lo" : "R hi only") + (clip ? ", clip" : ", no clip"));
       RunWrite(c);
     }
@@ -715,41 +719,32 @@ TEST(QuantizeWriteGpu, RealRowsOfTheReferenceModel) {
   in.read(reinterpret_cast<char*>(k.data()), k.size() * 2);
   in.read(reinterpret_cast<char*>(v.data()), v.size() * 2);
   ASSERT_TRUE(in.good());
-  for (bool rotate : {false, true}) {
+  auto real_case = [&] {
     WriteCase c;
     c.kv_heads = H;
-    c.layers = 1;
-    c.first_layer = 0;
-    c.layer_count = 1;
+    OneLayer(c);
     c.tokens = static_cast<int32_t>(n);
-    c.rotate = rotate;
-    c.clip_values = {0.96f, 0.96f, 0.92f, 0.92f};  // K heads, then V heads
     c.real_k = &k;
     c.real_v = &v;
+    return c;
+  };
+  for (bool rotate : {false, true}) {
+    WriteCase c = real_case();
+    c.rotate = rotate;
+    c.clip_values = {0.96f, 0.96f, 0.92f, 0.92f};  // K heads, then V heads
     RunWrite(c);
   }
   // The default codec (no clip, unbiased ranges): unrotated bit for bit; rotated with R as
   // fp16 hi + lo and as fp16 only, the printed code mismatches against the fp32 CPU rotation
   // measure what the fp16-only R costs on real rows.
   for (int variant = 0; variant < 3; ++variant) {
-    WriteCase c;
-    c.kv_heads = H;
-    c.layers = 1;
-    c.first_layer = 0;
-    c.layer_count = 1;
-    c.tokens = static_cast<int32_t>(n);
+    WriteCase c = real_case();
     c.rotate = variant > 0;
     c.precise = variant == 1;
     c.range_mode = RangeMode::kUnbiased;
     c.clip_values = {1.0f};
     c.loose = true;
-    if (variant == 2) {
-      c.code_frac = 0.01;
-      c.bf16_frac = 0.15;
-      c.far_group_frac = 0.05;
-    }
-    c.real_k = &k;
-    c.real_v = &v;
+    if (variant == 2) HiOnlyTolerances(c);
     SCOPED_TRACE(variant == 0 ? "unrotated" : variant == 1 ? "R hi+lo" : "R hi only");
     RunWrite(c);
   }
