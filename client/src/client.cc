@@ -16,6 +16,7 @@
 #include "oscarkv/util/status_macros.h"
 #include "oscarkv/v1/oscarkv.grpc.pb.h"
 #include "client_internal.h"
+#include "client_session.h"
 #include "credentials.h"
 #include "local_channel.h"
 #include "oscarkv/proto/codec_convert.h"
@@ -79,124 +80,46 @@ class GrpcClient final : public Client {
   }
 
   absl::Status Init() {
-    pb::HandshakeRequest req;
-    req.set_wire_version(pb::WIRE_VERSION_1);
-    req.set_client_name(options_.client_name);
-    pb::HandshakeResponse resp;
-    auto ctx = rpc_->Context();
-    OSCARKV_RETURN_IF_ERROR(FromGrpc(rpc_->stub().Handshake(ctx.get(), req, &resp),
-                                     absl::StrCat("handshake with oscarkvd at ", options_.address)));
-    if (resp.wire_version() != pb::WIRE_VERSION_1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "oscarkvd at ", options_.address, " speaks wire version ", resp.wire_version(),
-          ", this client ", int{pb::WIRE_VERSION_1}));
-    }
-    server_.server_version = resp.server_version();
-    server_.node_id = resp.node_id();
-    server_.shm_path = resp.shm_path();
-    server_.shm_bytes = resp.shm_bytes();
-    server_.max_batch = resp.max_batch() ? resp.max_batch() : 1024;
-    if (options_.data_path != DataPath::kGrpc && !resp.shm_isolated()) {
-      auto m = ShmMapping::Map(server_.shm_path, server_.shm_bytes);
-      if (m.ok()) {
-        shm_ = std::move(*m);
-      } else if (options_.data_path == DataPath::kSharedMemory) {
-        return m.status();
-      }
-    }
-    server_.local_socket = resp.local_socket();
-    if (!options_.shared_namespace.empty() && options_.lookup_path == LookupPath::kLocal) {
-      return absl::InvalidArgumentError(
-          "a shared_namespace client looks up over gRPC: the local socket serves a tenant's own "
-          "namespace only (use lookup_path kAuto or kGrpc)");
-    }
-    if (options_.lookup_path != LookupPath::kGrpc && options_.shared_namespace.empty()) {
-      if (server_.local_socket.empty()) {
-        if (options_.lookup_path == LookupPath::kLocal) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "oscarkvd at ", options_.address, " serves no local control socket (--local-socket off?)"));
-        }
-      } else {
-        auto ch = LocalChannel::Open(server_.local_socket, options_.client_name, resp.instance_id(),
-                                     options_.rpc_timeout_ms, !options_.dedicated_connection);
-        if (ch.ok() && (*ch)->tenant() != resp.tenant()) {
-          // Tenants: the socket knows this process by its uid, gRPC by its certificate. Lookups
-          // must act for the tenant the stores act for.
-          ch = absl::FailedPreconditionError(absl::StrCat(
-              "the daemon serves this process's uid as tenant '", (*ch)->tenant(),
-              "' but its certificate as tenant '", resp.tenant(), "'"));
-        }
-        if (ch.ok()) {
-          local_ = std::move(*ch);
-        } else if (options_.lookup_path == LookupPath::kLocal) {
-          return absl::Status(ch.status().code(),
-                              absl::StrCat("local control socket of oscarkvd at ", options_.address,
-                                           ": ", ch.status().message()));
-        }  // kAuto: another host (or no access): gRPC
-      }
-    }
-    server_.lookup_path = local_ ? LookupPath::kLocal : LookupPath::kGrpc;
-    if (options_.data_path != DataPath::kGrpc && resp.shm_isolated()) {
-      // Isolated pool: mapped read-only from a descriptor the local socket passes; stores go
-      // through a staging region of ours. Needs the local socket (same host).
-      absl::Status why = absl::FailedPreconditionError(
-          "the daemon's isolated pool needs its local socket, which this client could not use");
-      std::shared_ptr<LocalChannel> ch = local_;
-      if (ch == nullptr && !server_.local_socket.empty()) {
-        auto opened = LocalChannel::Open(server_.local_socket, options_.client_name,
-                                         resp.instance_id(), options_.rpc_timeout_ms,
-                                         /*shared=*/false);
-        if (opened.ok() && (*opened)->tenant() != resp.tenant()) {
-          // Staged writes act for the socket's tenant (the uid's), Reserve and Commit for the
-          // certificate's: they must be the same tenant.
-          why = absl::FailedPreconditionError(absl::StrCat(
-              "the daemon serves this process's uid as tenant '", (*opened)->tenant(),
-              "' but its certificate as tenant '", resp.tenant(), "'"));
-        } else if (opened.ok()) {
-          ch = std::move(*opened);
-        } else {
-          why = opened.status();
-        }
-      }
-      if (ch != nullptr) {
-        auto st = ShmStaging::Open(*ch, server_.shm_bytes);
-        if (st.ok()) {
-          staging_ = std::move(*st);
-        } else {
-          why = st.status();
-        }
-      }
-      if (staging_ != nullptr && staging_->pool() == nullptr) {
-        // A tenant maps no pool: its loads go through a load staging region of its own.
-        auto ls = ShmLoadStaging::Open(*ch);
-        if (ls.ok()) {
-          source_ = std::move(*ls);
-        } else if (options_.data_path == DataPath::kSharedMemory) {
-          return absl::Status(ls.status().code(), absl::StrCat("shared memory of oscarkvd at ",
-                                                               options_.address, ": ",
-                                                               ls.status().message()));
-        }
-      }
-      if (staging_ == nullptr && options_.data_path == DataPath::kSharedMemory) {
-        return absl::Status(why.code(), absl::StrCat("shared memory of oscarkvd at ",
-                                                     options_.address, ": ", why.message()));
-      }
-    }
-    const ShmMapping* pool = staging_ ? staging_->pool() : shm_.get();
-    server_.data_path =
-        pool != nullptr || source_ != nullptr ? DataPath::kSharedMemory : DataPath::kGrpc;
-    if (pool != nullptr) {
-      source_ = std::make_unique<ShmPageSource>(*pool);
-    } else if (source_ == nullptr) {
-      source_ = std::make_unique<StreamPageSource>(*rpc_, /*by_key=*/true);
+    OSCARKV_ASSIGN_OR_RETURN(std::shared_ptr<Session> first, OpenSession(*rpc_, options_));
+    server_ = first->server;
+    {
+      absl::MutexLock lock(&session_mu_);
+      session_ = std::move(first);
     }
     pool_ = std::make_unique<TaskPool>(options_.async_threads);
     return absl::OkStatus();
   }
 
+  // The session of the daemon instance behind the address. When the current one is stale (its
+  // daemon was restarted: see Session::Stale; `probe` also polls the staging and load
+  // connections, one system call each) a new one is opened first -- handshake, local socket,
+  // staging and load regions attached again -- and replaces it; calls still running on the old
+  // one finish on it. When the daemon does not answer yet, the old session is returned and the
+  // call fails on it as it would have (the next call tries again).
+  std::shared_ptr<Session> Current(bool probe) {
+    std::shared_ptr<Session> s;
+    {
+      absl::MutexLock lock(&session_mu_);
+      s = session_;
+    }
+    if (!s->Stale(probe)) return s;
+    absl::MutexLock one(&reconnect_mu_);  // one reconnect at a time
+    {
+      absl::MutexLock lock(&session_mu_);
+      if (session_ != s) return session_;  // another call reconnected meanwhile
+    }
+    auto fresh = OpenSession(*rpc_, options_);
+    if (!fresh.ok()) return s;
+    absl::MutexLock lock(&session_mu_);
+    session_ = *fresh;
+    server_ = session_->server;
+    return session_;
+  }
+
   const ServerInfo& server() const override { return server_; }
   ClientCore core() {
-    return ClientCore{rpc_, source_.get(), staging_ ? staging_->pool() : shm_.get()};
+    std::shared_ptr<Session> s = Current(/*probe=*/true);
+    return ClientCore{rpc_, s->source.get(), s->pool(), s};
   }
   const ConnectOptions& options() const override { return options_; }
 
@@ -237,10 +160,18 @@ class GrpcClient final : public Client {
   absl::StatusOr<LookupResult> Lookup(const Codec& codec, std::span<const BlockKey> keys,
                                       const LookupOptions& opts) override {
     LookupResult out;
-    for (size_t begin = 0; begin < keys.size(); begin += server_.max_batch) {
-      const size_t n = std::min<size_t>(server_.max_batch, keys.size() - begin);
+    std::shared_ptr<Session> session = Current(/*probe=*/false);
+    const uint32_t max_batch = session->server.max_batch;
+    for (size_t begin = 0; begin < keys.size(); begin += max_batch) {
+      const size_t n = std::min<size_t>(max_batch, keys.size() - begin);
       pb::LookupResponse resp;
-      absl::Status s = LookupChunk(codec, keys.subspan(begin, n), opts, &resp);
+      absl::Status s = LookupChunk(*session, codec, keys.subspan(begin, n), opts, &resp);
+      if (!s.ok() && begin == 0 && session->Stale(/*probe=*/false)) {
+        // The daemon was restarted under this call: once more, on the new instance.
+        session = Current(/*probe=*/false);
+        resp.Clear();
+        s = LookupChunk(*session, codec, keys.subspan(begin, n), opts, &resp);
+      }
       if (!s.ok()) {
         Release(out).IgnoreError();
         return s;
@@ -268,8 +199,10 @@ class GrpcClient final : public Client {
 
   void LookupAsync(const Codec& codec, std::span<const BlockKey> keys, const LookupOptions& opts,
                    std::function<void(absl::StatusOr<LookupResult>)> done) override {
-    if (keys.size() > server_.max_batch ||
-        (local_ != nullptr && keys.size() > local::kMaxLookupKeys)) {
+    const std::shared_ptr<Session> session = Current(/*probe=*/false);
+    LocalChannel* const local = session->local.get();
+    if (keys.size() > session->server.max_batch ||
+        (local != nullptr && keys.size() > local::kMaxLookupKeys)) {
       std::vector<BlockKey> copy(keys.begin(), keys.end());
       Submit([this, codec, copy = std::move(copy), opts, done = std::move(done)] {
         done(Lookup(codec, copy, opts));
@@ -281,8 +214,9 @@ class GrpcClient final : public Client {
       return;
     }
     inflight_.fetch_add(1, std::memory_order_relaxed);
-    if (local_ != nullptr) {
-      LookupAsyncLocal(codec, keys, opts, std::move(done));
+    if (local != nullptr) {
+      // The channel outlives the answer: its destructor fails what is still pending.
+      LookupAsyncLocal(*local, codec, keys, opts, std::move(done));
       return;
     }
     LookupCall* call = TakeCall();
@@ -309,7 +243,7 @@ class GrpcClient final : public Client {
 
   // LookupAsync over the local socket: pipelined on its async connection; `done` runs on its
   // reader thread. The caller counted the call in inflight_.
-  void LookupAsyncLocal(const Codec& codec, std::span<const BlockKey> keys,
+  void LookupAsyncLocal(LocalChannel& channel, const Codec& codec, std::span<const BlockKey> keys,
                         const LookupOptions& opts,
                         std::function<void(absl::StatusOr<LookupResult>)> done) {
     thread_local pb::LookupRequest req;  // reused: keeps its key strings' buffers
@@ -320,7 +254,7 @@ class GrpcClient final : public Client {
     }
     req.set_pin(opts.pin);
     req.set_lease_ms(opts.lease_ms);
-    local_->CallAsync(
+    channel.CallAsync(
         local::Method::kLookup, req, "Lookup",
         [this, n = keys.size(), pin = opts.pin, done = std::move(done)](
             absl::Status s, const char* body, size_t body_bytes) {
@@ -370,7 +304,13 @@ class GrpcClient final : public Client {
     pb::ReleaseRequest req;
     req.set_lease_id(lease_id);
     pb::ReleaseResponse resp;
-    if (local_ != nullptr) return local_->Call(local::Method::kRelease, req, &resp, "Release");
+    const std::shared_ptr<Session> session = Current(/*probe=*/false);
+    if (session->local != nullptr) {
+      absl::Status s = session->local->Call(local::Method::kRelease, req, &resp, "Release");
+      // A lease of the instance that is gone is gone with it; the new one does not know it.
+      if (!s.ok() && session->local->Stale()) return absl::OkStatus();
+      return s;
+    }
     auto ctx = rpc_->Context();
     return FromGrpc(rpc_->stub().Release(ctx.get(), req, &resp), "Release");
   }
@@ -378,10 +318,12 @@ class GrpcClient final : public Client {
   absl::StatusOr<StoreResult> Store(const Codec& codec,
                                     std::span<const PageWrite> pages) override {
     // A shared-namespace client reserves over gRPC: the socket acts for its own namespace.
+    const std::shared_ptr<Session> session = Current(/*probe=*/true);
+    ShmStaging* const staging = session->staging.get();
     const bool local_reserve =
-        staging_ != nullptr && staging_->reserve_frames() && options_.shared_namespace.empty();
-    return StorePages(StoreTarget{*rpc_, staging_ ? staging_->pool() : shm_.get(),
-                                  staging_.get(), local_reserve, server_.max_batch, options_},
+        staging != nullptr && staging->reserve_frames() && options_.shared_namespace.empty();
+    return StorePages(StoreTarget{*rpc_, session->pool(), staging, local_reserve,
+                                  session->server.max_batch, options_},
                       codec, pages);
   }
 
@@ -435,8 +377,9 @@ class GrpcClient final : public Client {
   absl::StatusOr<std::vector<absl::Status>> Delete(const Codec& codec,
                                                    std::span<const BlockKey> keys) override {
     std::vector<absl::Status> out;
-    for (size_t begin = 0; begin < keys.size(); begin += server_.max_batch) {
-      const size_t n = std::min<size_t>(server_.max_batch, keys.size() - begin);
+    const uint32_t max_batch = Current(/*probe=*/false)->server.max_batch;
+    for (size_t begin = 0; begin < keys.size(); begin += max_batch) {
+      const size_t n = std::min<size_t>(max_batch, keys.size() - begin);
       pb::DeleteRequest req;
       req.set_codec_id(IdBytes(codec.id));
       for (const BlockKey& k : keys.subspan(begin, n)) req.add_keys(KeyBytes(k));
@@ -483,7 +426,8 @@ class GrpcClient final : public Client {
   void Submit(std::function<void()> task) override { pool_->Submit(std::move(task)); }
 
  private:
-  absl::Status LookupChunk(const Codec& codec, std::span<const BlockKey> keys,
+  absl::Status LookupChunk(const Session& session, const Codec& codec,
+                           std::span<const BlockKey> keys,
                            const LookupOptions& opts, pb::LookupResponse* resp) {
     // Reused per thread: a cleared request keeps its key strings' buffers (no malloc per key).
     thread_local pb::LookupRequest req;
@@ -494,8 +438,8 @@ class GrpcClient final : public Client {
     }
     req.set_pin(opts.pin);
     req.set_lease_ms(opts.lease_ms);
-    if (local_ != nullptr && keys.size() <= local::kMaxLookupKeys) {
-      OSCARKV_RETURN_IF_ERROR(local_->Call(local::Method::kLookup, req, resp, "Lookup"));
+    if (session.local != nullptr && keys.size() <= local::kMaxLookupKeys) {
+      OSCARKV_RETURN_IF_ERROR(session.local->Call(local::Method::kLookup, req, resp, "Lookup"));
     } else {
       auto ctx = rpc_->Context();
       OSCARKV_RETURN_IF_ERROR(FromGrpc(rpc_->stub().Lookup(ctx.get(), req, resp), "Lookup"));
@@ -517,11 +461,21 @@ class GrpcClient final : public Client {
                           std::vector<uint64_t>* sizes = nullptr,
                           absl::Status* release_status = nullptr) {
     size_t loaded = 0;
-    for (size_t begin = 0; begin < keys.size(); begin += server_.max_batch) {
-      const size_t n = std::min<size_t>(server_.max_batch, keys.size() - begin);
+    // One session for the whole load: the pages are pinned in, and copied out of, one instance.
+    std::shared_ptr<Session> session = Current(/*probe=*/true);
+    const uint32_t max_batch = session->server.max_batch;
+    for (size_t begin = 0; begin < keys.size(); begin += max_batch) {
+      const size_t n = std::min<size_t>(max_batch, keys.size() - begin);
       pb::LookupResponse resp;
-      OSCARKV_RETURN_IF_ERROR(
-          LookupChunk(codec, keys.subspan(begin, n), LookupOptions{.pin = true}, &resp));
+      absl::Status looked = LookupChunk(*session, codec, keys.subspan(begin, n),
+                                        LookupOptions{.pin = true}, &resp);
+      if (!looked.ok() && begin == 0 && session->Stale(/*probe=*/false)) {
+        session = Current(/*probe=*/true);  // restarted under this call: on the new instance
+        resp.Clear();
+        looked = LookupChunk(*session, codec, keys.subspan(begin, n), LookupOptions{.pin = true},
+                             &resp);
+      }
+      OSCARKV_RETURN_IF_ERROR(looked);
       const size_t m = resp.matched();
       std::vector<PageRef> refs;
       absl::Status s;
@@ -541,7 +495,8 @@ class GrpcClient final : public Client {
         std::vector<std::span<uint8_t>> out =
             dst != nullptr ? std::vector<std::span<uint8_t>>(dst->begin() + loaded, dst->end())
                            : OwnedBuffers(refs, owned);
-        s = FetchVerified(codec, resp.lease_id(), refs, out, *source_, options_.verify_checksums,
+        s = FetchVerified(codec, resp.lease_id(), refs, out, *session->source,
+                          options_.verify_checksums,
                           loaded, &corrupt);
       }
       // Synchronous on purpose: when Load returns, the pages are no longer pinned (a Delete or
@@ -610,12 +565,11 @@ class GrpcClient final : public Client {
 
   const ConnectOptions options_;
   const std::shared_ptr<RpcCore> rpc_;
+  // What the last (re)connect said; the daemon's current session below.
   ServerInfo server_;
-  std::unique_ptr<ShmMapping> shm_;         // trusted mode: the pool file, read-write
-  std::unique_ptr<ShmStaging> staging_;     // isolated mode: read-only pool + staging
-  // The load data path: the pool mapped here, a tenant's load staging (ShmLoadStaging), or gRPC.
-  std::unique_ptr<PageSource> source_;
-  std::shared_ptr<LocalChannel> local_;  // set: Lookup/Release go over the local socket
+  absl::Mutex reconnect_mu_;  // held while a new session is opened (Current)
+  absl::Mutex session_mu_;
+  std::shared_ptr<Session> session_ ABSL_GUARDED_BY(session_mu_);
   std::unique_ptr<TaskPool> pool_;
   std::atomic<int> inflight_{0};  // callback-API calls whose callback has not returned
   absl::Mutex calls_mu_;

@@ -18,6 +18,9 @@ struct ClientCore {
   std::shared_ptr<RpcCore> rpc;
   PageSource* source = nullptr;     // the Client's data path: shared memory or gRPC by key
   const ShmMapping* shm = nullptr;  // null when the pool is not mapped here
+  // Keeps `source` and `shm` alive (the Client's session of one daemon instance): a Client that
+  // reconnects after a daemon restart does not take them from under a holder of this core.
+  std::shared_ptr<const void> keep;
 };
 
 // INTERNAL when `c` was not made by Client::Connect.

@@ -162,6 +162,8 @@ absl::StatusOr<int> LocalChannel::Dial(int64_t recv_timeout_ms, std::string* ten
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path_.data(), path_.size());
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    // Once open, the socket of this instance gone means the daemon is (or was) down.
+    if (errno == ENOENT || errno == ECONNREFUSED) stale_.store(true, std::memory_order_relaxed);
     return fail(absl::UnavailableError(
         absl::StrCat("cannot connect to ", path_, ": ", std::strerror(errno))));
   }
@@ -187,8 +189,17 @@ absl::StatusOr<int> LocalChannel::Dial(int64_t recv_timeout_ms, std::string* ten
         "local socket ", path_, " speaks wire version ", resp.wire_version())));
   }
   if (instance_ != 0 && resp.instance_id() != instance_) {
-    return fail(absl::FailedPreconditionError(absl::StrCat(
-        "local socket ", path_, " belongs to another oscarkvd than the one at the gRPC address")));
+    // The daemon was restarted (or another one took the path): this channel can never be used
+    // again; the Client reconnects on its next call (Stale()).
+    // Open's first dial (the one that learns the tenant) is told of a mismatch for good.
+    if (tenant != nullptr) {
+      return fail(absl::FailedPreconditionError(absl::StrCat(
+          "local socket ", path_, " belongs to another oscarkvd than the one at the gRPC address")));
+    }
+    stale_.store(true, std::memory_order_relaxed);
+    return fail(absl::UnavailableError(absl::StrCat(
+        "local socket ", path_, " now belongs to another oscarkvd instance than the one this "
+        "client connected to (restarted?): the next call reconnects")));
   }
   if (recv_timeout_ms != timeout_ms_) SetTimeout(fd, SO_RCVTIMEO, recv_timeout_ms);
   if (tenant != nullptr) *tenant = resp.tenant();
@@ -259,16 +270,27 @@ absl::Status LocalChannel::Call(local::Method method, const google::protobuf::Me
   std::string* frame = FrameBuffer();
   if (absl::Status s = BuildFrame(method, id, req, frame); !s.ok()) return Prefixed(s, what);
   int fd = TakeIdle();
+  const bool pooled = fd >= 0;
   if (fd < 0) {
     auto d = Dial(timeout_ms_);
     if (!d.ok()) return Prefixed(d.status(), what);
     fd = *d;
   }
-  if (absl::Status s = SendAll(fd, *frame); !s.ok()) {
+  auto exchange = [&](int conn) -> absl::StatusOr<Frame> {
+    if (absl::Status sent = SendAll(conn, *frame); !sent.ok()) return sent;
+    return RecvFrame(conn, RecvBuffer());
+  };
+  absl::StatusOr<Frame> f = exchange(fd);
+  if (!f.ok() && pooled && absl::IsUnavailable(f.status())) {
+    // An idle connection the daemon closed (it stopped, or was restarted: the dial below then
+    // finds another instance and marks this channel stale). Nothing was answered on it, so the
+    // call goes once more on a new connection.
     ::close(fd);
-    return Prefixed(s, what);
+    auto d = Dial(timeout_ms_);
+    if (!d.ok()) return Prefixed(d.status(), what);
+    fd = *d;
+    f = exchange(fd);
   }
-  auto f = RecvFrame(fd, RecvBuffer());
   if (!f.ok()) {
     ::close(fd);  // a late answer must never be read as the next call's
     return Prefixed(f.status(), what);

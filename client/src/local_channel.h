@@ -13,6 +13,7 @@
 //   to the same daemon instance, like gRPC's shared HTTP/2 connection.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -56,6 +57,9 @@ class LocalChannel {
   // The tenant the daemon serves this process as on the socket (its uid's; "" without tenants):
   // the client uses the socket only when it is the tenant of its gRPC certificate too.
   const std::string& tenant() const { return tenant_; }
+  // True once a dial found the instance this channel serves gone (the socket path missing or
+  // refusing, or answered by another instance: a restarted daemon). Never false again.
+  bool Stale() const { return stale_.load(std::memory_order_relaxed); }
   // A new connection of its own (handshaken, instance checked) for the caller to own and close:
   // the staging connection of isolated shared memory (shm_staging.h).
   absl::StatusOr<int> DialDedicated() { return Dial(timeout_ms_); }
@@ -86,6 +90,7 @@ class LocalChannel {
   const uint64_t instance_;
   std::string tenant_;  // set once, by Open
   const int64_t timeout_ms_;
+  std::atomic<bool> stale_{false};
 
   // std::mutex, not absl::Mutex: no per-acquisition deadlock-graph work (Debian's Abseil) on a
   // path meant to cost a few microseconds.

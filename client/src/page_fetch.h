@@ -37,6 +37,9 @@ class PageSource {
   virtual absl::Status Fetch(uint64_t lease_id, std::span<const PageRef> pages,
                              std::span<const std::span<uint8_t>> dst, bool hash,
                              std::vector<std::optional<uint64_t>>* digests) = 0;
+  // True when this source can never fetch again (a connection of its own to a daemon that is
+  // gone); the Client then reconnects. Sources without a connection of their own: false.
+  virtual bool Broken() { return false; }
 };
 
 // Copies out of the daemon's pool mapped in this process.

@@ -1,5 +1,6 @@
 #include "shm_load_staging.h"
 
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -65,6 +66,17 @@ absl::StatusOr<std::unique_ptr<ShmLoadStaging>> ShmLoadStaging::Attach(int sock)
 ShmLoadStaging::~ShmLoadStaging() {
   ::munmap(const_cast<uint8_t*>(region_), region_bytes_);
   ::close(sock_);
+}
+
+bool ShmLoadStaging::Broken() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;  // a load is running: it finds out itself
+  if (!broken_.ok()) return true;
+  pollfd p{sock_, POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) == 0) return false;
+  ::shutdown(sock_, SHUT_RDWR);
+  broken_ = absl::UnavailableError("load staging connection: the daemon closed it");
+  return true;
 }
 
 absl::Status ShmLoadStaging::Fetch(uint64_t lease_id, std::span<const PageRef> pages,

@@ -42,6 +42,10 @@ class ShmLoadStaging final : public PageSource {
   ShmLoadStaging(const ShmLoadStaging&) = delete;
   ShmLoadStaging& operator=(const ShmLoadStaging&) = delete;
 
+  // The connection is unusable (see ShmStaging::Broken: a break seen by a load, or, while no
+  // load runs, EOF or anything else arriving on it). Never false again.
+  bool Broken() override;
+
   // PageSource: pages[i] (pinned by `lease_id`, asked for by key) into dst[i]. UNAVAILABLE when
   // the connection broke (later calls fail the same way); the daemon's per-chunk refusal
   // (NOT_FOUND: not this tenant's lease or key) otherwise.

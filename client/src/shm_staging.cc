@@ -87,6 +87,21 @@ ShmStaging::~ShmStaging() {
   ::close(sock_);
 }
 
+void ShmStaging::Break() {
+  broken_.store(true, std::memory_order_relaxed);
+  ::shutdown(sock_, SHUT_RDWR);
+}
+
+bool ShmStaging::Broken() {
+  if (broken_.load(std::memory_order_relaxed)) return true;
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;  // a store is running: it finds out itself
+  pollfd p{sock_, POLLIN | POLLRDHUP, 0};
+  if (::poll(&p, 1, 0) == 0) return false;
+  Break();
+  return true;
+}
+
 namespace {
 
 // A page in equal pieces of at most a slot each: one piece (one frame) for a page of up to
@@ -125,7 +140,7 @@ absl::Status ShmStaging::ReserveAndStage(const pb::ReserveRequest& reserve,
   }
   const uint64_t id = next_id_++;
   if (absl::Status s = SendLocalFrame(sock_, local::Method::kReserve, id, reserve); !s.ok()) {
-    ::shutdown(sock_, SHUT_RDWR);
+    Break();
     return s;
   }
   // While the daemon reserves: the first chunks into staging, until its answer is here or the
@@ -145,14 +160,14 @@ absl::Status ShmStaging::ReserveAndStage(const pb::ReserveRequest& reserve,
   }
   auto a = RecvLocalAnswer(sock_, id, &rx_);
   if (!a.ok()) {
-    ::shutdown(sock_, SHUT_RDWR);  // the answer may still come: the connection is unusable
+    Break();  // the answer may still come: the connection is unusable
     return a.status();
   }
   if (a->fd >= 0) ::close(a->fd);
   if (!a->status.ok()) return absl::Status(a->status.code(), absl::StrCat("Reserve: ", a->status.message()));
   pb::ReserveResponse resp;
   if (!resp.ParseFromArray(a->body, static_cast<int>(a->body_bytes))) {
-    ::shutdown(sock_, SHUT_RDWR);
+    Break();
     return absl::InternalError("Reserve: unparsable answer on the local connection");
   }
   absl::StatusOr<std::vector<size_t>> reserved = admit(resp);
@@ -256,7 +271,7 @@ absl::Status ShmStaging::StageLocked(uint64_t reservation_id, std::span<const Pa
   while (!inflight.empty() && broken.ok()) settle();
   if (!broken.ok()) {
     // Answers still owed cannot be matched any more: the connection is unusable.
-    ::shutdown(sock_, SHUT_RDWR);
+    Break();
   }
   // A page is staged only when the daemon confirmed its last chunk.
   for (size_t i : reserved) {

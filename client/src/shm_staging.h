@@ -11,6 +11,7 @@
 // Thread-safe: stores through one ShmStaging are serialized (one staging region).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,6 +49,10 @@ class ShmStaging {
 
   // The pool, read-only; null for a tenant (the pool holds every tenant's pages).
   const ShmMapping* pool() const { return pool_.get(); }
+  // The staging connection is unusable: it broke during a store, or (checked without blocking
+  // while no store runs) the daemon closed it -- between stores nothing may arrive on it, so
+  // EOF, an error or a refusal frame all mean its daemon is gone (restarted). Never false again.
+  bool Broken();
   // The daemon serves Reserve frames on this connection (AttachStagingResponse.reserve_frames).
   bool reserve_frames() const { return reserve_frames_; }
 
@@ -100,7 +105,11 @@ class ShmStaging {
                            std::span<const size_t> reserved, std::span<const Prestaged> ahead,
                            std::vector<absl::Status>* status, std::vector<bool>* committed);
 
+  // Shuts the connection down for good (its answers can no longer be matched).
+  void Break();
+
   std::mutex mu_;  // one store at a time: the staging slots and the connection
+  std::atomic<bool> broken_{false};
   const int sock_;
   uint8_t* const staging_;
   const uint64_t staging_bytes_;

@@ -197,9 +197,17 @@ class Client {
  public:
   // Dials, handshakes and maps the pool segment (see the contract above). UNAVAILABLE or
   // DEADLINE_EXCEEDED when no daemon answers within rpc_timeout_ms.
+  //
+  // A daemon restarted behind the same address (a new instance) is reconnected to by the next
+  // Store, Load, LoadInto or Lookup: the Client handshakes again and re-attaches the local
+  // socket, the pool mapping and its staging regions (a lookup that meets the restart is sent
+  // once more to the new instance). Leases and reservations of the old instance are gone with
+  // it, and its codec registrations too unless it keeps a tier: register again. A call that
+  // finds no daemon yet fails as before; the next one tries again.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& options);
   virtual ~Client() = default;
 
+  // What the last handshake (Connect or a reconnect) said.
   virtual const ServerInfo& server() const = 0;
   virtual const ConnectOptions& options() const = 0;
 
