@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -225,6 +226,79 @@ TEST_F(TenantShmTest, TenantStoresAndLoadsOverSharedMemoryWithoutThePool) {
   auto into = a->LoadInto(codec, p.keys, dst);
   ASSERT_TRUE(into.ok()) << into.status();
   EXPECT_EQ(bufs[5], p.bytes[5]);
+}
+
+// A tenant's Client outlives a restart of the daemon: its staging and load staging connections
+// belong to the instance that is gone; the next store and the next load open new ones (the
+// Client reconnects on that call) and move the pages byte-exact, still without the pool.
+// Tests/store_reconnect_test.cc does the same for a daemon without tenants (the pool mapped).
+TEST_F(TenantShmTest, TenantStoresAndLoadsAgainAfterADaemonRestart) {
+  auto a = As("tenant-a");
+  ASSERT_NE(a, nullptr);
+  client::Codec codec = RegisterRefmodel(*a);
+  TenantPages p = MakeTenantPages(codec, 700, 3);
+  ASSERT_TRUE(a->Store(codec, p.writes).ok());
+  ASSERT_EQ(a->Load(codec, p.keys)->matched, 3u);
+
+  const std::string address = daemon_->address();
+  const std::string shm_name = std::filesystem::path(daemon_->shm_path()).filename();
+  ASSERT_TRUE(daemon_->Stop().ok());
+  daemon_.reset();
+  testing::LocalDaemonOptions o;
+  o.binary = OSCARKVD_PATH;
+  o.flags = {"--metrics-listen", "off", "--pool-mb", "64", "--shm-name", shm_name,
+             "--config", pki_->path("tenants.yaml"), "--listen", address};
+  auto restarted = testing::LocalDaemon::Start(o);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  daemon_ = *std::move(restarted);
+  // No tier: the codec is registered again (over TLS, which reconnects by itself).
+  absl::StatusOr<client::Codec> again = absl::UnavailableError("not tried");
+  for (int i = 0; i < 400 && !again.ok(); ++i) {
+    again = a->RegisterCodec(*BuiltinProfile("refmodel"));
+    if (!again.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(again.ok()) << again.status();
+  codec = *again;
+
+  // The first data call after the restart is a load (through the new load staging region):
+  // the restarted daemon holds nothing, and says so (not UNAVAILABLE).
+  auto empty = a->Load(codec, p.keys);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->matched, 0u);
+  TenantPages q = MakeTenantPages(codec, 800, 3);
+  auto stored = a->Store(codec, q.writes);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->stored, 3u) << stored->ToStatus();
+  auto loaded = a->Load(codec, q.keys);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->matched, 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(loaded->pages[i], q.bytes[i]) << i;
+  EXPECT_EQ(a->server().data_path, client::DataPath::kSharedMemory);
+  EXPECT_TRUE(a->server().shm_path.empty());
+}
+
+// A shared-namespace client reserves over gRPC for the namespace and stages as its uid's tenant
+// on the socket (the same tenant: Connect checks it). The page lands where it was reserved --
+// the reservation carries the namespace; the socket's caller only has to be its tenant -- so it
+// is in the shared namespace and not in the tenant's own, and quotas are charged to one tenant.
+TEST_F(TenantShmTest, SharedNamespaceStoreThroughStagingLandsInTheNamespace) {
+  auto shared = As("tenant-a", "common");
+  ASSERT_NE(shared, nullptr);
+  auto own = As("tenant-a");
+  ASSERT_NE(own, nullptr);
+  const client::Codec codec = RegisterRefmodel(*shared);
+  const client::Codec own_codec = RegisterRefmodel(*own);
+  TenantPages p = MakeTenantPages(codec, 900, 2);
+  auto stored = shared->Store(codec, p.writes);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->stored, 2u) << stored->ToStatus();
+  auto there = shared->Load(codec, p.keys);
+  ASSERT_TRUE(there.ok()) << there.status();
+  ASSERT_EQ(there->matched, 2u);
+  EXPECT_EQ(there->pages[1], p.bytes[1]);
+  auto mine = own->Lookup(own_codec, p.keys, {});
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->matched, 0u) << "the socket's caller (own namespace) published the page";
 }
 
 // Pages larger than a load staging slot (2 MiB) move in several chunks, copied and hashed with
