@@ -132,5 +132,36 @@ TEST(StoreReconnectTest, LookupAfterADaemonRestartReconnects) {
   EXPECT_EQ(c->server().lookup_path, client::LookupPath::kLocal);
 }
 
+// LookupAsync (pipelined on the local channel's async connection) across a restart: the first
+// one after it may fail (UNAVAILABLE: its connection met another instance); from the next one
+// on, the new instance answers.
+TEST(StoreReconnectTest, AsyncLookupAfterADaemonRestartReconnects) {
+  Restartable d;
+  ASSERT_TRUE(d.Start());
+  auto c = Connect(d.address());
+  ASSERT_NE(c, nullptr);
+  client::Codec codec = RegisterRefmodel(*c);
+  const PageBatch a = MakeBatch(codec, 44, 3, 700);
+  ASSERT_TRUE(c->Store(codec, a.writes).ok());
+  auto before = c->LookupAsync(codec, a.keys, {}).get();
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->matched, a.keys.size());
+  ASSERT_TRUE(d.Restart());
+  codec = RegisterAgain(*c);
+  auto first = c->LookupAsync(codec, a.keys, {}).get();
+  if (!first.ok()) {
+    EXPECT_TRUE(absl::IsUnavailable(first.status())) << first.status();
+  } else {
+    EXPECT_EQ(first->matched, 0u) << "the restarted daemon holds nothing";
+  }
+  auto second = c->LookupAsync(codec, a.keys, {}).get();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->matched, 0u);
+  ASSERT_TRUE(c->Store(codec, a.writes).ok());
+  auto next = c->LookupAsync(codec, a.keys, {}).get();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->matched, a.keys.size());
+}
+
 }  // namespace
 }  // namespace oscarkv::testing
