@@ -42,7 +42,8 @@ const std::string& DefaultConfigYaml() {
 #   --tls-allow-unauthenticated-clients  tls.allow_unauthenticated_clients
 # Keys without a flag: pool.huge_pages, pool.cuda_register, pool.staging_max_mb,
 # limits.max_message_mb,
-# limits.max_codecs, server.index_shards, tier.sync_writes.
+# limits.max_codecs, server.index_shards, server.max_calls_per_peer, server.max_calls,
+# server.max_streams_per_connection, tier.sync_writes.
 listen: 127.0.0.1:50051         # gRPC: HOST:PORT (port 0 = any free port) or unix:/path
 metrics_listen: 127.0.0.1:9464  # Prometheus GET /metrics: HOST:PORT (0 = any free port) or off
 node_id: ""                     # reported in Handshake/Stats; "" = the host name
@@ -69,6 +70,10 @@ server:
   drain_timeout_ms: 5000        # on SIGTERM, in-flight RPCs get this long to finish
   index_shards: 64              # lock shards of the page index
   grpc_threads: 0               # max gRPC server threads; 0 = gRPC's default
+  max_calls_per_peer: 1024      # gRPC calls in flight from one peer IP (open streams count);
+                                # more: RESOURCE_EXHAUSTED. 0 = unbounded
+  max_calls: 8192               # gRPC calls in flight from all peers together; 0 = unbounded
+  max_streams_per_connection: 1024  # HTTP/2 concurrent streams one connection may open
   cpus: ""                      # CPUs for every daemon thread ("1", "2-3,6"); "" = any
   local_socket: ""              # same-host Lookup/Release socket; "" = /dev/shm/<shm_name>.sock, off = none
   local_threads: 1              # epoll threads of the local socket (1..64)
@@ -188,6 +193,13 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "server.drain_timeout_ms") return ReadUint(v, key, &c->drain_timeout_ms, 0, 3600000);
   if (key == "server.index_shards") return ReadUint(v, key, &c->index_shards, 1, 4096);
   if (key == "server.grpc_threads") return ReadUint(v, key, &c->grpc_threads, 0, 4096);
+  if (key == "server.max_calls_per_peer") {
+    return ReadUint(v, key, &c->max_calls_per_peer, 0, 1000000);
+  }
+  if (key == "server.max_calls") return ReadUint(v, key, &c->max_calls, 0, 1000000);
+  if (key == "server.max_streams_per_connection") {
+    return ReadUint(v, key, &c->max_streams_per_connection, 1, 1000000);
+  }
   if (key == "server.cpus") return ReadString(v, key, &c->cpus);
   if (key == "server.local_socket") return ReadString(v, key, &c->local_socket);
   if (key == "server.local_threads") return ReadUint(v, key, &c->local_threads, 1, 64);

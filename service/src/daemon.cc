@@ -471,6 +471,12 @@ absl::Status RunDaemon(const DaemonConfig& config) {
                            listen->unix_path.empty() ? &bound_port : nullptr);
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon share our port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // What one client may hold: HTTP/2 streams per connection, and calls in flight per peer IP and
+  // in all (each open stream holds a sync-pool thread; server_limits.h).
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             static_cast<int>(config.max_streams_per_connection));
+  PeerCallLimits call_limits(config.max_calls_per_peer, config.max_calls);  // outlives serving
+  service.SetCallLimits(&call_limits);
   builder.RegisterService(&service);
   const int max_msg = static_cast<int>(std::min<uint64_t>(uint64_t{config.max_message_mb} << 20,
                                                           INT32_MAX));

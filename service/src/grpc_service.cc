@@ -68,26 +68,50 @@ const grpc::Status kDraining(grpc::StatusCode::UNAVAILABLE,
 
 }  // namespace
 
-// Counts a call in KvCacheService::in_flight_ for its handler's lifetime; false when the service
-// drains (the call is then refused and not counted).
+// Counts a call in KvCacheService::in_flight_ (and in the per-peer call limits, when set) for
+// its handler's lifetime; false when the call is refused -- the service drains (UNAVAILABLE) or
+// the caller's peer, or the daemon, is at its call limit (RESOURCE_EXHAUSTED) -- and the call is
+// then not counted; refusal() is its answer.
 class Admission {
  public:
-  explicit Admission(KvCacheService* s) : n_(&s->in_flight_) {
+  Admission(KvCacheService* s, const grpc::ServerContextBase* ctx) : n_(&s->in_flight_) {
     n_->fetch_add(1);
     if (s->draining_.load()) {
       n_->fetch_sub(1);
       n_ = nullptr;
+      refusal_ = kDraining;
+      return;
     }
+    if (s->limits_ == nullptr) return;
+    peer_ = std::string(PeerHost(ctx->peer()));
+    if (absl::Status st = s->limits_->Enter(peer_); !st.ok()) {
+      n_->fetch_sub(1);
+      n_ = nullptr;
+      refusal_ = ToGrpc(st);
+      return;
+    }
+    limits_ = s->limits_;
   }
   ~Admission() {
     if (n_ != nullptr) n_->fetch_sub(1);
+    LeaveLimits();
+  }
+  // Frees the call's place in the call limits before a callback handler's Finish() (its client
+  // may send the next call as soon as the answer arrives; the drain count stays until return).
+  void LeaveLimits() {
+    if (limits_ != nullptr) limits_->Leave(peer_);
+    limits_ = nullptr;
   }
   Admission(const Admission&) = delete;
   Admission& operator=(const Admission&) = delete;
   explicit operator bool() const { return n_ != nullptr; }
+  const grpc::Status& refusal() const { return refusal_; }
 
  private:
   std::atomic<int64_t>* n_;
+  PeerCallLimits* limits_ = nullptr;
+  std::string peer_;
+  grpc::Status refusal_;
 };
 
 namespace {
@@ -127,22 +151,24 @@ class CallTimer {
   grpc::ServerUnaryReactor* KvCacheService::Name(grpc::CallbackServerContext* ctx,       \
                                                  const pb::Req* req, pb::Resp* resp) {   \
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();                         \
-    Admission admitted(this);                                                          \
+    Admission admitted(this, ctx);                                                     \
     if (!admitted) {                                                                   \
-      reactor->Finish(kDraining);                                                      \
+      reactor->Finish(admitted.refusal());                                             \
       return reactor;                                                                  \
     }                                                                                  \
     CallTimer t(metrics_, Rpc::k##Name);                                               \
     const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);                       \
-    reactor->Finish(t.Done(caller.ok() ? wire::Name(*cache_, *caller, *req, resp)      \
-                                       : caller.status()));                            \
+    const grpc::Status done = t.Done(caller.ok() ? wire::Name(*cache_, *caller, *req, resp) \
+                                                 : caller.status());                   \
+    admitted.LeaveLimits();                                                            \
+    reactor->Finish(done);                                                             \
     return reactor;                                                                    \
   }
 #define OSCARKV_UNARY(Name, Req, Resp)                                                       \
   grpc::Status KvCacheService::Name(grpc::ServerContext* ctx, const pb::Req* req,          \
                                     pb::Resp* resp) {                                      \
-    Admission admitted(this);                                                                \
-    if (!admitted) return kDraining;                                                         \
+    Admission admitted(this, ctx);                                                         \
+    if (!admitted) return admitted.refusal();                                              \
     CallTimer t(metrics_, Rpc::k##Name);                                                     \
     const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);                             \
     return t.Done(caller.ok() ? wire::Name(*cache_, *caller, *req, resp) : caller.status()); \
@@ -152,14 +178,17 @@ grpc::ServerUnaryReactor* KvCacheService::Handshake(grpc::CallbackServerContext*
                                                     const pb::HandshakeRequest* req,
                                                     pb::HandshakeResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  Admission admitted(this);
+  Admission admitted(this, ctx);
   if (!admitted) {
-    reactor->Finish(kDraining);
+    reactor->Finish(admitted.refusal());
     return reactor;
   }
   const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);
-  reactor->Finish(caller.ok() ? ToGrpc(calls_.Handshake(*caller, *req, resp, ctx->peer(), "grpc"))
-                              : Refused(metrics_, Rpc::kHandshake, caller.status()));
+  const grpc::Status done =
+      caller.ok() ? ToGrpc(calls_.Handshake(*caller, *req, resp, ctx->peer(), "grpc"))
+                  : Refused(metrics_, Rpc::kHandshake, caller.status());
+  admitted.LeaveLimits();
+  reactor->Finish(done);
   return reactor;
 }
 // Lookup and Release: the calls the local socket serves too, through the same ControlCalls.
@@ -167,28 +196,32 @@ grpc::ServerUnaryReactor* KvCacheService::Lookup(grpc::CallbackServerContext* ct
                                                  const pb::LookupRequest* req,
                                                  pb::LookupResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  Admission admitted(this);
+  Admission admitted(this, ctx);
   if (!admitted) {
-    reactor->Finish(kDraining);
+    reactor->Finish(admitted.refusal());
     return reactor;
   }
   const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);
-  reactor->Finish(caller.ok() ? ToGrpc(calls_.Lookup(*caller, *req, resp))
-                              : Refused(metrics_, Rpc::kLookup, caller.status()));
+  const grpc::Status done = caller.ok() ? ToGrpc(calls_.Lookup(*caller, *req, resp))
+                                        : Refused(metrics_, Rpc::kLookup, caller.status());
+  admitted.LeaveLimits();
+  reactor->Finish(done);
   return reactor;
 }
 grpc::ServerUnaryReactor* KvCacheService::Release(grpc::CallbackServerContext* ctx,
                                                   const pb::ReleaseRequest* req,
                                                   pb::ReleaseResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  Admission admitted(this);
+  Admission admitted(this, ctx);
   if (!admitted) {
-    reactor->Finish(kDraining);
+    reactor->Finish(admitted.refusal());
     return reactor;
   }
   const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);
-  reactor->Finish(caller.ok() ? ToGrpc(calls_.Release(*caller, *req, resp))
-                              : Refused(metrics_, Rpc::kRelease, caller.status()));
+  const grpc::Status done = caller.ok() ? ToGrpc(calls_.Release(*caller, *req, resp))
+                                        : Refused(metrics_, Rpc::kRelease, caller.status());
+  admitted.LeaveLimits();
+  reactor->Finish(done);
   return reactor;
 }
 OSCARKV_CALLBACK(RegisterCodec, RegisterCodecRequest, RegisterCodecResponse)
@@ -209,10 +242,10 @@ OSCARKV_UNARY(UnregisterCodec, UnregisterCodecRequest, UnregisterCodecResponse)
 grpc::ServerUnaryReactor* KvCacheService::GetDataPlane(grpc::CallbackServerContext* ctx,
                                                        const pb::GetDataPlaneRequest*,
                                                        pb::GetDataPlaneResponse* resp) {
-  Admission admitted(this);
+  Admission admitted(this, ctx);
   if (!admitted) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    reactor->Finish(kDraining);
+    reactor->Finish(admitted.refusal());
     return reactor;
   }
   CallTimer t(metrics_, Rpc::kGetDataPlane);
@@ -245,15 +278,17 @@ grpc::ServerUnaryReactor* KvCacheService::GetDataPlane(grpc::CallbackServerConte
     s = info.status();
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(t.Done(s));
+  const grpc::Status done = t.Done(s);
+  admitted.LeaveLimits();
+  reactor->Finish(done);
   return reactor;
 }
 
 grpc::Status KvCacheService::StageForRma(grpc::ServerContext* ctx,
                                          const pb::StageForRmaRequest* req,
                                          pb::StageForRmaResponse* resp) {
-  Admission admitted(this);
-  if (!admitted) return kDraining;
+  Admission admitted(this, ctx);
+  if (!admitted) return admitted.refusal();
   CallTimer t(metrics_, Rpc::kStageForRma);
   const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);
   if (!caller.ok()) return t.Done(caller.status());
@@ -272,8 +307,8 @@ grpc::Status KvCacheService::StageForRma(grpc::ServerContext* ctx,
 grpc::Status KvCacheService::WritePages(grpc::ServerContext* ctx,
                                         grpc::ServerReader<pb::WriteChunk>* reader,
                                         pb::WriteResponse* resp) {
-  Admission admitted(this);
-  if (!admitted) return kDraining;
+  Admission admitted(this, ctx);
+  if (!admitted) return admitted.refusal();
   CallTimer t(metrics_, Rpc::kWritePages);
   const absl::StatusOr<Caller> caller_or = CallerOf(calls_, ctx);
   if (!caller_or.ok()) return t.Done(caller_or.status());
@@ -292,8 +327,8 @@ grpc::Status KvCacheService::WritePages(grpc::ServerContext* ctx,
 
 grpc::Status KvCacheService::ReadPages(grpc::ServerContext* ctx, const pb::ReadRequest* req,
                                        grpc::ServerWriter<pb::ReadChunk>* writer) {
-  Admission admitted(this);
-  if (!admitted) return kDraining;
+  Admission admitted(this, ctx);
+  if (!admitted) return admitted.refusal();
   CallTimer t(metrics_, Rpc::kReadPages);
   const absl::StatusOr<Caller> caller = CallerOf(calls_, ctx);
   if (!caller.ok()) return t.Done(caller.status());

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/support/message_allocator.h"
 #include "control_calls.h"
+#include "server_limits.h"
 #include "oscarkv/service/metrics.h"
 #include "oscarkv/proto/grpc_status.h"
 #include "oscarkv/service/page_cache.h"
@@ -101,6 +102,9 @@ class KvCacheService final : public KvCacheAsyncBase {
   // No whole-pool data plane (tenants configured, ucx.allow_unverified_rma off): admins, too,
   // get a staged data plane of their own from the per-tenant staging. Set before serving.
   void AdminsUseStaging(bool v) { admins_use_staging_ = v; }
+  // Calls in flight per peer and in total (owned by the caller, outlives serving): a call over
+  // a limit is RESOURCE_EXHAUSTED before it does anything. Set before serving; none: unbounded.
+  void SetCallLimits(PeerCallLimits* limits) { limits_ = limits; }
   grpc::ServerUnaryReactor* GetDataPlane(grpc::CallbackServerContext*,
                                          const pb::GetDataPlaneRequest*,
                                          pb::GetDataPlaneResponse*) override;
@@ -157,6 +161,7 @@ class KvCacheService final : public KvCacheAsyncBase {
   bool share_pool_key_ = false;
   TenantRma* tenant_rma_ = nullptr;
   bool admins_use_staging_ = false;
+  PeerCallLimits* limits_ = nullptr;
   LookupMessagePool lookup_messages_;
   // Own cache lines: in_flight_ is written by every call on every handler thread.
   alignas(64) std::atomic<int64_t> in_flight_{0};

@@ -61,6 +61,11 @@ struct DaemonConfig {
   uint32_t drain_timeout_ms = 5000;
   uint32_t index_shards = 64;
   uint32_t grpc_threads = 0;  // 0 = gRPC's default
+  // gRPC calls in flight (an open stream counts for as long as it is open) from one peer IP and
+  // in all, and HTTP/2 streams per connection; 0 = unbounded. Over a call limit: RESOURCE_EXHAUSTED.
+  uint32_t max_calls_per_peer = 1024;
+  uint32_t max_calls = 8192;
+  uint32_t max_streams_per_connection = 1024;
   // CPUs the daemon's threads may run on ("1", "2-3,6"); "" = any. Set before any thread
   // starts, so every gRPC, reaper and UCX thread inherits it (e.g. one core for the daemon and
   // the rest for the engine on a small node: no cross-core wake-up per request).
