@@ -341,5 +341,27 @@ TEST(PortsTest, UcxAllDevicesListensBeyondLoopback) {
                       << "): " << Join(listens);
 }
 
+// The whole-pool data plane on loopback is open to every local uid (UCX accepts any peer): not
+// gated, but the daemon says so at start; with --ucx off it does not.
+TEST(PortsTest, PoolDataPlaneOnLoopbackWarnsThatEveryLocalUserReachesIt) {
+  const std::string log = TempPath("ucx_warn.log");
+  {
+    auto d = Start({"--metrics-listen", "off", "--ucx-tls", "tcp"}, log);
+    ASSERT_TRUE(d.ok()) << d.status();
+  }
+  std::string text = ReadFile(log);
+  EXPECT_NE(text.find("event=ucx_pool_plane_open_to_local_users"), std::string::npos) << text;
+  EXPECT_NE(text.find("can read every page in the pool"), std::string::npos) << text;
+  std::remove(log.c_str());
+  const std::string off_log = TempPath("ucx_off.log");
+  {
+    auto d = Start({"--metrics-listen", "off", "--ucx", "off"}, off_log);
+    ASSERT_TRUE(d.ok()) << d.status();
+  }
+  text = ReadFile(off_log);
+  EXPECT_EQ(text.find("ucx_pool_plane_open_to_local_users"), std::string::npos) << text;
+  std::remove(off_log.c_str());
+}
+
 }  // namespace
 }  // namespace oscarkv::testing

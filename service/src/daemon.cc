@@ -412,6 +412,18 @@ absl::Status RunDaemon(const DaemonConfig& config) {
                            : absl::StatusOr<std::unique_ptr<UcxDataPlane>>(devices.status());
     if (dp.ok()) {
       data_plane = std::move(*dp);
+      // Where it runs, every process of this host reaches it, whatever its uid (UCX accepts
+      // any peer; a tcp listener on lo is open to all local users): the pool's pages are then
+      // readable by users the local socket refuses. Not gated (issue 24); said at start.
+      if (DataPlaneReachableOffHost(config.ucx_tls, "all") && !config.ucx_allow_unverified_rma) {
+        LogEvent(LogLevel::kWarn, "ucx_pool_plane_open_to_local_users",
+                 {{"devices", dpo.net_devices},
+                  {"ucx_tls", config.ucx_tls},
+                  {"risk", "any local process of any uid that reaches the UCX data plane's port "
+                           "can read every page in the pool (UCX checks no key or peer)"},
+                  {"fix", "configure tenants: (no whole-pool data plane), --ucx off, or keep "
+                          "untrusted users off this host"}});
+      }
       UcxDataPlane* d = data_plane.get();
       service.SetDataPlane([d] { return d->Info(); }, "");
       start_tenant_rma(dpo.net_devices);
