@@ -81,7 +81,6 @@ class GrpcClient final : public Client {
 
   absl::Status Init() {
     OSCARKV_ASSIGN_OR_RETURN(std::shared_ptr<Session> first, OpenSession(*rpc_, options_));
-    server_ = first->server;
     {
       absl::MutexLock lock(&session_mu_);
       session_ = std::move(first);
@@ -112,11 +111,13 @@ class GrpcClient final : public Client {
     if (!fresh.ok()) return s;
     absl::MutexLock lock(&session_mu_);
     session_ = *fresh;
-    server_ = session_->server;
     return session_;
   }
 
-  const ServerInfo& server() const override { return server_; }
+  ServerInfo server() const override {
+    absl::MutexLock lock(&session_mu_);
+    return session_->server;
+  }
   ClientCore core() {
     std::shared_ptr<Session> s = Current(/*probe=*/true);
     return ClientCore{rpc_, s->source.get(), s->pool(), s};
@@ -566,9 +567,8 @@ class GrpcClient final : public Client {
   const ConnectOptions options_;
   const std::shared_ptr<RpcCore> rpc_;
   // What the last (re)connect said; the daemon's current session below.
-  ServerInfo server_;
   absl::Mutex reconnect_mu_;  // held while a new session is opened (Current)
-  absl::Mutex session_mu_;
+  mutable absl::Mutex session_mu_;
   std::shared_ptr<Session> session_ ABSL_GUARDED_BY(session_mu_);
   std::unique_ptr<TaskPool> pool_;
   std::atomic<int> inflight_{0};  // callback-API calls whose callback has not returned

@@ -207,8 +207,9 @@ class Client {
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& options);
   virtual ~Client() = default;
 
-  // What the last handshake (Connect or a reconnect) said.
-  virtual const ServerInfo& server() const = 0;
+  // What the last handshake (Connect or a reconnect) said: a copy, safe to take while another
+  // thread's call reconnects.
+  virtual ServerInfo server() const = 0;
   virtual const ConnectOptions& options() const = 0;
 
   // Registers (idempotently) a codec profile with the daemon; pages and keys of other codecs
