@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "oscarkv/kernels/page_format.h"
-#include "page_checksum_avx512.h"
+#include "page_checksum_fused.h"
 
 namespace oscarkv {
 namespace {

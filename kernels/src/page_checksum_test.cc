@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "oscarkv/kernels/page_format.h"
+#include "page_checksum_fused.h"
 
 namespace oscarkv {
 namespace {
@@ -35,7 +36,7 @@ TEST(PageChecksum, CopyHashesWhatItCopies) {
   }
 }
 
-// Every length across several of XXH3's 1,024-byte blocks (the fused AVX-512 copy's block,
+// Every length across several of XXH3's 1,024-byte blocks (the fused copy's block,
 // tail-stripe and last-stripe edges), at unaligned source and destination addresses: the
 // copy is exact and its checksum is the library's XXH3 of the page.
 TEST(PageChecksum, FusedCopyMatchesTheLibraryAtEveryLength) {
@@ -50,6 +51,36 @@ TEST(PageChecksum, FusedCopyMatchesTheLibraryAtEveryLength) {
       ASSERT_TRUE(std::equal(s.begin(), s.end(), d.begin())) << n << " +" << shift;
     }
   }
+}
+
+// Each fused loop this CPU runs (AVX-512F, AVX2; the public functions take the best one), at
+// every length across several of XXH3's blocks and copied in random pieces, at unaligned
+// addresses: the copy is exact and its checksum is the library's.
+TEST(PageChecksum, EveryFusedIsaMatchesTheLibrary) {
+  using checksum_internal::FusedIsa;
+  const auto base = RandomPage(4200, 13);
+  std::mt19937 rng(5);
+  int ran = 0;
+  for (const FusedIsa isa : {FusedIsa::kAvx512, FusedIsa::kAvx2}) {
+    if (!checksum_internal::FusedIsaSupported(isa)) continue;
+    ++ran;
+    for (size_t n = checksum_internal::kFusedMinBytes; n <= 4200; ++n) {
+      const std::span<const uint8_t> s(base.data(), n);
+      std::vector<uint8_t> dst(n + 3, 0xCD);
+      const std::span<uint8_t> d(dst.data() + 3, n);
+      checksum_internal::FusedCopyState st;
+      checksum_internal::FusedCopyBegin(&st, n, isa);
+      for (size_t off = 0; off < n;) {
+        const size_t len = std::min<size_t>(n - off, n % 3 == 0 ? n : 1 + rng() % 300);
+        checksum_internal::FusedCopyNext(&st, d.data(), s.data() + off, len);
+        off += len;
+      }
+      ASSERT_EQ(checksum_internal::FusedCopyDigest(st, d.data()), ComputePageChecksum(s))
+          << static_cast<int>(isa) << " n=" << n;
+      ASSERT_TRUE(std::equal(s.begin(), s.end(), d.begin())) << static_cast<int>(isa) << " n=" << n;
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "this CPU runs neither AVX-512F nor AVX2";
 }
 
 TEST(PageChecksum, StreamingAnySplitMatches) {

@@ -5,9 +5,9 @@
 // The copy runs in chunks of kChecksumChunkBytes; each chunk is hashed right after it was
 // written, while it is still in the core's L2 cache, so the hash costs no memory traffic of
 // its own. The hash is taken over the DESTINATION bytes: what it vouches for is the copy
-// that was made, not only its source. On CPUs with AVX-512F, CopyPageWithChecksum folds each
-// 64-byte stripe into the hash from the very register it stores to the destination
-// (kernels/src/page_checksum_avx512.h): still the bytes written, with no second read at all.
+// that was made, not only its source. On CPUs with AVX-512F or AVX2, CopyPageWithChecksum folds
+// each 64-byte stripe into the hash from the very registers it stores to the destination
+// (kernels/src/page_checksum_fused.h): still the bytes written, with no second read at all.
 //
 // Thread-safety: the functions are reentrant; a PageChecksummer is one caller's state.
 #pragma once
@@ -50,7 +50,7 @@ class PageChecksummer {
 
 // CopyPageWithChecksum for a page that arrives in pieces, in order (a page staged in chunks):
 // each Copy() writes the page's next bytes into the destination and folds the bytes written
-// into the checksum in the same pass (the fused loop on AVX-512F CPUs, else a copy and a hash
+// into the checksum in the same pass (the fused loop on AVX-512F or AVX2 CPUs, else a copy and a hash
 // of each kChecksumChunkBytes piece while it is in L2). The hash is of the destination bytes.
 // Contract: `page` is the same whole destination page on every call; its bytes before
 // offset() must not change between calls (a stripe that straddles two pieces is read back

@@ -1,8 +1,9 @@
-// Internal to page_checksum.cc: the page copy with its checksum in one AVX-512 loop. Each
-// 64-byte stripe is loaded once into a register, stored to the destination and folded into
-// XXH3's accumulators from that same register, so the hash adds no pass over the bytes (not
-// even one from L2) and runs under the copy's memory time. The value hashed is exactly the
-// value written: the checksum still vouches for the copy, not for a source that may change.
+// Internal to page_checksum.cc: the page copy with its checksum in one SIMD loop (AVX-512F, or
+// AVX2 where the CPU has no AVX-512). Each 64-byte stripe is loaded once into registers, stored
+// to the destination and folded into XXH3's accumulators from those same registers, so the hash
+// adds no pass over the bytes (not even one from L2) and runs under the copy's memory time. The
+// value hashed is exactly the value written: the checksum still vouches for the copy, not for a
+// source that may change.
 //
 // The result is XXH3-64 (seed 0, default secret) of header bytes [0, 56) then bytes [64, n):
 // the page checksum of docs/FORMAT.md §1, bit-identical to the streaming PageChecksummer.
@@ -17,8 +18,14 @@ namespace oscarkv::checksum_internal {
 // hashed input; the header's irregular first stripe needs 72 bytes).
 inline constexpr size_t kFusedMinBytes = 1024;
 
-// True when this CPU (and the OS) run AVX-512F code.
+// The instruction sets the fused loop is built for, best first.
+enum class FusedIsa { kAvx512, kAvx2, kNone };
+// The best one this CPU (and the OS) run; kNone: the portable copy-then-hash path only.
+FusedIsa BestFusedIsa();
+// True when BestFusedIsa() is not kNone.
 bool FusedCopyAvailable();
+// Whether this CPU runs `isa` (tests run every one it does).
+bool FusedIsaSupported(FusedIsa isa);
 
 // Copies n bytes (n >= kFusedMinBytes, no overlap) and returns the page checksum of the copy.
 // Only when FusedCopyAvailable().
@@ -34,10 +41,12 @@ struct FusedCopyState {
   uint64_t stripes;      // stripes of the long loop, before the last one
   uint64_t next_stripe;  // logical stripe to fold next
   uint64_t copied;       // bytes of the page written so far
+  FusedIsa isa;          // the loop the page runs in, chosen by FusedCopyBegin
 };
 
-// Starts a page of n bytes (n >= kFusedMinBytes). Only when FusedCopyAvailable().
-void FusedCopyBegin(FusedCopyState* st, size_t n);
+// Starts a page of n bytes (n >= kFusedMinBytes) on `isa` (default: BestFusedIsa(); it must be
+// supported and not kNone).
+void FusedCopyBegin(FusedCopyState* st, size_t n, FusedIsa isa = BestFusedIsa());
 // Writes page[st->copied, +len) from src[0, len) (len <= n - st->copied, no overlap) and folds it.
 void FusedCopyNext(FusedCopyState* st, uint8_t* page, const uint8_t* src, size_t len);
 // The page checksum once st->copied == n.
