@@ -43,7 +43,7 @@ const std::string& DefaultConfigYaml() {
 # Keys without a flag: pool.huge_pages, pool.cuda_register, pool.staging_max_mb,
 # limits.max_message_mb,
 # limits.max_codecs, server.index_shards, server.max_calls_per_peer, server.max_calls,
-# server.max_streams_per_connection, tier.sync_writes.
+# server.max_streams_per_connection, server.local_max_connections_per_uid, tier.sync_writes.
 listen: 127.0.0.1:50051         # gRPC: HOST:PORT (port 0 = any free port) or unix:/path
 metrics_listen: 127.0.0.1:9464  # Prometheus GET /metrics: HOST:PORT (0 = any free port) or off
 node_id: ""                     # reported in Handshake/Stats; "" = the host name
@@ -78,6 +78,8 @@ server:
   local_socket: ""              # same-host Lookup/Release socket; "" = /dev/shm/<shm_name>.sock, off = none
   local_threads: 1              # epoll threads of the local socket (1..64)
   local_slice_us: 100           # their scheduler time slice (Linux >= 6.12); 0 = kernel default
+  local_max_connections_per_uid: 256  # local-socket connections one uid may hold open; more are
+                                # refused (RESOURCE_EXHAUSTED) at accept. 0 = unbounded
 ucx:
   enabled: true                 # UCX data plane (GetDataPlane); false = off
   tls: tcp                      # UCX_TLS: tcp, shm (posix/sysv/cma), rc,ud, ...
@@ -204,6 +206,9 @@ absl::Status ApplyKey(const std::string& key, const YAML::Node& v, DaemonConfig*
   if (key == "server.local_socket") return ReadString(v, key, &c->local_socket);
   if (key == "server.local_threads") return ReadUint(v, key, &c->local_threads, 1, 64);
   if (key == "server.local_slice_us") return ReadUint(v, key, &c->local_slice_us, 0, 100000);
+  if (key == "server.local_max_connections_per_uid") {
+    return ReadUint(v, key, &c->local_max_connections_per_uid, 0, 1000000);
+  }
   if (key == "tier.path") return ReadString(v, key, &c->tier_path);
   if (key == "tier.capacity_mb") return ReadUint(v, key, &c->tier_mb, 0, uint64_t{1} << 40);
   if (key == "tier.queue_mb") return ReadUint(v, key, &c->tier_queue_mb, 1, 65536);

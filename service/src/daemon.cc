@@ -454,6 +454,7 @@ absl::Status RunDaemon(const DaemonConfig& config) {
                                           : config.local_socket;
     lo.threads = static_cast<int>(config.local_threads);
     lo.slice_us = config.local_slice_us;
+    lo.max_connections_per_uid = config.local_max_connections_per_uid;
     if (pool->get()->arena().sealed()) lo.isolated_pool = &pool->get()->arena();
     lo.staging_max_bytes = uint64_t{config.staging_max_mb} << 20;
     auto ls = LocalControlServer::Start(lo, &service.calls());

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -20,7 +21,9 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "daemon_test_util.h"
 #include "local_frame_test_util.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -302,6 +305,48 @@ TEST(DaemonSmoke, LocalSocketMatchesGrpcAndSurvivesGarbageFrames) {
 
 // --local-socket off: the handshake announces none; an explicit path is used as given; a path
 // another live daemon serves is refused at start.
+// One uid holds at most server.local_max_connections_per_uid connections (each costs the daemon
+// a descriptor, buffers and mapped staging): the next is answered RESOURCE_EXHAUSTED naming the
+// key and closed, those already open keep working, and a closed one makes room again.
+TEST(DaemonSmoke, LocalConnectionsPerUidAreBounded) {
+  const std::string cfg = ::testing::TempDir() + "/local_per_uid_" + std::to_string(getpid()) + ".yaml";
+  std::ofstream(cfg) << "server:\n  local_max_connections_per_uid: 3\n";
+  auto started = Start({"--config", cfg});
+  ASSERT_TRUE(started.ok()) << started.status();
+  const std::string path = (*started)->local_socket();
+  std::vector<int> held;
+  for (int i = 0; i < 3; ++i) {
+    held.push_back(Handshaken(path));
+    ASSERT_GE(held.back(), 0) << i;
+  }
+  const int over = DialLocal(path);
+  ASSERT_GE(over, 0);  // the kernel accepts; the daemon answers and closes
+  const Answer refused = Recv(over);
+  ASSERT_FALSE(refused.closed);
+  EXPECT_EQ(refused.h.code, static_cast<uint32_t>(absl::StatusCode::kResourceExhausted));
+  EXPECT_NE(refused.message.find("local-socket connections open, the limit "
+                                 "(server.local_max_connections_per_uid)"),
+            std::string::npos)
+      << refused.message;
+  EXPECT_TRUE(Recv(over).closed);
+  close(over);
+  // The three still serve.
+  for (int fd : held) EXPECT_TRUE(testing::SendHandshake(fd, "still-here"));
+  // One closes: room for one more (the daemon notices the close asynchronously).
+  close(held.back());
+  held.pop_back();
+  int again = -1;
+  for (int i = 0; i < 100 && again < 0; ++i) {
+    again = Handshaken(path);
+    if (again < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_GE(again, 0) << "no room after a connection closed";
+  if (again >= 0) close(again);
+  for (int fd : held) close(fd);
+  EXPECT_EQ(StopAndWait(**started), 0);
+  std::remove(cfg.c_str());
+}
+
 TEST(DaemonSmoke, LocalSocketOffAndExplicitPath) {
   auto off = Start({"--local-socket", "off"});
   ASSERT_TRUE(off.ok()) << off.status();

@@ -31,6 +31,7 @@ struct LocalControlServer::Conn {
   bool want_out = false;  // waiting for EPOLLOUT: output queued, input paused
   std::deque<std::string> out;
   std::string peer;  // "pid=N uid=N" for logs
+  uint32_t uid = 0;  // SO_PEERCRED: its place in conns_per_uid_
   Caller caller;     // who the peer is: the tenant its uid/gid maps to (tenants.h)
   std::unique_ptr<StagingRegion> staging;  // AttachStaging: unmapped when the connection closes
   std::unique_ptr<LoadStagingRegion> load_staging;  // AttachLoadStaging: likewise
@@ -126,6 +127,7 @@ absl::StatusOr<std::unique_ptr<LocalControlServer>> LocalControlServer::Start(
   s->slice_us_ = o.slice_us;
   s->isolated_pool_ = o.isolated_pool;
   s->staging_max_bytes_ = o.staging_max_bytes;
+  s->max_per_uid_ = o.max_connections_per_uid;
   s->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (s->listen_fd_ < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   // The socket inode's mode becomes the file's mode at bind: no window where others may connect.
@@ -283,8 +285,24 @@ void LocalControlServer::Accept() {
       ::close(fd);
       continue;
     }
+    if (max_per_uid_ != 0) {
+      absl::MutexLock lock(&uid_mu_);
+      uint32_t& held = conns_per_uid_[cred.uid];
+      if (held >= max_per_uid_) {
+        LogEvent(LogLevel::kWarn, "local_socket_connections_exhausted",
+                 {{"uid", absl::StrCat(cred.uid)}, {"pid", absl::StrCat(cred.pid)},
+                  {"open", absl::StrCat(held)}});
+        SendRefusal(fd, absl::ResourceExhaustedError(absl::StrCat(
+                            "uid ", cred.uid, " has ", held, " local-socket connections open, the "
+                            "limit (server.local_max_connections_per_uid); close some or use gRPC")));
+        ::close(fd);
+        continue;
+      }
+      ++held;
+    }
     auto* c = new Conn;
     c->fd = fd;
+    c->uid = cred.uid;
     c->peer = absl::StrCat("local pid=", cred.pid, " uid=", cred.uid);
     c->caller = *std::move(caller);
     Worker* w = workers_[next_worker_.fetch_add(1) % workers_.size()].get();
@@ -312,6 +330,11 @@ void LocalControlServer::Close(Worker* w, Conn* c) {
     }
   }
   calls_->metrics()->LocalConnection(-1);
+  if (max_per_uid_ != 0) {
+    absl::MutexLock lock(&uid_mu_);
+    auto it = conns_per_uid_.find(c->uid);
+    if (it != conns_per_uid_.end() && --it->second == 0) conns_per_uid_.erase(it);
+  }
   delete c;
 }
 

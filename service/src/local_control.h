@@ -17,7 +17,10 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "control_calls.h"
 #include "local_load_staging.h"
 #include "oscarkv/allocator/arena.h"
@@ -36,6 +39,9 @@ struct LocalControlOptions {
   // AttachLoadStaging and StageRead are refused (FAILED_PRECONDITION).
   const Arena* isolated_pool = nullptr;
   uint64_t staging_max_bytes = uint64_t{64} << 20;
+  // Connections one uid (SO_PEERCRED) may hold open; the next is answered RESOURCE_EXHAUSTED
+  // and closed at accept. 0 = unbounded.
+  uint32_t max_connections_per_uid = 256;
 };
 
 class LocalControlServer {
@@ -86,6 +92,11 @@ class LocalControlServer {
   // most this many bytes of them per tenant, 64 regions of the client library's 8 MiB.
   static constexpr uint64_t kLoadRegionBytesPerTenant = uint64_t{512} << 20;
   LoadRegionLimiter load_limiter_{kLoadRegionBytesPerTenant};
+  // Open connections per peer uid (taken at accept, given back at close), at most
+  // max_per_uid_ each (0 = unbounded).
+  uint32_t max_per_uid_ = 0;
+  absl::Mutex uid_mu_;
+  absl::flat_hash_map<uint32_t, uint32_t> conns_per_uid_ ABSL_GUARDED_BY(uid_mu_);
   int listen_fd_ = -1;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<uint64_t> next_worker_{0};

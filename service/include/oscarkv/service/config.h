@@ -78,6 +78,9 @@ struct DaemonConfig {
   // microseconds per wake-up, and a short slice lets them run ahead of CPU-bound work on the
   // same cores. 0 = the kernel's default; else 100..100000.
   uint32_t local_slice_us = 100;
+  // Local-socket connections one uid may hold open at once (each costs the daemon a descriptor,
+  // its buffers and mapped staging); more are refused at accept. 0 = unbounded.
+  uint32_t local_max_connections_per_uid = 256;
   // UCX data plane (GetDataPlane): on/off, UCX_TLS ("tcp", "shm", "rc,ud", ...) and
   // UCX_NET_DEVICES ("" = all; "lo" keeps tcp on loopback).
   bool ucx = true;
