@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -48,15 +49,35 @@ struct OpenStream {
   std::unique_ptr<grpc::ClientWriter<pb::WriteChunk>> writer;
 };
 
-// Calls until one is refused, for up to 10 s (the streams reach the daemon asynchronously).
-grpc::Status UntilRefused(pb::KvCache::Stub& stub) {
+// Calls until one is refused, for up to `ms` (the streams reach the daemon asynchronously).
+grpc::Status UntilRefused(pb::KvCache::Stub& stub, int ms = 10000) {
   grpc::Status s;
-  for (int i = 0; i < 200; ++i) {
+  for (int waited = 0; waited < ms; waited += 50) {
     s = Handshake(stub);
     if (!s.ok()) return s;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return s;
+}
+
+// Opens `n` streams with `open` and probes with `probe` until a call is refused. A stream and a
+// probe race to the daemon (a sync stream's handler may start after a probe that was sent later),
+// so a probe may take a stream's place and the stream is the call refused; then every stream is
+// closed and the round is tried again (at most 5 rounds). Returns the refusal the probe got,
+// with the streams of the round that got it still open in `held`.
+grpc::Status HoldAndProbe(int n, const std::function<std::unique_ptr<OpenStream>(int)>& open,
+                          pb::KvCache::Stub& probe,
+                          std::vector<std::unique_ptr<OpenStream>>* held) {
+  grpc::Status refused;
+  for (int round = 0; round < 5; ++round) {
+    for (int i = 0; i < n; ++i) held->push_back(open(i));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    refused = UntilRefused(probe, 3000);
+    if (!refused.ok()) return refused;
+    for (auto& h : *held) (void)h->Close();  // one of them was refused in the probe's place
+    held->clear();
+  }
+  return refused;
 }
 
 grpc::Status UntilServed(pb::KvCache::Stub& stub) {
@@ -77,8 +98,9 @@ TEST(ServerLimits, OpenStreamsOfOnePeerAreBoundedAndFreedWhenTheyEnd) {
       grpc::CreateChannel(d->address(), grpc::InsecureChannelCredentials()));
   ASSERT_TRUE(Handshake(*stub).ok());
   std::vector<std::unique_ptr<OpenStream>> held;
-  for (int i = 0; i < 3; ++i) held.push_back(std::make_unique<OpenStream>(*stub));
-  const grpc::Status refused = UntilRefused(*stub);
+  const grpc::Status refused =
+      HoldAndProbe(3, [&](int) { return std::make_unique<OpenStream>(*stub); }, *stub, &held);
+  ASSERT_EQ(held.size(), 3u) << "no call was refused in 5 rounds: " << refused.error_message();
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
   EXPECT_NE(refused.error_message().find("gRPC calls in flight, the limit per peer "
                                          "(server.max_calls_per_peer)"),
@@ -108,8 +130,12 @@ TEST(ServerLimits, CallsOfAllPeersTogetherAreBounded) {
       d->address(), grpc::InsecureChannelCredentials(), args));
   ASSERT_TRUE(Handshake(*one).ok());  // both connected before the streams open
   ASSERT_TRUE(Handshake(*two).ok());
-  OpenStream a(*one), b(*two);
-  const grpc::Status refused = UntilRefused(*two);
+  std::vector<std::unique_ptr<OpenStream>> held;
+  const grpc::Status refused = HoldAndProbe(
+      2, [&](int i) { return std::make_unique<OpenStream>(i == 0 ? *one : *two); }, *two, &held);
+  ASSERT_EQ(held.size(), 2u) << "no call was refused in 5 rounds: " << refused.error_message();
+  OpenStream& a = *held[0];
+  OpenStream& b = *held[1];
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
   EXPECT_NE(refused.error_message().find("2 gRPC calls in flight, its limit (server.max_calls)"),
             std::string::npos)
