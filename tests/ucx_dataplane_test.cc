@@ -21,7 +21,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
+#include "grpcpp/grpcpp.h"
 #include "oscarkv/client/ucx_loader.h"
+#include "oscarkv/v1/oscarkv.grpc.pb.h"
 #include "test_util.h"
 #include "ucx_test_peer.h"
 
@@ -304,6 +306,49 @@ TEST_P(UcxDataPlaneTest, ClientKilledDuringTransferDaemonKeepsServing) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->matched, s.keys.size());
 }
+
+// A raw UCX peer holding the pool's key (an admin's, or any process that reached the loopback
+// worker) puts over a committed page, in both shm modes: the data plane maps the pool read-only,
+// so the put faults its process (which is restarted) and the page loads intact.
+class UcxPoolWriteTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(UcxPoolWriteTest, ARawPutCannotChangeACommittedPage) {
+  std::vector<std::string> flags = DaemonFlags("tcp");
+  flags.insert(flags.end(), {"--shm-mode", GetParam()});
+  auto d = StartDaemon(flags);
+  ASSERT_NE(d, nullptr);
+  auto c = Connect(d->address());
+  ASSERT_NE(c, nullptr);
+  const client::Codec codec = RegisterRefmodel(*c);
+  Stored s = StorePages(*c, codec, 700, 2);
+  auto pin = c->Lookup(codec, s.keys, {.pin = true});
+  ASSERT_TRUE(pin.ok() && pin->matched == 2);
+  const uint64_t offset = pin->pages[0].offset;
+  ASSERT_TRUE(c->Release(*pin).ok());
+
+  auto stub = v1::KvCache::NewStub(
+      grpc::CreateChannel(d->address(), grpc::InsecureChannelCredentials()));
+  v1::GetDataPlaneResponse dp;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status st = stub->GetDataPlane(&ctx, v1::GetDataPlaneRequest(), &dp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  ASSERT_FALSE(dp.staged());
+  auto peer = RawPeer::Connect(dp.worker_address(), 4096);
+  ASSERT_NE(peer, nullptr);
+  const std::vector<uint8_t> garbage(256, 0x5a);
+  const absl::Status put = peer->Put(dp.pool_rkey(), dp.pool_base() + offset + 100, garbage);
+  std::printf("shm_mode=%s: raw put over a committed page: %s\n", GetParam().c_str(),
+              put.ToString().c_str());
+  auto loaded = c->Load(codec, s.keys);
+  ASSERT_TRUE(loaded.ok()) << loaded.status() << " (the put changed the page)";
+  ASSERT_EQ(loaded->matched, 2u);
+  EXPECT_TRUE(loaded->pages[0] == s.pages[0]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, UcxPoolWriteTest, ::testing::Values("isolated", "trusted"));
 
 // Side by side on one daemon per UCX transport: the same 40-page prefix loaded 10 times by each
 // path (every load includes Lookup + Release and the checksum of every page). Prints MB/s.

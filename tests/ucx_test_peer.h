@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,6 +69,19 @@ class RawPeer {
   }
   // A well-formed key the daemon never issued: this peer's own buffer's.
   std::string OwnKey() const { return region_->exported(); }
+  // Writes `bytes` at `addr` of the peer with the key `rkey_blob` (an RMA put).
+  absl::Status Put(const std::string& rkey_blob, uint64_t addr, std::span<const uint8_t> bytes) {
+    if (bytes.size() > buffer_.size()) return absl::InvalidArgumentError("larger than the buffer");
+    auto remote = ep_->ImportRemote(rkey_blob);
+    if (!remote.ok()) return remote.status();
+    std::copy(bytes.begin(), bytes.end(), buffer_.begin());
+    const transport::TransferDesc d{buffer_.data(), addr, bytes.size()};
+    absl::Status s = ep_->Run(transport::Direction::kPut, *region_, **remote,
+                              std::span<const transport::TransferDesc>(&d, 1),
+                              absl::Milliseconds(3000));
+    remote->reset();
+    return s;
+  }
   // `n` bytes at `addr` of the peer, using the key `rkey_blob` (a MemoryRegion::exported()).
   absl::StatusOr<std::vector<uint8_t>> Get(const std::string& rkey_blob, uint64_t addr,
                                            size_t n) {

@@ -279,15 +279,17 @@ int RunUcxDataPlaneChild(int argc, char** argv) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) return 1;  // the daemon is already gone
   // "fd:N": an isolated pool's read-only descriptor, inherited; else the pool file's path.
+  // Read-only either way: the pool's data plane serves RMA gets, and UCX's emulated RMA (tcp)
+  // would carry out a put from any peer that reaches the worker, whatever key it presents -- on
+  // a read-only mapping that put faults this process (restarted by the daemon), never a page.
   const std::string pool_arg = argv[2];
   int fd = -1;
-  int prot = PROT_READ | PROT_WRITE;
   if (pool_arg.rfind("fd:", 0) == 0) {
     if (!absl::SimpleAtoi(pool_arg.substr(3), &fd) || fd < 3) fd = -1;
-    prot = PROT_READ;
   } else {
-    fd = ::open(argv[2], O_RDWR | O_CLOEXEC);
+    fd = ::open(argv[2], O_RDONLY | O_CLOEXEC);
   }
+  const int prot = PROT_READ;
   if (fd < 0) {
     std::fprintf(stderr, "oscarkvd data plane: open %s: %s\n", argv[2], std::strerror(errno));
     return 1;
